@@ -5,7 +5,8 @@ The CLI maps kinds to exit codes in exactly one place (:func:`exit_code_for`), s
 jobs can rely on them:
 
     0 ok · 1 does not fit / no feasible plan / check failed · 2 invalid input or usage
-    3 solver limit reached without any plan · 130 interrupted
+    3 solver limit reached without any plan · 4 internal error (a bug: please report it)
+    130 interrupted
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class ExitCode(IntEnum):
     FAILED = 1  # does not fit, no feasible plan, check failed
     INVALID_INPUT = 2
     SOLVER_LIMIT = 3
+    INTERNAL = 4
     INTERRUPTED = 130
 
 
@@ -31,6 +33,7 @@ class ErrorKind(str, Enum):
     CHECK_FAILED = "check_failed"
     SOLVER_LIMIT = "solver_limit"
     INTERRUPTED = "interrupted"
+    INTERNAL = "internal"
 
 
 _EXIT_CODES = {
@@ -42,6 +45,7 @@ _EXIT_CODES = {
     ErrorKind.CHECK_FAILED: ExitCode.FAILED,
     ErrorKind.SOLVER_LIMIT: ExitCode.SOLVER_LIMIT,
     ErrorKind.INTERRUPTED: ExitCode.INTERRUPTED,
+    ErrorKind.INTERNAL: ExitCode.INTERNAL,
 }
 
 

@@ -25,6 +25,13 @@ class Gpu:
     peak_tflops: Mapping[str, float]  # dtype -> dense TFLOP/s, e.g. {"bf16": 312, "fp16": 312}
     num_sms: int  # streaming multiprocessors / compute units: sets GEMM wave quantization
     vendor: str = "nvidia"
+    # Fraction of dense peak that a large, well-shaped GEMM reaches with the vendor BLAS (cuBLAS /
+    # hipBLASLt). Shape effects (tiles, waves, small K) come on top, in planner/cost/compute.py.
+    matmul_efficiency: float = 0.80
+
+    def __hash__(self) -> int:  # peak_tflops is a mapping: hash its items (cost caches key on Gpu)
+        return hash((self.name, self.memory_gib, self.hbm_bandwidth_gbytes_per_s,
+                     tuple(sorted(self.peak_tflops.items())), self.num_sms, self.matmul_efficiency))
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (raises KeyError when the GPU has no such unit)."""
@@ -38,6 +45,9 @@ class NetworkTier:
     ``domain_gpus`` is how many GPUs this tier connects directly (8 for an NVLink node, the whole
     cluster for a fat tree). ``bandwidth_gbytes_per_s`` is per GPU per direction; ``efficiency``
     the fraction of it NCCL's bus bandwidth reaches for large messages (nccl-tests busbw / link).
+    For the inter-node tier it is per NIC per direction (the NIC line rate): equal to per GPU
+    when each GPU has its own NIC; with fewer NICs than GPUs, GPUs share it. Use
+    :func:`clusters.topology.group_link` for the bandwidth a communication group actually gets.
     """
 
     name: str
@@ -69,6 +79,20 @@ class Cluster:
     source: str = ""
     description: str = ""
     extra: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    # Fabric shape above the NICs (see docs/clusters.md and clusters/topology.py): rail-optimized
+    # leaves per scalable unit of this many nodes, a spine above them when there is more than one
+    # unit, its oversubscription (>= 1) and the extra latency of a path through it.
+    scalable_unit_nodes: int = 32
+    spine_oversubscription: float = 1.0
+    spine_latency_us: float = 0.5
+    # How tier 0 joins the GPUs of a node: "switch" (NVSwitch: every GPU has its full tier-0
+    # bandwidth to any peer) or "full_mesh" (AMD Infinity Fabric: the tier-0 bandwidth is split
+    # over gpus_per_node - 1 point-to-point links).
+    intra_node_topology: str = "switch"
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.gpu, self.gpus_per_node, self.num_nodes, self.tiers,
+                     self.nics_per_node))
 
     @property
     def num_gpus(self) -> int:

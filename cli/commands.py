@@ -1,0 +1,139 @@
+"""The commands. Each one: parse -> one library call -> render (JSON on stdout, rich on stderr)."""
+from __future__ import annotations
+
+import click
+
+from cli.main import cli, emit_json
+from planner.config import ParallelConfig, Recompute, RuntimeOptions, resolve_dp
+
+
+def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None):
+    from clusters import load_cluster
+    from models import load_model
+
+    graph = load_model(model, seq_len=seq_len)
+    return graph, (load_cluster(cluster, nodes=nodes) if cluster is not None else None)
+
+
+model_option = click.option("--model", "-m", "model", required=True, metavar="M",
+                            help="Preset name, HF config.json or native model file.")
+cluster_option = click.option("--cluster", "-c", "cluster", required=True, metavar="C",
+                              help="Cluster preset name or cluster YAML file.")
+nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None,
+                            help="Number of nodes (scales the cluster preset).")
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print one JSON document on stdout instead of tables.")
+
+
+@cli.command()
+@model_option
+@cluster_option
+@nodes_option
+@click.option("--global-batch", type=click.IntRange(min=1), required=True,
+              help="Sequences per optimizer step.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=None,
+              help="Sequence length (default: the model's).")
+@click.option("--tp", type=click.IntRange(min=1), required=True, help="Tensor-parallel degree.")
+@click.option("--pp", type=click.IntRange(min=1), required=True, help="Pipeline-parallel degree.")
+@click.option("--dp", type=click.IntRange(min=1), default=None,
+              help="Data-parallel degree (default: what the GPU count leaves).")
+@click.option("--cp", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Context-parallel degree.")
+@click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Expert-parallel degree (MoE models).")
+@click.option("--micro-batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--zero", "zero_stage", type=click.Choice(["0", "1", "2", "3"]), default="1",
+              show_default=True, help="ZeRO stage (1 = distributed optimizer).")
+@click.option("--recompute", type=click.Choice([r.value for r in Recompute]), default="none",
+              show_default=True, help="Activation recomputation of every block.")
+@click.option("--sp/--no-sp", default=None,
+              help="Sequence parallelism (default: on when tp > 1).")
+@click.option("--virtual-stages", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Interleaved 1F1B model chunks per pipeline rank.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16",
+              show_default=True)
+@click.option("--attention", "attention_kernel", type=click.Choice(["flash", "eager"]),
+              default="flash", show_default=True, help="Attention kernel of the runtime.")
+@click.option("--runtime", type=click.Choice(["megatron", "deepspeed"]), default="megatron",
+              show_default=True, help="Optimizer-state layout of the runtime.")
+@json_option
+def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, micro_batch,
+             zero_stage, recompute, sp, virtual_stages, dtype, attention_kernel, runtime,
+             as_json):
+    """Predict step time and per-GPU memory of one given configuration."""
+    from planner.cost.model import evaluate as run
+    from planner.report import evaluation_dict
+
+    graph, hw = _load(model, cluster, nodes, seq_len)
+    if dp is None:
+        dp = resolve_dp(hw.num_gpus, tp, pp, cp)
+    config = ParallelConfig(
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, global_batch=global_batch,
+        seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
+        zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
+        recompute=Recompute(recompute), dtype=dtype)
+    options = RuntimeOptions(runtime=runtime, attention_kernel=attention_kernel)
+    result = evaluation_dict(run(graph, hw, config, options=options))
+    if as_json:
+        emit_json(result)
+    else:
+        from cli.render import print_evaluation
+
+        print_evaluation(result)
+
+
+@cli.command()
+@model_option
+@click.option("--seq-len", type=click.IntRange(min=1), default=None)
+@json_option
+def inspect(model, seq_len, as_json):
+    """Show a model's parameters (total, active), layers and shapes."""
+    from planner.inspect import model_summary
+
+    graph, _ = _load(model, None, None, seq_len)
+    summary = model_summary(graph)
+    if as_json:
+        emit_json(summary)
+    else:
+        from cli.render import print_model
+
+        print_model(summary)
+
+
+@cli.command("models")
+@json_option
+def models_command(as_json):
+    """List the built-in model presets."""
+    from models import list_presets
+
+    rows = [{"name": p.name, "params": p.params, "active_params": p.active_params,
+             "num_layers": p.num_layers, "description": p.description, "source": p.source}
+            for p in list_presets()]
+    if as_json:
+        emit_json({"models": rows})
+    else:
+        from cli.render import print_rows
+
+        print_rows("Model presets", rows, ["name", "params", "active_params", "num_layers",
+                                           "description"])
+
+
+@cli.command("clusters")
+@json_option
+def clusters_command(as_json):
+    """List the built-in cluster presets."""
+    from clusters import list_cluster_presets
+
+    rows = [{"name": c.name, "gpu": c.gpu.name, "gpu_memory_gib": c.gpu.memory_gib,
+             "gpus_per_node": c.gpus_per_node, "num_nodes": c.num_nodes,
+             "interconnect": " / ".join(f"{t.name} {t.bandwidth_gbytes_per_s:g} GB/s"
+                                        for t in c.tiers),
+             "description": c.description}
+            for c in list_cluster_presets()]
+    if as_json:
+        emit_json({"clusters": rows})
+    else:
+        from cli.render import print_rows
+
+        print_rows("Cluster presets", rows, ["name", "gpu", "gpu_memory_gib", "gpus_per_node",
+                                             "num_nodes", "interconnect"])

@@ -1,0 +1,98 @@
+"""Rich rendering for people, on stderr. Reads the same dicts the ``--json`` mode prints."""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.errors import PlannerError
+
+console = Console(stderr=True)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int) and abs(value) >= 10**6:
+        return f"{value / 1e9:,.3f} B" if abs(value) >= 10**9 else f"{value / 1e6:,.2f} M"
+    if isinstance(value, float):
+        return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def print_error(error: PlannerError) -> None:
+    console.print(f"[bold red]error[/]: {error.message}", highlight=False)
+    for hint in error.hints:
+        console.print(f"  [yellow]hint[/]: {hint}", highlight=False)
+
+
+def print_rows(title: str, rows: list[dict[str, Any]], columns: Iterable[str]) -> None:
+    columns = list(columns)
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(_fmt(row.get(c, "")) for c in columns))
+    console.print(table)
+
+
+def print_model(summary: dict[str, Any]) -> None:
+    console.print(f"[bold]{summary['name']}[/] ({summary['family']}): "
+                  f"{summary['params']:,} parameters, {summary['active_params']:,} active, "
+                  f"{summary['num_layers']} blocks, hidden {summary['hidden']}, "
+                  f"vocab {summary['vocab']}", highlight=False)
+    table = Table(title="Layer classes")
+    for column in ("layers", "count", "kind", "params each", "attention", "mlp"):
+        table.add_column(column)
+    for cls in summary["layer_classes"]:
+        att = cls.get("attention")
+        mlp = cls.get("mlp")
+        table.add_row(
+            cls["first"] if cls["count"] == 1 else f"{cls['first']} .. {cls['last']}",
+            str(cls["count"]), cls["kind"], f"{cls['params_each']:,}",
+            f"{att['num_heads']}h/{att['num_kv_heads']}kv x {att['head_dim']}" if att else "",
+            (f"{mlp['num_experts']}x{mlp['ffn_hidden']} top-{mlp['top_k']}" if mlp and
+             mlp["num_experts"] > 1 else f"{mlp['ffn_hidden']}{' gated' if mlp['gated'] else ''}")
+            if mlp else "")
+    console.print(table)
+
+
+def memory_table(stages: list[dict[str, Any]], capacity_gib: float, title: str) -> Table:
+    table = Table(title=title)
+    for column in ("stage", "layers", "params", "grads", "optimizer", "activations", "other",
+                   "total GiB", "of capacity", "time/mb s"):
+        table.add_column(column, justify="right")
+    for stage in stages:
+        mem = stage["memory_gib"]
+        share = mem["total"] / capacity_gib
+        bar = "#" * min(20, round(20 * share))
+        colour = "green" if share <= 1 else "red"
+        table.add_row(str(stage["index"]), str(stage["num_layers"]),
+                      *(f"{mem[k]:.2f}" for k in ("params", "grads", "optimizer", "activations",
+                                                  "other", "total")),
+                      f"[{colour}]{bar:<20} {share:5.0%}[/]", f"{stage['time_s']:.4f}")
+    return table
+
+
+def print_evaluation(result: dict[str, Any]) -> None:
+    m, c, p, pred = result["model"], result["cluster"], result["parallelism"], result["predicted"]
+    console.print(
+        f"[bold]{m['name']}[/] on {c['num_gpus']} x {c['gpu']} ({c['name']}): "
+        f"dp {p['dp']} x tp {p['tp']} x pp {p['pp']} x cp {p['cp']}, ep {p['ep']}, "
+        f"sp {_fmt(p['sp'])}, ZeRO-{p['zero_stage']}, micro-batch {p['micro_batch']} x "
+        f"{p['num_micro_batches']}, {p['schedule']}, recompute {p['recompute']}",
+        highlight=False)
+    console.print(memory_table(result["stages"], c["gpu_memory_gib"], "Memory per GPU (GiB)"))
+    time = Table(title="Step time")
+    time.add_column("part")
+    time.add_column("seconds", justify="right")
+    for key, value in pred["time_breakdown_s"].items():
+        time.add_row(key, f"{value:.4f}")
+    time.add_row("[bold]step[/]", f"[bold]{pred['step_time_s']:.4f}[/]")
+    console.print(time)
+    verdict = "[green]fits[/]" if pred["fits"] else "[red]does NOT fit[/]"
+    console.print(
+        f"{pred['tokens_per_s']:,.0f} tokens/s, {pred['model_tflops_per_gpu']:.1f} model "
+        f"TFLOP/s per GPU (MFU {pred['mfu']:.1%}), peak {pred['peak_memory_gib']:.2f} GiB of "
+        f"{c['gpu_memory_gib']:g} GiB: {verdict}", highlight=False)

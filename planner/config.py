@@ -1,0 +1,231 @@
+"""Parallel configuration and runtime options: what a plan chooses and how the runtime behaves.
+
+:class:`ParallelConfig` holds the global choices (degrees, ZeRO stage, micro-batch, schedule);
+:class:`LayerPlacement` the per-layer choices (pipeline stage and recomputation of each layer);
+:class:`RuntimeOptions` the properties of the runtime that will execute the plan and that the
+cost model must know (attention kernel, overlap switches, which optimizer-state layout).
+
+Validation turns every impossible combination into a :class:`~planner.errors.PlannerError`
+whose message spells the arithmetic out (torchtitan's ``ParallelDims`` style).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+from planner.errors import invalid
+from planner.hardware import Cluster
+from planner.ir import LayerKind, ModelGraph
+
+
+class Recompute(str, Enum):
+    NONE = "none"
+    SELECTIVE = "selective"  # recompute the attention core only (Korthikanti et al. 2022 §5)
+    FULL = "full"  # store the block input only, recompute the whole block in backward
+
+
+DTYPES = ("bf16", "fp16", "fp8")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp: int
+    pp: int
+    dp: int
+    global_batch: int
+    seq_len: int
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+    zero_stage: int = 0
+    micro_batch: int = 1
+    virtual_stages: int = 1
+    recompute: Recompute = Recompute.NONE
+    dtype: str = "bf16"
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def num_micro_batches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def schedule(self) -> str:
+        return "interleaved-1f1b" if self.virtual_stages > 1 else "1f1b"
+
+    def validate(self, model: ModelGraph, cluster: Cluster) -> None:
+        """Raise PlannerError(INVALID_INPUT) for any configuration no runtime could run."""
+        for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "seq_len",
+                     "virtual_stages"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise invalid(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.zero_stage not in ZERO_STAGES:
+            raise invalid(f"--zero must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
+        if self.dtype not in DTYPES:
+            raise invalid(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in cluster.gpu.peak_tflops:
+            raise invalid(f"GPU {cluster.gpu.name} has no {self.dtype} peak throughput",
+                          f"use one of: {', '.join(sorted(cluster.gpu.peak_tflops))}")
+        n = self.num_gpus
+        if n != cluster.num_gpus:
+            raise invalid(
+                f"degrees multiply to {n} GPUs (tp {self.tp} x cp {self.cp} x dp {self.dp} x pp "
+                f"{self.pp}) but the cluster has {cluster.num_gpus} "
+                f"({cluster.num_nodes} nodes x {cluster.gpus_per_node})",
+                "leave --dp out to use what the GPU count leaves, or change --nodes")
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise invalid(
+                f"global batch {self.global_batch} is not divisible by micro-batch x dp = "
+                f"{self.micro_batch} x {self.dp} = {self.micro_batch * self.dp}",
+                "pick a global batch that is a multiple of micro_batch * dp")
+        blocks = model.num_blocks
+        if self.pp * self.virtual_stages > max(blocks, 1):
+            raise invalid(
+                f"pp x virtual stages = {self.pp} x {self.virtual_stages} exceeds the "
+                f"{blocks} blocks of {model.name}")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise invalid("--virtual-stages > 1 needs --pp > 1 (interleaved 1F1B)")
+        if self.virtual_stages > 1 and self.num_micro_batches % self.pp:
+            raise invalid(
+                f"interleaved 1F1B needs the number of micro-batches ({self.num_micro_batches}) "
+                f"to be a multiple of pp ({self.pp}) (Megatron-LM schedules.py)")
+        if self.sp and self.tp == 1:
+            raise invalid("sequence parallelism (--sp) needs --tp > 1")
+        if self.seq_len % self.cp:
+            raise invalid(f"sequence length {self.seq_len} is not divisible by cp {self.cp}")
+        if self.cp > 1 and self.seq_len % (2 * self.cp):
+            raise invalid(
+                f"context parallelism splits the sequence into 2 x cp = {2 * self.cp} chunks for "
+                f"causal load balance; {self.seq_len} is not divisible by {2 * self.cp}")
+        if self.sp and self.seq_len // self.cp % self.tp:
+            raise invalid(f"sequence parallelism needs seq_len / cp = {self.seq_len // self.cp} "
+                          f"to be divisible by tp {self.tp}")
+        for layer in model.blocks():
+            att = layer.attention
+            if att is not None and att.num_heads % self.tp:
+                raise invalid(f"tp {self.tp} does not divide the {att.num_heads} attention heads "
+                              f"of {model.name}")
+            if layer.mlp is not None and layer.mlp.is_moe:
+                if layer.mlp.num_experts % self.ep:
+                    raise invalid(f"ep {self.ep} does not divide the {layer.mlp.num_experts} "
+                                  f"experts of {model.name}")
+        if self.ep > 1:
+            if not model.is_moe:
+                raise invalid(f"--ep {self.ep} needs a mixture-of-experts model; "
+                              f"{model.name} is dense")
+            if (self.dp * self.cp) % self.ep:
+                raise invalid(f"ep {self.ep} must divide dp x cp = {self.dp * self.cp} "
+                              "(experts are spread over the data-parallel ranks, as in Megatron-Core)")
+        if self.seq_len > (model.max_seq_len or math.inf) * 64:
+            raise invalid(f"sequence length {self.seq_len} is absurd for {model.name} "
+                          f"(max positions {model.max_seq_len})")
+
+
+@dataclass(frozen=True)
+class LayerPlacement:
+    """Per-layer decisions: ``stage[i]`` and ``recompute[i]`` for layer ``i`` of the model."""
+
+    stage: tuple[int, ...]
+    recompute: tuple[Recompute, ...]
+
+    def layers_of_stage(self, stage: int) -> list[int]:
+        return [i for i, s in enumerate(self.stage) if s == stage]
+
+
+def default_placement(model: ModelGraph, config: ParallelConfig) -> LayerPlacement:
+    """Megatron-LM's default split: blocks spread evenly over pp stages (earlier stages take the
+    remainder), the embedding on the first stage, the head on the last; one recompute setting for
+    every block (embedding and head are never recomputed)."""
+    blocks = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK]
+    per_stage, extra = divmod(len(blocks), config.pp)
+    stage_of: dict[int, int] = {}
+    cursor = 0
+    for stage in range(config.pp):
+        count = per_stage + (1 if stage < extra else 0)
+        for index in blocks[cursor:cursor + count]:
+            stage_of[index] = stage
+        cursor += count
+    stages = []
+    for i, layer in enumerate(model.layers):
+        if layer.kind is LayerKind.BLOCK:
+            stages.append(stage_of[i])
+        elif layer.kind is LayerKind.EMBEDDING:
+            stages.append(0)
+        else:
+            stages.append(config.pp - 1)
+    recompute = tuple(config.recompute if layer.kind is LayerKind.BLOCK else Recompute.NONE
+                      for layer in model.layers)
+    return LayerPlacement(tuple(stages), recompute)
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter of each model state, and which ZeRO stage shards it.
+
+    Sources: ZeRO (Rajbhandari et al. 2020 §3.1: 2 + 2 + K=12 for mixed-precision Adam);
+    Megatron-LM keeps an fp32 ``main_grad`` (4 bytes) and its distributed optimizer shards the
+    12 bytes of fp32 master weights and Adam moments (Korthikanti et al. 2022 §6 reproduce their
+    Fig. 1 with 18 bytes/param; formulas.md §3.2); DeepSpeed's fp16 ZeRO-1/2 optimizer keeps
+    fp16 gradients plus an fp32 gradient partition next to the fp32 master partition.
+    """
+
+    weights: float = 2.0  # bf16/fp16 working weights
+    grads: float = 4.0  # gradient accumulation buffer
+    optimizer: float = 12.0  # fp32 master weights + Adam m and v
+    grads_sharded_from_stage: int = 2  # ZeRO stage from which the gradient buffer is sharded
+    grad_reduce_bytes: float = 4.0  # element size of the data-parallel gradient reduction
+    bucket_bytes: float = 0.0  # communication buckets allocated next to the states (ZeRO >= 1)
+
+
+RUNTIME_STATE_BYTES = {
+    # Megatron-LM / Megatron-Core (bf16, fp32 main_grad, distributed optimizer = ZeRO-1).
+    "megatron": StateBytes(),
+    # DeepSpeed fp16 ZeRO optimizer (stage_1_and_2.py): fp16 grads (2) + fp32 grad partition (4)
+    # + fp32 master/m/v (12); the fp32 partition and optimizer are sharded from ZeRO-1 on. Its
+    # reduce and all-gather buckets default to 5e8 elements each (DeepSpeed config-json docs).
+    "deepspeed": StateBytes(weights=2.0, grads=2.0, optimizer=16.0, grads_sharded_from_stage=2,
+                            grad_reduce_bytes=2.0, bucket_bytes=2 * 5e8 * 2),
+    # DeepSpeed BF16_Optimizer (bf16_optimizer.py, used by Megatron-DeepSpeed for BLOOM): the
+    # bf16 .grad tensors (2) plus an unsharded fp32 accumulation buffer (4); fp32 master, m and
+    # v (12) sharded over DP (published_runs.yaml, bloom176B-main-run notes).
+    "deepspeed-bf16": StateBytes(weights=2.0, grads=6.0, optimizer=12.0,
+                                 grads_sharded_from_stage=4, grad_reduce_bytes=4.0),
+    # Plain mixed-precision Adam with 16-bit gradients, as in the ZeRO paper (K = 12).
+    "zero-paper": StateBytes(weights=2.0, grads=2.0, optimizer=12.0, grads_sharded_from_stage=2,
+                             grad_reduce_bytes=2.0),
+}
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How the executing runtime behaves; defaults describe Megatron-Core with flash attention."""
+
+    runtime: str = "megatron"  # key of RUNTIME_STATE_BYTES
+    attention_kernel: str = "flash"  # "flash" (FlashAttention-2/cuDNN) or "eager" (materialised scores)
+    dropout: bool = False  # hidden/attention dropout (adds 1-byte masks; GPT-3 era models used it)
+    overlap_grad_reduce: bool = True  # DP reduce overlapped with the last micro-batch's backward
+    overlap_param_gather: bool = True  # ZeRO all-gather overlapped with the next forward
+    tp_comm_overlap: float = 0.0  # fraction of TP collectives hidden behind GEMMs (TE userbuffers)
+
+    @property
+    def state_bytes(self) -> StateBytes:
+        return RUNTIME_STATE_BYTES[self.runtime]
+
+
+def resolve_dp(num_gpus: int, tp: int, pp: int, cp: int = 1) -> int:
+    """The data-parallel degree the GPU count leaves once tp, pp and cp are fixed."""
+    for name, value in (("tp", tp), ("pp", pp), ("cp", cp)):
+        if not isinstance(value, int) or value < 1:
+            raise invalid(f"--{name} must be a positive integer, got {value!r}")
+    model_parallel = tp * pp * cp
+    if num_gpus % model_parallel:
+        raise invalid(
+            f"tp x pp x cp = {tp} x {pp} x {cp} = {model_parallel} does not divide the "
+            f"{num_gpus} GPUs of the cluster",
+            "choose degrees whose product divides the GPU count, or change --nodes")
+    return num_gpus // model_parallel

@@ -1,0 +1,58 @@
+"""Communication time: alpha-beta collectives over a group's link, and the volumes each kind of
+parallelism moves.
+
+Consumes byte counts, group sizes and a :class:`clusters.topology.Link` (per-GPU bus bandwidth and
+latency of the slowest tier the group spans, derived from the topology graph); produces seconds.
+
+Collective model (NVIDIA nccl-tests ``doc/PERFORMANCE.md``; Thakur et al. 2005 for ring and tree
+algorithms): a ring all-reduce of ``S`` bytes over ``n`` ranks takes
+``2(n-1)/n * S / B + 2(n-1) * alpha``; a double binary tree has the same bandwidth term and
+``2 log2(n) * alpha`` latency, and NCCL picks the faster, so we take the minimum. All-gather and
+reduce-scatter move ``(n-1)/n * S`` (``S`` the full gathered buffer), all-to-all the same.
+Volumes per layer follow Narayanan et al. 2021 §3.2 / Korthikanti et al. 2022 §4.2.2 (TP),
+§4.1 (PP point-to-point), ZeRO §7 (DP and ZeRO-3), Llama 3 §3.3.2 (context parallel ring).
+"""
+from __future__ import annotations
+
+import math
+
+from clusters.topology import Link
+
+
+def all_reduce_s(size_bytes: float, n: int, link: Link) -> float:
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    bandwidth = 2 * (n - 1) / n * size_bytes / link.bandwidth_bytes_per_s
+    latency = min(2 * (n - 1), 2 * math.ceil(math.log2(n)) + 2) * link.latency_s
+    return bandwidth + latency
+
+
+def all_gather_s(size_bytes: float, n: int, link: Link) -> float:
+    """All-gather (or reduce-scatter) where ``size_bytes`` is the full, gathered buffer."""
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * size_bytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+
+
+reduce_scatter_s = all_gather_s
+
+
+def all_to_all_s(size_bytes: float, n: int, link: Link) -> float:
+    """All-to-all where each rank holds ``size_bytes`` and keeps 1/n of it."""
+    if n <= 1 or size_bytes <= 0:
+        return 0.0
+    return (n - 1) / n * size_bytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+
+
+def p2p_s(size_bytes: float, link: Link) -> float:
+    if size_bytes <= 0:
+        return 0.0
+    return size_bytes / link.bandwidth_bytes_per_s + link.latency_s
+
+
+def tp_collective_s(size_bytes: float, tp: int, link: Link, sp: bool) -> float:
+    """One TP synchronisation point: an all-reduce, or with sequence parallelism an all-gather
+    plus a reduce-scatter of the same total volume (Korthikanti et al. 2022 §4.2.2)."""
+    if sp:
+        return all_gather_s(size_bytes, tp, link) + reduce_scatter_s(size_bytes, tp, link)
+    return all_reduce_s(size_bytes, tp, link)

@@ -1,0 +1,291 @@
+"""Compute time of one layer for one micro-batch on one GPU.
+
+Consumes a :class:`~planner.ir.Layer`, a :class:`Shard` (how the layer is split) and a
+:class:`~planner.hardware.Gpu`; produces FLOPs and seconds (forward, backward, and the extra
+forward work of each recomputation option).
+
+Model (pure functions, no state):
+
+* GEMMs: every linear layer is a GEMM ``(M tokens) x (K in) -> (N out)``; its FLOPs are ``2MNK``
+  (Narayanan et al. 2021 §5.1). Backward runs two GEMMs of the same size (data and weight
+  gradients), hence the usual 2x. Time is a roofline over the GPU's peak and HBM bandwidth, with
+  a shape-dependent efficiency: the output is cut into thread-block tiles that run in waves of
+  ``num_sms`` blocks, so a GEMM of 112 tiles on 108 SMs runs two waves and wastes half of the
+  second (wave quantization, NVIDIA "Matrix Multiplication Background" user guide §2.2-2.3);
+  partial tiles waste padded work and short K dimensions do not amortise the tile prologue.
+* Attention core: FlashAttention-style kernels skip the masked half of causal attention and run
+  at a fraction of the GEMM efficiency (Dao 2023, FlashAttention-2 §4: 50-73 % of peak forward,
+  lower backward; backward does 2.5x the forward FLOPs because it recomputes the scores);
+  "eager" attention materialises the ``s x s`` scores (batched GEMMs plus a memory-bound softmax).
+* Element-wise ops (norms, residual adds, activations, rotary, dropout, cross-entropy) are
+  memory-bound: bytes moved / achievable HBM bandwidth.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.config import Recompute, RuntimeOptions
+from planner.hardware import Gpu
+from planner.ir import Attention, Layer, LayerKind, Mlp
+
+# Calibrated defaults (see docs/accuracy.md for how they were set; every one is a physical
+# quantity in a plausible range, none is fitted per entry).
+HBM_EFFICIENCY = 0.80  # achievable fraction of HBM bandwidth for streaming kernels (STREAM-like)
+KERNEL_LAUNCH_S = 4e-6  # per kernel launch and tail; CUDA launch overhead is 3-5 us
+K_PROLOGUE = 64  # K-elements worth of per-tile prologue/epilogue work
+FLASH_FWD_EFFICIENCY = 0.80  # flash-attention forward, relative to matmul_efficiency (FA2 §4)
+FLASH_BWD_EFFICIENCY = 0.60  # flash-attention backward, relative to matmul_efficiency (FA2 §4)
+# Thread-block tiles cuBLAS picks from, with the relative efficiency of each tile size (larger
+# tiles reuse operands better). Source: NVIDIA Deep Learning Performance guide, "Matrix
+# Multiplication Background", tile-quantization section.
+TILES = ((256, 128, 1.00), (128, 256, 1.00), (128, 128, 0.92), (128, 64, 0.80), (64, 64, 0.60))
+
+
+@dataclass(frozen=True)
+class Shard:
+    """How one layer runs on one GPU: the micro-batch and the degrees that split its work."""
+
+    micro_batch: int
+    seq_len: int
+    tp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+    dtype: str = "bf16"
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch on one GPU (context parallelism splits the sequence)."""
+        return self.micro_batch * self.seq_len // self.cp
+
+
+@dataclass(frozen=True)
+class Gemm:
+    m: int
+    n: int
+    k: int
+    count: int = 1  # identical GEMMs (batched heads, local experts)
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k * self.count
+
+
+@dataclass(frozen=True)
+class LayerCompute:
+    """Seconds and FLOPs of one layer for one micro-batch on one GPU."""
+
+    fwd_s: float
+    bwd_s: float
+    attn_core_fwd_s: float  # the part of fwd_s that selective recomputation repeats
+    fwd_flops: float
+    attn_core_fwd_flops: float
+
+    def recompute_s(self, recompute: Recompute) -> float:
+        if recompute is Recompute.FULL:
+            return self.fwd_s
+        if recompute is Recompute.SELECTIVE:
+            return self.attn_core_fwd_s
+        return 0.0
+
+    def recompute_flops(self, recompute: Recompute) -> float:
+        if recompute is Recompute.FULL:
+            return self.fwd_flops
+        if recompute is Recompute.SELECTIVE:
+            return self.attn_core_fwd_flops
+        return 0.0
+
+
+def _tile_efficiency(m: int, n: int, k: int, count: int, num_sms: int) -> float:
+    best = 0.0
+    for tile_m, tile_n, tile_eff in TILES:
+        tiles_m, tiles_n = math.ceil(m / tile_m), math.ceil(n / tile_n)
+        tiles = tiles_m * tiles_n * count
+        pad = (m * n) / (tiles_m * tile_m * tiles_n * tile_n)
+        # Split-K: with fewer tiles than SMs cuBLAS splits K across blocks (as long as each
+        # split keeps >= 256 of K), at the price of a reduction pass (modelled as 10 %).
+        split = 1
+        if tiles < num_sms:
+            split = max(1, min(num_sms // tiles, k // 256))
+        work = tiles * split
+        waves = math.ceil(work / num_sms)
+        wave = work / (waves * num_sms)
+        split_cost = 0.9 if split > 1 else 1.0
+        k_eff = (k / split) / (k / split + K_PROLOGUE)
+        best = max(best, tile_eff * pad * wave * split_cost * k_eff)
+    return best
+
+
+@lru_cache(maxsize=65536)
+def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str) -> float:
+    """Roofline time of a GEMM: max(compute at shape-dependent efficiency, HBM traffic) + launch."""
+    if gemm.m <= 0 or gemm.n <= 0 or gemm.k <= 0:
+        return 0.0
+    eff = gpu.matmul_efficiency * _tile_efficiency(gemm.m, gemm.n, gemm.k, gemm.count, gpu.num_sms)
+    compute = gemm.flops / (gpu.peak_flops(dtype) * eff)
+    elem = 1 if dtype == "fp8" else 2
+    traffic = elem * gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    memory = traffic / (gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY)
+    return max(compute, memory) + KERNEL_LAUNCH_S
+
+
+def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
+    """Data gradient (M x N -> M x K) and weight gradient (K x M -> K x N)."""
+    return Gemm(g.m, g.k, g.n, g.count), Gemm(g.k, g.n, g.m, g.count)
+
+
+def _attention_gemms(att: Attention, h: int, tokens: int, tp: int) -> list[Gemm]:
+    heads = att.num_heads // tp
+    kv_heads = max(att.num_kv_heads // tp, 1)  # KV heads are replicated when tp > kv heads
+    if att.is_mla:
+        q_rank = att.q_lora_rank or 0
+        gemms = [Gemm(tokens, att.kv_lora_rank + att.rope_head_dim, h)]  # kv down (replicated)
+        if q_rank:
+            gemms += [Gemm(tokens, q_rank, h), Gemm(tokens, heads * att.head_dim, q_rank)]
+        else:
+            gemms += [Gemm(tokens, heads * att.head_dim, h)]
+        nope = att.head_dim - att.rope_head_dim
+        gemms += [Gemm(tokens, heads * (nope + att.v_head_dim), att.kv_lora_rank)]  # kv up
+    else:
+        gemms = [Gemm(tokens, heads * att.head_dim + kv_heads * (att.head_dim + att.v_head_dim), h)]
+    gemms.append(Gemm(tokens, h, heads * att.v_head_dim))  # output projection
+    if att.cross_attention:  # encoder-decoder: q, kv of the encoder states, output
+        gemms += [Gemm(tokens, heads * att.head_dim, h),
+                  Gemm(tokens, 2 * kv_heads * att.head_dim, h),
+                  Gemm(tokens, h, heads * att.v_head_dim)]
+    return gemms
+
+
+def _mlp_gemms(mlp: Mlp, h: int, tokens: int, tp: int, ep: int) -> list[Gemm]:
+    up = 2 if mlp.gated else 1
+    gemms: list[Gemm] = []
+    if not mlp.is_moe:
+        width = mlp.ffn_hidden // tp
+        return [Gemm(tokens, up * width, h), Gemm(tokens, h, width)]
+    # Routed experts: each GPU of an EP group holds num_experts/ep experts and receives, on
+    # average, tokens * top_k * ep / num_experts tokens per local expert (balanced routing).
+    local = mlp.num_experts // ep
+    per_expert = max(1, round(tokens * mlp.top_k * ep / mlp.num_experts))
+    width = max(mlp.ffn_hidden // tp, 1)
+    gemms += [Gemm(tokens, mlp.num_experts, h),  # router
+              Gemm(per_expert, up * width, h, local), Gemm(per_expert, h, width, local)]
+    if mlp.shared_ffn_hidden:
+        shared = mlp.shared_ffn_hidden // tp
+        gemms += [Gemm(tokens, up * shared, h), Gemm(tokens, h, shared)]
+    return gemms
+
+
+def layer_gemms(layer: Layer, shard: Shard) -> list[Gemm]:
+    """Forward GEMMs of one layer on one GPU."""
+    t = shard.tokens
+    if layer.kind is LayerKind.EMBEDDING:
+        return []
+    if layer.kind is LayerKind.HEAD:
+        if not layer.vocab:
+            return [Gemm(t, layer.hidden, layer.hidden)] if layer.params > layer.hidden * 4 else []
+        return [Gemm(t, max(layer.vocab // shard.tp, 1), layer.hidden)]
+    gemms: list[Gemm] = []
+    if layer.attention is not None:
+        gemms += _attention_gemms(layer.attention, layer.hidden, t, shard.tp)
+    if layer.mlp is not None:
+        gemms += _mlp_gemms(layer.mlp, layer.hidden, t, shard.tp, shard.ep)
+    return gemms
+
+
+def attention_core_flops(att: Attention, shard: Shard, kernel: str) -> float:
+    """Forward FLOPs of QK^T and attention-times-V on one GPU (one micro-batch)."""
+    keys = shard.seq_len if att.sliding_window is None else min(shard.seq_len, att.sliding_window)
+    if att.causal and kernel == "flash" and att.sliding_window is None:
+        keys = keys / 2  # the masked half is skipped; CP's 2*cp chunking keeps ranks balanced
+    heads = att.num_heads // shard.tp
+    flops = 2.0 * shard.tokens * keys * heads * (att.head_dim + att.v_head_dim)
+    if att.cross_attention:
+        flops *= 2
+    return flops
+
+
+def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str) -> tuple[float, float]:
+    heads = att.num_heads // shard.tp
+    if kernel == "flash":
+        flops = attention_core_flops(att, shard, kernel)
+        peak = gpu.peak_flops("bf16" if shard.dtype == "fp8" else shard.dtype) * gpu.matmul_efficiency
+        fwd = flops / (peak * FLASH_FWD_EFFICIENCY) + KERNEL_LAUNCH_S
+        bwd = 2.5 * flops / (peak * FLASH_BWD_EFFICIENCY) + KERNEL_LAUNCH_S
+        return fwd, bwd
+    # Eager: batched GEMMs over (micro_batch x heads) plus a memory-bound softmax over the scores.
+    dtype = "bf16" if shard.dtype == "fp8" else shard.dtype
+    q = shard.tokens // shard.micro_batch
+    keys = shard.seq_len
+    batch = shard.micro_batch * heads
+    scores = Gemm(q, keys, att.head_dim, batch)
+    context = Gemm(q, att.v_head_dim, keys, batch)
+    fwd = gemm_time_s(scores, gpu, dtype) + gemm_time_s(context, gpu, dtype)
+    bwd = sum(gemm_time_s(g, gpu, dtype) for gg in (scores, context) for g in backward_gemms(gg))
+    elements = float(batch) * q * keys
+    hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
+    fwd += elements * 4 / hbm  # fused scale-mask-softmax: read 2 B, write 2 B
+    bwd += elements * 6 / hbm  # read probabilities and their gradient, write the input gradient
+    if att.cross_attention:
+        fwd, bwd = 2 * fwd, 2 * bwd
+    return fwd, bwd
+
+
+def elementwise_bytes(layer: Layer, shard: Shard, options: RuntimeOptions) -> float:
+    """HBM bytes moved by the memory-bound ops of one layer's forward pass (one micro-batch)."""
+    t, h, tp = shard.tokens, layer.hidden, shard.tp
+    seq_split = tp if shard.sp else 1  # sequence parallelism shards the replicated region
+    if layer.kind is LayerKind.EMBEDDING:
+        return t * 4.0 * h / seq_split
+    if layer.kind is LayerKind.HEAD:
+        # final norm, then cross-entropy over the vocabulary shard in fp32 (read bf16 logits,
+        # write fp32 softmax, read it back for the loss).
+        return t * (4.0 * h / seq_split + 10.0 * layer.vocab / tp)
+    per_token = layer.num_norms * 4.0 * h + 12.0 * h  # norms (read+write) and 2 residual adds
+    if options.dropout:
+        per_token += 2 * 3.0 * h  # dropout read, write and 1-byte mask, twice
+    per_token /= seq_split
+    mlp = layer.mlp
+    if mlp is not None:
+        act = (6.0 if mlp.gated else 4.0) * mlp.ffn_hidden / tp
+        routed = mlp.top_k if mlp.is_moe else 1
+        per_token += act * routed
+        if mlp.shared_ffn_hidden:
+            per_token += (6.0 if mlp.gated else 4.0) * mlp.shared_ffn_hidden / tp
+        if mlp.is_moe:
+            per_token += 4.0 * h * mlp.top_k  # permute / unpermute copies of the routed tokens
+    att = layer.attention
+    if att is not None:
+        heads = att.num_heads / tp
+        rope = att.rope_head_dim or att.head_dim
+        per_token += 4.0 * (heads + max(att.num_kv_heads / tp, 1)) * rope  # rotary on q and k
+    return t * per_token
+
+
+def layer_compute(layer: Layer, shard: Shard, gpu: Gpu, options: RuntimeOptions) -> LayerCompute:
+    """Forward and backward seconds of ``layer`` for one micro-batch on one GPU."""
+    return _layer_compute(layer, shard, gpu, options.attention_kernel, options.dropout)
+
+
+@lru_cache(maxsize=16384)
+def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: bool) -> LayerCompute:
+    options = RuntimeOptions(attention_kernel=kernel, dropout=dropout)
+    gemms = layer_gemms(layer, shard)
+    fwd = sum(gemm_time_s(g, gpu, shard.dtype) for g in gemms)
+    bwd = sum(gemm_time_s(b, gpu, shard.dtype) for g in gemms for b in backward_gemms(g))
+    flops = sum(g.flops for g in gemms)
+    hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
+    elementwise = elementwise_bytes(layer, shard, options) / hbm
+    # ~10 element-wise kernels per block forward, twice that backward
+    kernels = 10 if layer.kind is LayerKind.BLOCK else 2
+    fwd += elementwise + kernels * KERNEL_LAUNCH_S
+    bwd += 2 * elementwise + 2 * kernels * KERNEL_LAUNCH_S
+    core_fwd = core_flops = 0.0
+    if layer.attention is not None:
+        core_fwd, core_bwd = _attention_core_times(layer.attention, shard, gpu, kernel)
+        core_flops = attention_core_flops(layer.attention, shard, kernel)
+        fwd += core_fwd
+        bwd += core_bwd
+        flops += core_flops
+    return LayerCompute(fwd, bwd, core_fwd, flops, core_flops)

@@ -1,0 +1,147 @@
+"""Memory per GPU: model states under ZeRO, activations under recomputation and sequence
+parallelism, and the pipeline schedule's micro-batches in flight.
+
+Pure functions over byte counts. Sources:
+
+* ZeRO stages: Rajbhandari et al. 2020 §5 (formulas.md §3.1); per-runtime bytes per parameter
+  in :class:`planner.config.StateBytes`.
+* Activations per transformer layer: Korthikanti et al. 2022 §4 (formulas.md §4). The general
+  form below reproduces their ``sbh(34 + 5as/h)`` exactly for a GPT block with dropout and
+  eager attention, and extends it tensor by tensor to GQA, gated MLPs, MoE, MLA and flash
+  attention.
+* Micro-batches in flight: 1F1B holds ``min(p - i, m)`` on stage ``i``; interleaved 1F1B with
+  ``v`` chunks holds ``2(p - i - 1) + (v - 1)p + 1`` chunk-micro-batches (Megatron-LM
+  ``schedules.py`` warm-up count + 1), which gives Korthikanti's ``1 + (p-1)/(pv)`` on stage 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.config import Recompute, StateBytes
+from planner.ir import Attention, Layer, LayerKind
+
+ACT_BYTES = 2  # 16-bit activations
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    params: float
+    grads: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+def zero_state_bytes(num_params: float, shard_degree: int, zero_stage: int,
+                     state: StateBytes) -> ModelStates:
+    """Bytes of weights, gradients and optimizer states one GPU holds for ``num_params``.
+
+    ZeRO-1 shards the optimizer states over ``shard_degree`` ranks, ZeRO-2 also the gradients
+    (from ``state.grads_sharded_from_stage``), ZeRO-3 also the weights.
+    """
+    n = max(shard_degree, 1)
+    weights = state.weights * num_params / (n if zero_stage >= 3 else 1)
+    grads = state.grads * num_params / (n if zero_stage >= state.grads_sharded_from_stage else 1)
+    optimizer = state.optimizer * num_params / (n if zero_stage >= 1 else 1)
+    return ModelStates(weights, grads, optimizer)
+
+
+def layer_params_on_gpu(layer: Layer, tp: int, ep: int) -> tuple[float, float]:
+    """(dense, expert) parameters of ``layer`` held by one GPU before ZeRO sharding.
+
+    Tied weights count here: the stage holding the LM head keeps a copy of the embedding.
+    """
+    held = layer.params + layer.tied_params
+    expert = layer.expert_params / (ep * tp)
+    sharded = held - layer.tp_replicated_params - layer.expert_params
+    return sharded / tp + layer.tp_replicated_params, expert
+
+
+def _attention_act_per_token(att: Attention, h: int, tp: int, seq_len: int, kernel: str,
+                             dropout: bool) -> tuple[float, float]:
+    """(tp-sharded bytes, attention-core-internal bytes) stored per token by one attention."""
+    heads = att.num_heads / tp
+    kv_heads = max(att.num_kv_heads / tp, 1)
+    q_k = ACT_BYTES * (heads * att.head_dim + kv_heads * att.head_dim)  # Q and K
+    v = ACT_BYTES * kv_heads * att.v_head_dim
+    out = ACT_BYTES * heads * att.v_head_dim  # attention output = output-projection input
+    sharded = q_k + v + out
+    if att.is_mla:  # latent vectors and their norm inputs (replicated down-projections)
+        sharded += 2 * ACT_BYTES * ((att.q_lora_rank or 0) + att.kv_lora_rank + att.rope_head_dim)
+    if kernel == "flash":
+        core = 4.0 * heads  # fp32 log-sum-exp per head
+    else:
+        keys = seq_len if att.sliding_window is None else min(seq_len, att.sliding_window)
+        core = heads * keys * (5 if dropout else 2)  # softmax out (2), dropout mask (1), out (2)
+    if att.cross_attention:
+        sharded, core = 2 * sharded, 2 * core
+    return sharded, core
+
+
+def block_activation_bytes_per_token(layer: Layer, tp: int, sp: bool, seq_len: int,
+                                     kernel: str, dropout: bool) -> tuple[float, float]:
+    """(stored bytes per token without recomputation, of which attention-core internals).
+
+    Replicated across TP ranks unless sequence-parallel: the norm inputs, the GEMM inputs after
+    each norm and the dropout masks (Korthikanti's ``10 sbh``). TP-sharded: Q, K, V, the
+    attention output, the MLP's intermediate activations.
+    """
+    h = layer.hidden
+    replicated = layer.num_norms * ACT_BYTES * h + 2 * ACT_BYTES * h  # norm inputs + GEMM inputs
+    if dropout:
+        replicated += 2 * h  # two 1-byte dropout masks
+    if layer.attention is not None and layer.attention.cross_attention:
+        replicated += ACT_BYTES * h  # input of the cross-attention query projection
+    sharded = core = 0.0
+    if layer.attention is not None:
+        sharded, core = _attention_act_per_token(layer.attention, h, tp, seq_len, kernel, dropout)
+    mlp = layer.mlp
+    if mlp is not None:
+        per_expert = ACT_BYTES * (3 if mlp.gated else 2) * mlp.ffn_hidden / tp  # GEMM1 out + act out
+        if mlp.is_moe:
+            sharded += mlp.top_k * (per_expert + ACT_BYTES * h)  # + permuted expert inputs
+            replicated += 4.0 * mlp.num_experts  # fp32 router logits
+            if mlp.shared_ffn_hidden:
+                sharded += ACT_BYTES * (3 if mlp.gated else 2) * mlp.shared_ffn_hidden / tp
+        else:
+            sharded += per_expert
+    return replicated / (tp if sp else 1) + sharded + core, core
+
+
+def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int, cp: int,
+                           sp: bool, recompute: Recompute, kernel: str,
+                           dropout: bool) -> tuple[float, float]:
+    """(stored, working) activation bytes of one layer for one micro-batch on one GPU.
+
+    ``stored`` stays alive until the micro-batch's backward reaches the layer; ``working`` is the
+    transient extra while the layer's backward runs (the recomputed activations under FULL).
+    """
+    tokens = micro_batch * seq_len / cp
+    h = layer.hidden
+    seq_split = tp if sp else 1
+    if layer.kind is LayerKind.EMBEDDING:
+        return (tokens * h / seq_split if dropout else 0.0), 0.0
+    if layer.kind is LayerKind.HEAD:
+        # final-norm input and LM-head input (bf16), fp32 softmax over the vocabulary shard
+        # (Korthikanti §4.3: 4sbh/t (1 + V/h)); a classifier head without vocabulary stores little.
+        # While the loss runs backward the 16-bit logits and their fp32 gradient coexist.
+        stored = tokens * (2 * ACT_BYTES * h / seq_split + 4.0 * layer.vocab / tp)
+        return stored, tokens * (ACT_BYTES + 4.0) * layer.vocab / tp
+    full, core = block_activation_bytes_per_token(layer, tp, sp, seq_len, kernel, dropout)
+    if recompute is Recompute.FULL:
+        return tokens * ACT_BYTES * h / seq_split, tokens * full
+    if recompute is Recompute.SELECTIVE:
+        return tokens * (full - core), tokens * core
+    return tokens * full, 0.0
+
+
+def in_flight_micro_batches(stage: int, pp: int, num_micro_batches: int,
+                            virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the whole
+    stage's activations (so interleaving gives a fraction per chunk)."""
+    if virtual_stages <= 1:
+        return float(min(pp - stage, num_micro_batches))
+    chunks = 2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1
+    return min(chunks, num_micro_batches * virtual_stages) / virtual_stages

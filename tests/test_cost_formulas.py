@@ -1,0 +1,132 @@
+"""Oracle tests: the cost model's formulas against published closed forms.
+
+ZeRO (Rajbhandari et al. 2020) Figure 1 / Table 1, Korthikanti et al. 2022 Table 2 activation
+memory, Narayanan et al. 2021 Eq. 3 FLOPs, the 1F1B bubble, nccl-tests collective formulas.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from clusters.topology import Link
+from planner.config import RUNTIME_STATE_BYTES, Recompute
+from planner.cost import comm
+from planner.cost.memory import (block_activation_bytes_per_token, in_flight_micro_batches,
+                                 layer_activation_bytes, zero_state_bytes)
+from planner.cost.pipeline import bubble_time_s, pipeline_time_s
+from planner.ir import Attention, Layer, LayerKind, Mlp
+
+ZERO = RUNTIME_STATE_BYTES["zero-paper"]
+
+
+@pytest.mark.parametrize("stage,expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.875)])
+def test_zero_worked_example_7_5b_on_64_gpus(stage, expected_gb):
+    # ZeRO Figure 1: 7.5B parameters, N_d = 64, K = 12; GB = 1e9 bytes.
+    states = zero_state_bytes(7.5e9, 64, stage, ZERO)
+    assert states.total / 1e9 == pytest.approx(expected_gb, rel=2e-3)
+
+
+@pytest.mark.parametrize("psi,nd,pos,posg,posgp", [
+    (7.5e9, 4, 52.5, 41.25, 30.0),
+    (128e9, 16, 608.0, 368.0, 128.0),
+    (1e12, 1024, 4012.0, 2014.0, 15.62),
+])
+def test_zero_table_1(psi, nd, pos, posg, posgp):
+    got = [zero_state_bytes(psi, nd, s, ZERO).total / 1e9 for s in (1, 2, 3)]
+    assert got == pytest.approx([pos, posg, posgp], rel=2e-3)
+
+
+def test_zero_table_2_max_model_size_mp16():
+    # ZeRO Table 2: 32 GB V100, MP = 16, 1024 GPUs (N_d = 64), P_os: 121.6B parameters fit.
+    per_gpu = zero_state_bytes(121.6e9 / 16, 64, 1, ZERO).total
+    assert per_gpu / 1e9 == pytest.approx(32.0, rel=0.01)
+
+
+def test_megatron_keeps_18_bytes_per_parameter():
+    # formulas.md §3.2: bf16 weights + fp32 main_grad + fp32 Adam = 18 B/param without ZeRO.
+    assert zero_state_bytes(1e9, 8, 0, RUNTIME_STATE_BYTES["megatron"]).total == 18e9
+    # distributed optimizer: 6 + 12/d
+    assert zero_state_bytes(1e9, 8, 1, RUNTIME_STATE_BYTES["megatron"]).total == 6e9 + 12e9 / 8
+
+
+def gpt_block(h: int, a: int) -> Layer:
+    params = 12 * h * h + 13 * h
+    return Layer("block.0", LayerKind.BLOCK, h, params, params, tp_replicated_params=6 * h,
+                 attention=Attention(a, a, h // a, h // a), mlp=Mlp(4 * h, gated=False))
+
+
+S, B, H, A = 2048, 4, 12288, 96
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_activation_memory_tensor_parallel(t):
+    layer = gpt_block(H, A)
+    per_token, _ = block_activation_bytes_per_token(layer, t, False, S, "eager", True)
+    expected = S * B * H * (10 + 24 / t + 5 * A * S / (H * t))
+    assert per_token * S * B == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 8])
+def test_korthikanti_sequence_parallel_and_selective(t):
+    layer = gpt_block(H, A)
+    stored, _ = layer_activation_bytes(layer, B, S, t, 1, True, Recompute.NONE, "eager", True)
+    assert stored == pytest.approx(S * B * H / t * (34 + 5 * A * S / H), rel=1e-12)
+    stored, working = layer_activation_bytes(layer, B, S, t, 1, True, Recompute.SELECTIVE,
+                                             "eager", True)
+    assert stored == pytest.approx(34 * S * B * H / t, rel=1e-12)
+    assert working == pytest.approx(5 * A * S * S * B / t, rel=1e-12)
+
+
+def test_full_recompute_stores_the_layer_input_only():
+    layer = gpt_block(H, A)
+    stored, working = layer_activation_bytes(layer, B, S, 8, 1, False, Recompute.FULL, "eager", True)
+    assert stored == 2 * S * B * H
+    assert working == pytest.approx(S * B * H * (10 + 24 / 8 + 5 * A * S / (H * 8)), rel=1e-12)
+
+
+def test_flash_attention_drops_the_quadratic_term():
+    layer = gpt_block(H, A)
+    flash, _ = block_activation_bytes_per_token(layer, 8, True, S, "flash", False)
+    eager, _ = block_activation_bytes_per_token(layer, 8, True, S, "eager", False)
+    assert eager - flash == pytest.approx(2 * A / 8 * S - 4 * A / 8)
+
+
+def test_one_f_one_b_holds_p_micro_batches_on_the_first_stage():
+    assert in_flight_micro_batches(0, 8, 64) == 8
+    assert in_flight_micro_batches(7, 8, 64) == 1
+    assert in_flight_micro_batches(0, 8, 3) == 3
+    # interleaved: Korthikanti's factor (1 + (p-1)/(p v)) on L/p layers times p
+    p, v = 8, 4
+    assert in_flight_micro_batches(0, p, 64, v) == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+def test_pipeline_bubble():
+    t, p, m = 0.1, 8, 32
+    assert pipeline_time_s([t] * p, m) == pytest.approx((m + p - 1) * t)
+    assert bubble_time_s([t] * p, m) / (m * t) == pytest.approx((p - 1) / m)
+    assert bubble_time_s([t] * p, m, 4) / (m * t) == pytest.approx((p - 1) / (4 * m))
+    # uneven stages: the slowest stage paces the steady state
+    assert pipeline_time_s([0.1, 0.2, 0.1], 10) == pytest.approx(9 * 0.2 + 0.4)
+
+
+LINK = Link(bandwidth_bytes_per_s=100e9, latency_s=5e-6, tier="test", crosses_nodes=False)
+
+
+def test_ring_collectives_follow_nccl_tests_bus_bandwidth():
+    size, n = 1e9, 8
+    assert comm.all_reduce_s(size, n, LINK) == pytest.approx(
+        2 * (n - 1) / n * size / 100e9 + 2 * (n - 1) * 5e-6)
+    assert comm.all_gather_s(size, n, LINK) == pytest.approx((n - 1) / n * size / 100e9 + 7 * 5e-6)
+    assert comm.all_to_all_s(size, n, LINK) == pytest.approx((n - 1) / n * size / 100e9 + 7 * 5e-6)
+    assert comm.all_reduce_s(size, 1, LINK) == 0.0
+    # sequence parallelism moves the same volume as the all-reduce (Korthikanti §4.2.2)
+    assert comm.tp_collective_s(size, n, LINK, True) == pytest.approx(
+        comm.all_reduce_s(size, n, LINK), rel=1e-2)
+
+
+def test_tree_latency_wins_for_large_groups():
+    n = 1024
+    ring_latency = 2 * (n - 1) * 5e-6
+    assert comm.all_reduce_s(1.0, n, LINK) < ring_latency
+    assert comm.all_reduce_s(1.0, n, LINK) >= 2 * math.log2(n) * 5e-6

@@ -137,3 +137,64 @@ def clusters_command(as_json):
 
         print_rows("Cluster presets", rows, ["name", "gpu", "gpu_memory_gib", "gpus_per_node",
                                              "num_nodes", "interconnect"])
+
+
+@cli.command()
+@model_option
+@cluster_option
+@nodes_option
+@click.option("--global-batch", type=click.IntRange(min=1), required=True,
+              help="Sequences per optimizer step.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=None,
+              help="Sequence length (default: the model's).")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16",
+              show_default=True)
+@click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              help="Seconds; on expiry the best plan so far is returned marked FEASIBLE.")
+@click.option("--workers", type=click.IntRange(min=1, max=64), default=1, show_default=True,
+              help="CP-SAT workers (1 = deterministic).")
+@click.option("--top-k", type=click.IntRange(min=1, max=50), default=3, show_default=True,
+              help="Also report this many runners-up.")
+@click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
+              help="Fix a choice: tp, pp, dp, cp, ep, sp, zero, micro_batch, virtual_stages, "
+                   "recompute. Repeatable.")
+@click.option("--attention", "attention_kernel", type=click.Choice(["flash", "eager"]),
+              default="flash", show_default=True, help="Attention kernel of the runtime.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the plan file here.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@json_option
+def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, workers, top_k, pins,
+         attention_kernel, output, force, as_json):
+    """Search the fastest plan that fits memory and write it as a plan file."""
+    from planner.errors import invalid
+    from planner.plan import dumps, make_plan, write_plan
+    from planner.solve.search import SearchOptions, search
+    from planner.solve.space import Pins
+
+    pairs = {}
+    for item in pins:
+        if "=" not in item:
+            raise invalid(f"--pin {item!r}: expected KEY=VALUE, e.g. --pin tp=8")
+        key, value = item.split("=", 1)
+        pairs[key] = value
+    pinned = Pins.parse(pairs)
+    graph, hw = _load(model, cluster, nodes, seq_len)
+    options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
+                            runtime=RuntimeOptions(attention_kernel=attention_kernel))
+    from cli.render import search_progress
+
+    with search_progress(enabled=True) as progress:
+        result = search(graph, hw, global_batch, graph.default_seq_len, dtype, pinned, options,
+                        progress)
+    doc = make_plan(result.best, model_spec=model, cluster_spec=cluster, nodes=nodes,
+                    solver=result.record.as_dict(), alternatives=result.alternatives,
+                    pins=pinned.as_dict())
+    if output is not None:
+        write_plan(doc, output, force=force)
+    if as_json:
+        click.echo(dumps(doc), nl=False)
+    else:
+        from cli.render import print_plan
+
+        print_plan(doc, written_to=output)

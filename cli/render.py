@@ -96,3 +96,56 @@ def print_evaluation(result: dict[str, Any]) -> None:
         f"{pred['tokens_per_s']:,.0f} tokens/s, {pred['model_tflops_per_gpu']:.1f} model "
         f"TFLOP/s per GPU (MFU {pred['mfu']:.1%}), peak {pred['peak_memory_gib']:.2f} GiB of "
         f"{c['gpu_memory_gib']:g} GiB: {verdict}", highlight=False)
+
+
+class search_progress:
+    """Context manager yielding a progress callback for the search (stderr, transient)."""
+
+    def __init__(self, enabled: bool = True) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.enabled = enabled and console.is_terminal
+        self.progress = Progress(TextColumn("searching"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("best {task.fields[best]}  bound {task.fields[bound]}"),
+                                 TimeElapsedColumn(), console=console, transient=True)
+        self.task = None
+
+    def __enter__(self):
+        if not self.enabled:
+            return None
+        self.progress.start()
+        self.task = self.progress.add_task("search", total=None, best="-", bound="-")
+        return self.update
+
+    def update(self, done: int, total: int, best_s: float, bound_s: float) -> None:
+        self.progress.update(self.task, completed=done, total=total,
+                             best=f"{best_s:.3f}s" if best_s < float("inf") else "-",
+                             bound=f"{bound_s:.3f}s" if bound_s < float("inf") else "-")
+
+    def __exit__(self, *exc) -> None:
+        if self.enabled:
+            self.progress.stop()
+
+
+def print_plan(doc: dict[str, Any], written_to: str | None = None) -> None:
+    print_evaluation(doc)
+    s = doc["solver"]
+    console.print(
+        f"solver: [bold]{s['status']}[/] in {s['solve_time_s']:.2f}s, gap {s['gap']:.2%}, "
+        f"{s['candidates_evaluated']} of {s['candidates_total']} configurations solved "
+        f"({s['candidates_pruned_memory']} pruned by memory bound), OR-Tools "
+        f"{s['ortools_version']}", highlight=False)
+    if doc.get("alternatives"):
+        table = Table(title="Runners-up")
+        for column in ("tp", "pp", "dp", "cp", "micro-batch", "v", "ZeRO", "sp", "step s",
+                       "slower"):
+            table.add_column(column, justify="right")
+        for alt in doc["alternatives"]:
+            p = alt["parallelism"]
+            table.add_row(*(str(p[k]) for k in ("tp", "pp", "dp", "cp", "micro_batch",
+                                                 "virtual_stages", "zero_stage")),
+                          _fmt(p["sp"]), f"{alt['step_time_s']:.3f}",
+                          f"+{alt['slower_than_best']:.1%}")
+        console.print(table)
+    if written_to:
+        console.print(f"plan written to {written_to}", highlight=False)

@@ -38,10 +38,12 @@ reduce_scatter_s = all_gather_s
 
 
 def all_to_all_s(size_bytes: float, n: int, link: Link) -> float:
-    """All-to-all where each rank holds ``size_bytes`` and keeps 1/n of it."""
+    """All-to-all where each rank holds ``size_bytes`` and keeps 1/n of it (uses the link's
+    all-to-all bandwidth: across nodes every member talks to every other node)."""
     if n <= 1 or size_bytes <= 0:
         return 0.0
-    return (n - 1) / n * size_bytes / link.bandwidth_bytes_per_s + (n - 1) * link.latency_s
+    bandwidth = link.all_to_all_bandwidth_bytes_per_s or link.bandwidth_bytes_per_s
+    return (n - 1) / n * size_bytes / bandwidth + (n - 1) * link.latency_s
 
 
 def p2p_s(size_bytes: float, link: Link) -> float:

@@ -215,16 +215,19 @@ def stage_time(ctx: CostContext, costs: Sequence[LayerCost]) -> float:
         boundary = ctx.shard.tokens * ctx.model.hidden * ACT_BYTES / (c.tp if c.sp else 1)
         # forward activation out, backward gradient out, once per model chunk (Narayanan §4.1)
         time_s += 2 * c.virtual_stages * comm.p2p_s(boundary, ctx.links.pp)
-    if c.zero_stage >= 3:
-        # ZeRO-3 / FSDP gathers the weights for forward and backward and reduce-scatters the
-        # gradients every micro-batch (ZeRO §7: 1.5x the DP volume), prefetched behind compute.
+    if c.zero_stage >= 2 and ctx.shard_degree > 1:
+        # Sharded gradients cannot accumulate locally: ZeRO-2 reduce-scatters them every
+        # micro-batch (DeepSpeed stage_1_and_2.py reduces in each backward), ZeRO-3 / FSDP also
+        # gathers the weights for forward and backward (ZeRO §7: 1.5x the DP volume). Both are
+        # overlapped with the stage's compute; only the excess is exposed.
         dense = sum(x.dense_params for x in costs)
         state = ctx.options.state_bytes
         n = ctx.shard_degree
-        gathers = 2 * comm.all_gather_s(dense * state.weights, n, ctx.links.dp)
-        scatter = comm.reduce_scatter_s(dense * state.grad_reduce_bytes, n, ctx.links.dp)
+        traffic = comm.reduce_scatter_s(dense * state.grad_reduce_bytes, n, ctx.links.dp)
+        if c.zero_stage >= 3:
+            traffic += 2 * comm.all_gather_s(dense * state.weights, n, ctx.links.dp)
         compute_s = sum(x.fwd_s + x.bwd_s for x in costs)
-        time_s += max(0.0, gathers + scatter - compute_s)
+        time_s += max(0.0, traffic - compute_s)
     return time_s
 
 
@@ -248,8 +251,12 @@ def dp_sync_s(ctx: CostContext, costs: Sequence[LayerCost]) -> tuple[float, floa
     dense = sum(x.dense_params for x in costs)
     expert = sum(x.expert_params for x in costs)
     n_expert = max(n // c.ep, 1)
-    if c.zero_stage >= 3:
-        return 0.0, 0.0  # per micro-batch, inside stage_time
+    if c.zero_stage >= 3 or (c.zero_stage == 2 and n > 1):
+        # per micro-batch, inside stage_time; ZeRO-2 still gathers the updated weights once
+        if c.zero_stage == 3:
+            return 0.0, 0.0
+        return 0.0, (comm.all_gather_s(dense * state.weights, n, ctx.links.dp)
+                     + comm.all_gather_s(expert * state.weights, n_expert, ctx.links.dp))
     if c.zero_stage == 0:
         return (comm.all_reduce_s(dense * state.grad_reduce_bytes, n, ctx.links.dp)
                 + comm.all_reduce_s(expert * state.grad_reduce_bytes, n_expert, ctx.links.dp)), 0.0
@@ -288,12 +295,16 @@ def step_time(ctx: CostContext, stage_costs: Sequence[Sequence[LayerCost]],
         owned += sum(x.expert_params for x in costs) / (
             max(ctx.shard_degree // c.ep, 1) if c.zero_stage >= 1 else 1)
         optimizer = max(optimizer, owned * OPTIMIZER_BYTES_PER_PARAM / hbm)
-    # Tied embeddings: first and last stage all-reduce the word-embedding gradient.
-    embedding = 0.0
-    if ctx.model.tied_embeddings and c.pp > 1:
-        size = ctx.model.vocab * ctx.model.hidden / c.tp * opts.state_bytes.grad_reduce_bytes
-        embedding = comm.all_reduce_s(size, 2, ctx.links.pp)
-    return StepBreakdown(pipe, bubble, exposed, optimizer, embedding)
+    return StepBreakdown(pipe, bubble, exposed, optimizer, embedding_sync_s(ctx))
+
+
+def embedding_sync_s(ctx: CostContext) -> float:
+    """Tied embeddings: first and last stage all-reduce the word-embedding gradient."""
+    c = ctx.config
+    if not (ctx.model.tied_embeddings and c.pp > 1):
+        return 0.0
+    size = ctx.model.vocab * ctx.model.hidden / c.tp * ctx.options.state_bytes.grad_reduce_bytes
+    return comm.all_reduce_s(size, 2, ctx.links.pp)
 
 
 @dataclass(frozen=True)

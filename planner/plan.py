@@ -1,0 +1,126 @@
+"""The plan file: a versioned JSON document a runtime (or ``shardplan check``) consumes.
+
+Consumes a :class:`~planner.solve.search.SearchResult` (or a single Evaluation) and the inputs
+that produced it; produces a plain dict with sorted keys and units in key names, and writes it
+atomically. The body is the ``evaluate`` document (model, cluster, parallelism, stages,
+predicted) plus per-layer decisions, the solver record, runners-up and the inputs with a
+content hash of each (so a later ``check`` can tell a stale plan).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import fields, is_dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from planner.cost.model import Evaluation
+from planner.errors import invalid
+from planner.report import evaluation_dict, rounded
+
+SCHEMA_VERSION = 1
+KIND = "shardplan-plan"
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value):  # not asdict(): it deep-copies, and mappingproxy cannot be copied
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "items"):  # mappingproxy
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def content_hash(value: Any) -> str:
+    """sha256 of the canonical JSON of a model or cluster description (format-independent)."""
+    return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def layers_list(ev: Evaluation) -> list[dict[str, Any]]:
+    return [{"index": i, "name": layer.name, "kind": layer.kind.value,
+             "stage": ev.placement.stage[i], "recompute": ev.placement.recompute[i].value,
+             "params": layer.params}
+            for i, layer in enumerate(ev.model.layers)]
+
+
+def alternative_dict(ev: Evaluation, best: Evaluation) -> dict[str, Any]:
+    doc = evaluation_dict(ev)
+    return {"parallelism": doc["parallelism"],
+            "step_time_s": ev.step_time_s,
+            "slower_than_best": ev.step_time_s / best.step_time_s - 1,
+            "peak_memory_gib": ev.peak_memory_bytes / 2**30,
+            "stage_layers": [len(s.layers) for s in ev.stages]}
+
+
+def inputs_dict(ev: Evaluation, model_spec: str, cluster_spec: str, nodes: int | None) -> dict:
+    return {
+        "model": {"spec": model_spec, "name": ev.model.name, "seq_len": ev.config.seq_len,
+                  "sha256": content_hash(ev.model)},
+        "cluster": {"spec": cluster_spec, "name": ev.cluster.name,
+                    "num_nodes": ev.cluster.num_nodes, "sha256": content_hash(ev.cluster)},
+        "global_batch": ev.config.global_batch,
+        "dtype": ev.config.dtype,
+    }
+
+
+def make_plan(best: Evaluation, *, model_spec: str, cluster_spec: str, nodes: int | None = None,
+              solver: dict | None = None, alternatives: list[Evaluation] = (),
+              pins: dict | None = None) -> dict[str, Any]:
+    doc = evaluation_dict(best)
+    doc.update({
+        "schema_version": SCHEMA_VERSION,
+        "kind": KIND,
+        "inputs": inputs_dict(best, model_spec, cluster_spec, nodes),
+        "layers": layers_list(best),
+        "solver": solver or {"status": "EVALUATED"},
+        "alternatives": [alternative_dict(a, best) for a in alternatives],
+        "pins": pins or {},
+    })
+    return rounded(doc)
+
+
+def dumps(doc: dict) -> str:
+    return json.dumps(doc, sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+
+def write_plan(doc: dict, path: str | os.PathLike, *, force: bool = False) -> Path:
+    """Write atomically (temp file in the same folder, then rename); refuse to overwrite an
+    existing file unless ``force``."""
+    target = Path(path)
+    if target.exists() and target.is_dir():
+        raise invalid(f"output path {target} is a directory")
+    if target.exists() and not force:
+        raise invalid(f"{target} exists; not overwriting it", "pass --force to replace it")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise invalid(f"cannot write {target}: folder {folder} does not exist")
+    text = dumps(doc)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as error:
+        raise invalid(f"cannot write {target}: {error.strerror}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return target

@@ -1,0 +1,228 @@
+"""The planner's main loop: enumerate outer configurations, bound them, solve the promising ones.
+
+Consumes a model, a cluster, the training inputs and :class:`SearchOptions`; produces a
+:class:`SearchResult` (the best evaluated plan, runners-up, and an honest solver record).
+
+It reads like pseudocode (torchrec's planner shape): propose (``space.enumerate_configs``),
+bound (a compute lower bound on step time, a memory lower bound on the fullest stage), keep the
+candidates that could still win sorted by bound, solve each exactly (``inner.solve_stages``,
+hinted with Megatron's uniform split), keep the best k, stop when the next bound cannot beat the
+k-th best. Every pruned candidate's bound is at least the incumbent, so when the loop ends
+without hitting the time limit the result is OPTIMAL within the cost model.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import ortools
+
+from planner.config import LayerPlacement, ParallelConfig, Recompute, RuntimeOptions, default_placement
+from planner.cost.compute import HBM_EFFICIENCY
+from planner.cost.model import (ALLOCATOR_OVERHEAD, OPTIMIZER_BYTES_PER_PARAM, RESERVE_GIB,
+                                ACT_BYTES, CostContext, Evaluation, embedding_sync_s, evaluate,
+                                make_context)
+from planner.cost import comm
+from planner.cost.memory import zero_state_bytes
+from planner.errors import ErrorKind, PlannerError
+from planner.hardware import GIB, Cluster
+from planner.ir import ModelGraph
+from planner.solve.costs import RECOMPUTE_OPTIONS, StageProblem, stage_problem
+from planner.solve.inner import solve_stages
+from planner.solve.space import Pins, enumerate_configs
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    time_limit_s: float = 60.0
+    workers: int = 1
+    seed: int = 0
+    top_k: int = 1
+    runtime: RuntimeOptions = RuntimeOptions()
+    inner_deterministic_time: float = 5.0  # CP-SAT deterministic-time budget per configuration
+
+
+@dataclass(frozen=True)
+class Candidate:
+    config: ParallelConfig
+    problem: StageProblem
+    time_lb_s: float
+    memory_lb_bytes: float
+
+
+@dataclass
+class SolverRecord:
+    status: str
+    objective_s: float
+    best_bound_s: float
+    gap: float
+    solve_time_s: float
+    candidates_total: int
+    candidates_pruned_memory: int
+    candidates_evaluated: int
+    inner_optimal: int
+    time_limit_s: float
+    workers: int
+    seed: int
+    objective_scale_s: float
+    ortools_version: str = ortools.__version__
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass
+class SearchResult:
+    best: Evaluation
+    alternatives: list[Evaluation]
+    record: SolverRecord
+    pins: Pins = field(default_factory=Pins)
+
+
+Progress = Callable[[int, int, float, float], None]
+
+
+def _time_lower_bound(p: StageProblem) -> float:
+    """Step time no placement of this configuration can beat (see module docstring)."""
+    ctx, c = p.ctx, p.ctx.config
+    work = sum(min(x.time_s for x in cls.costs) * cls.count for cls in p.classes)
+    work += sum(x.time_s for x in p.pre_costs + p.post_costs)
+    if c.pp > 1:
+        boundary = ctx.shard.tokens * ctx.model.hidden * ACT_BYTES / (c.tp if c.sp else 1)
+        work += c.pp * 2 * c.virtual_stages * comm.p2p_s(boundary, ctx.links.pp)
+    m, v = c.num_micro_batches, c.virtual_stages
+    pipeline = (m - 1.0 / v) * work / c.pp + work / v
+    dense = sum(cls.costs[0].dense_params * cls.count for cls in p.classes) + \
+        sum(x.dense_params for x in p.pre_costs + p.post_costs)
+    expert = sum(cls.costs[0].expert_params * cls.count for cls in p.classes)
+    shards = ctx.shard_degree if c.zero_stage >= 1 else 1
+    e_shards = max(ctx.shard_degree // c.ep, 1) if c.zero_stage >= 1 else 1
+    hbm = ctx.cluster.gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
+    optimizer = (dense / shards + expert / e_shards) * OPTIMIZER_BYTES_PER_PARAM / hbm / c.pp
+    return pipeline + optimizer + embedding_sync_s(ctx)
+
+
+def _memory_lower_bound(p: StageProblem) -> float:
+    """Bytes the fullest stage needs at least: the stage average with every block at its
+    least-memory option, each stage holding >= 1 micro-batch, plus the fixed reserve."""
+    ctx, c = p.ctx, p.ctx.config
+    state = ctx.options.state_bytes
+    dense = sum(cls.costs[0].dense_params * cls.count for cls in p.classes) + \
+        sum(x.dense_params for x in p.pre_costs + p.post_costs)
+    expert = sum(cls.costs[0].expert_params * cls.count for cls in p.classes)
+    states = zero_state_bytes(dense, ctx.shard_degree, c.zero_stage, state).total + \
+        zero_state_bytes(expert, max(ctx.shard_degree // c.ep, 1), c.zero_stage, state).total
+    stored = sum(min(x.act_stored_bytes for x in cls.costs) * cls.count for cls in p.classes)
+    stored += sum(x.act_stored_bytes for x in p.pre_costs + p.post_costs)
+    alpha = 1 + ALLOCATOR_OVERHEAD
+    return (states + alpha * stored) / c.pp + RESERVE_GIB * GIB
+
+
+def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
+               dtype: str, pins: Pins, runtime: RuntimeOptions) -> list[Candidate]:
+    allowed = (pins.recompute,) if pins.recompute is not None else RECOMPUTE_OPTIONS
+    out = []
+    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
+        problem = stage_problem(make_context(model, cluster, config, runtime), allowed)
+        out.append(Candidate(config, problem, _time_lower_bound(problem),
+                             _memory_lower_bound(problem)))
+    # stable, deterministic order: bound first, then the config's fields
+    out.sort(key=lambda c: (c.time_lb_s, _config_key(c.config)))
+    return out
+
+
+def _config_key(c: ParallelConfig) -> tuple:
+    return (c.tp, c.pp, c.dp, c.cp, c.ep, c.micro_batch, c.virtual_stages, c.zero_stage,
+            not c.sp)
+
+
+def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
+                      runtime: RuntimeOptions, allowed=RECOMPUTE_OPTIONS) -> Evaluation | None:
+    """Best Megatron-style uniform plan (even split, one recompute for every block) that fits."""
+    best = None
+    for r in allowed:
+        ev = evaluate(model, cluster, replace(config, recompute=r), options=runtime)
+        if ev.fits and (best is None or ev.step_time_s < best.step_time_s):
+            best = ev
+    return best
+
+
+def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
+           dtype: str = "bf16", pins: Pins = Pins(), options: SearchOptions = SearchOptions(),
+           progress: Progress | None = None) -> SearchResult:
+    start = time.monotonic()
+    deadline = start + options.time_limit_s
+    cands = candidates(model, cluster, global_batch, seq_len, dtype, pins, options.runtime)
+    total = len(cands)
+    if not cands:
+        raise PlannerError(
+            ErrorKind.INFEASIBLE,
+            f"no parallel configuration of {cluster.num_gpus} GPUs is valid for {model.name} "
+            f"with global batch {global_batch}",
+            ("check that the global batch is divisible by some data-parallel degree",
+             "remove pins that contradict each other (see --pin)"),
+            {"pins": pins.as_dict()})
+    capacity = cluster.memory_bytes_per_gpu
+    fitting = [c for c in cands if c.memory_lb_bytes <= capacity]
+    pruned_memory = total - len(fitting)
+    allowed = (pins.recompute,) if pins.recompute is not None else RECOMPUTE_OPTIONS
+
+    kept: list[tuple[float, tuple, Evaluation]] = []  # (step time, key, evaluation)
+    evaluated = optimal = 0
+    open_bound = math.inf  # smallest bound among candidates not proven
+    timed_out = False
+    scale = 0.0
+    for index, cand in enumerate(fitting):
+        cutoff = kept[-1][0] if len(kept) >= options.top_k else math.inf
+        if cand.time_lb_s >= cutoff:
+            break  # every remaining candidate's bound is at least the k-th best
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            timed_out = True
+            open_bound = min(open_bound, cand.time_lb_s)
+            break
+        hint = uniform_placement(model, cluster, cand.config, options.runtime, allowed)
+        result = solve_stages(
+            cand.problem, hint=hint.placement if hint else None,
+            cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),
+            workers=options.workers, seed=options.seed, max_time_s=remaining,
+            deterministic_time=options.inner_deterministic_time)
+        evaluated += 1
+        scale = max(scale, result.scale_s)
+        if result.status == "OPTIMAL" or result.status == "INFEASIBLE":
+            optimal += 1
+        else:
+            open_bound = min(open_bound, max(result.bound_s, cand.time_lb_s))
+        placement = result.placement
+        ev = None
+        if placement is not None:
+            ev = evaluate(model, cluster, cand.config, placement, options.runtime)
+        if hint is not None and (ev is None or hint.step_time_s < ev.step_time_s):
+            ev = hint  # never worse than the uniform plan, whatever the solver's limits
+        if ev is not None and ev.fits:
+            kept.append((ev.step_time_s, _config_key(cand.config), ev))
+            kept.sort(key=lambda item: (item[0], item[1]))
+            del kept[options.top_k:]
+        if progress is not None:
+            progress(index + 1, len(fitting), kept[0][0] if kept else math.inf,
+                     min(cand.time_lb_s, open_bound))
+    if not kept:
+        from planner.solve.explain import does_not_fit
+
+        raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out)
+    best = kept[0][2]
+    bound = min(open_bound, best.step_time_s)
+    if timed_out or bound < best.step_time_s:
+        status = "FEASIBLE"
+    else:
+        status = "OPTIMAL"
+    gap = max(0.0, (best.step_time_s - bound) / best.step_time_s)
+    record = SolverRecord(
+        status=status, objective_s=best.step_time_s, best_bound_s=bound, gap=gap,
+        solve_time_s=time.monotonic() - start, candidates_total=total,
+        candidates_pruned_memory=pruned_memory, candidates_evaluated=evaluated,
+        inner_optimal=optimal, time_limit_s=options.time_limit_s, workers=options.workers,
+        seed=options.seed, objective_scale_s=scale)
+    return SearchResult(best, [item[2] for item in kept[1:]], record, pins)

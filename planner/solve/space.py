@@ -1,0 +1,138 @@
+"""Outer search space: the mesh shapes, micro-batch sizes, schedules and ZeRO stages to try.
+
+Consumes a model, a cluster, the global batch / sequence length / dtype and the user's pins;
+produces every valid :class:`~planner.config.ParallelConfig` in a fixed, sorted order.
+
+Choices (each documented so users know what is searched):
+* tp: divisors of the GPUs per node that divide the attention heads (TP stays inside the NVLink
+  domain); wider TP only when pinned.
+* cp: 1, and for sequences of 16k tokens or more, 2..8 (powers of two).
+* pp: every divisor of the remaining GPUs up to the number of blocks; dp is what is left.
+* ep (MoE only): divisors of dp x cp that divide the experts.
+* micro-batch: divisors of global_batch / dp up to 16.
+* virtual stages: 1, and v in 2..8 when pp > 1, the blocks split into pp x v equal chunks and the
+  micro-batches are a multiple of pp (Megatron-LM's interleaving rules).
+* ZeRO 0..3, sequence parallelism on and off when tp > 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Iterator, Mapping
+
+from planner.config import ParallelConfig, Recompute
+from planner.errors import PlannerError, invalid
+from planner.hardware import Cluster
+from planner.ir import ModelGraph
+
+MAX_MICRO_BATCH = 16
+MAX_VIRTUAL_STAGES = 8
+LONG_SEQUENCE = 16384
+
+PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "micro_batch", "virtual_stages",
+            "recompute")
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Values the user fixed with ``--pin key=value``; None means searched."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    sp: bool | None = None
+    zero: int | None = None
+    micro_batch: int | None = None
+    virtual_stages: int | None = None
+    recompute: Recompute | None = None
+
+    @staticmethod
+    def parse(items: Mapping[str, str]) -> "Pins":
+        values: dict = {}
+        for key, raw in items.items():
+            name = key.strip().replace("-", "_")
+            if name == "zero_stage":
+                name = "zero"
+            if name not in PIN_KEYS:
+                raise invalid(f"unknown pin {key!r}", f"valid pins: {', '.join(PIN_KEYS)}")
+            text = str(raw).strip().lower()
+            if name == "sp":
+                if text not in ("true", "false", "on", "off", "1", "0", "yes", "no"):
+                    raise invalid(f"pin sp={raw!r}: expected on/off")
+                values[name] = text in ("true", "on", "1", "yes")
+            elif name == "recompute":
+                try:
+                    values[name] = Recompute(text)
+                except ValueError:
+                    raise invalid(f"pin recompute={raw!r}: expected none, selective or full") from None
+            else:
+                if not text.isdigit() or int(text) < (0 if name == "zero" else 1):
+                    raise invalid(f"pin {key}={raw!r}: expected a positive integer")
+                values[name] = int(text)
+        if values.get("zero") is not None and values["zero"] > 3:
+            raise invalid(f"pin zero={values['zero']}: ZeRO stages are 0, 1, 2, 3")
+        return Pins(**values)
+
+    def as_dict(self) -> dict:
+        return {f.name: (v.value if isinstance(v, Recompute) else v)
+                for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _choices(pinned, default: list) -> list:
+    return [pinned] if pinned is not None else default
+
+
+def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
+                      dtype: str, pins: Pins = Pins()) -> Iterator[ParallelConfig]:
+    n = cluster.num_gpus
+    blocks = model.num_blocks
+    heads = min((b.attention.num_heads for b in model.blocks() if b.attention), default=1)
+    experts = max((b.mlp.num_experts for b in model.blocks() if b.mlp), default=1)
+    tp_default = [t for t in _divisors(cluster.gpus_per_node) if heads % t == 0 and n % t == 0]
+    cp_default = [1] + ([c for c in (2, 4, 8) if seq_len % (2 * c) == 0]
+                        if seq_len >= LONG_SEQUENCE else [])
+    for tp in _choices(pins.tp, tp_default):
+        for cp in _choices(pins.cp, cp_default):
+            if n % (tp * cp):
+                continue
+            for pp in _choices(pins.pp, [p for p in _divisors(n // (tp * cp)) if p <= blocks]):
+                if n % (tp * cp * pp):
+                    continue
+                dp = n // (tp * cp * pp)
+                if pins.dp is not None and pins.dp != dp:
+                    continue
+                if global_batch % dp:
+                    continue
+                eps = [1]
+                if experts > 1:
+                    eps = [e for e in _divisors(dp * cp) if experts % e == 0]
+                for ep in _choices(pins.ep, eps):
+                    for mbs in _choices(pins.micro_batch, [b for b in _divisors(global_batch // dp)
+                                                           if b <= MAX_MICRO_BATCH]):
+                        m = global_batch // (dp * mbs) if global_batch % (dp * mbs) == 0 else 0
+                        if not m:
+                            continue
+                        vs = [1]
+                        if pp > 1 and m % pp == 0:
+                            vs += [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
+                                   if blocks % (pp * v) == 0]
+                        for v in _choices(pins.virtual_stages, vs):
+                            for zero in _choices(pins.zero, [0, 1, 2, 3]):
+                                for sp in _choices(pins.sp, [True, False] if tp > 1 else [False]):
+                                    config = ParallelConfig(
+                                        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp,
+                                        zero_stage=zero, micro_batch=mbs,
+                                        global_batch=global_batch, seq_len=seq_len,
+                                        virtual_stages=v, dtype=dtype,
+                                        recompute=pins.recompute or Recompute.NONE)
+                                    try:
+                                        config.validate(model, cluster)
+                                    except PlannerError:
+                                        continue
+                                    yield config

@@ -1,0 +1,13 @@
+"""Cluster descriptions: GPU and cluster presets, the YAML loader and the topology model.
+
+Public API (see docs/clusters.md)::
+
+    from clusters import load_cluster, list_cluster_presets, list_gpu_presets
+    load_cluster(spec, *, nodes=None) -> Cluster   # preset name or YAML path
+    from clusters.topology import build_topology, group_link, Link
+"""
+from clusters.loader import (cluster_preset_names, gpu_preset, list_cluster_presets,
+                             list_gpu_presets, load_cluster)
+
+__all__ = ["load_cluster", "list_cluster_presets", "list_gpu_presets", "gpu_preset",
+           "cluster_preset_names"]

@@ -45,7 +45,10 @@ def _resolve(spec: str) -> ModelGraph:
                        or spec.lower().endswith(_FILE_SUFFIXES))
     if not looks_like_path and catalog.is_preset(spec):
         return catalog.load_preset(spec)
-    path = Path(spec).expanduser()
+    try:
+        path = Path(spec).expanduser()
+    except RuntimeError:  # "~user" for a user that does not exist: take the name literally
+        path = Path(spec)
     if looks_like_path or _exists(path):
         return load_file(path)
     raise catalog.unknown_preset(spec)

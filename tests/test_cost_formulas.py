@@ -24,7 +24,7 @@ ZERO = RUNTIME_STATE_BYTES["zero-paper"]
 def test_zero_worked_example_7_5b_on_64_gpus(stage, expected_gb):
     # ZeRO Figure 1: 7.5B parameters, N_d = 64, K = 12; GB = 1e9 bytes.
     states = zero_state_bytes(7.5e9, 64, stage, ZERO)
-    assert states.total / 1e9 == pytest.approx(expected_gb, rel=2e-3)
+    assert states.total / 1e9 == pytest.approx(expected_gb, rel=3e-3)
 
 
 @pytest.mark.parametrize("psi,nd,pos,posg,posgp", [
@@ -115,8 +115,9 @@ LINK = Link(bandwidth_bytes_per_s=100e9, latency_s=5e-6, tier="test", crosses_no
 
 def test_ring_collectives_follow_nccl_tests_bus_bandwidth():
     size, n = 1e9, 8
+    # NCCL picks ring or tree: the bandwidth term is the same, latency the smaller of the two
     assert comm.all_reduce_s(size, n, LINK) == pytest.approx(
-        2 * (n - 1) / n * size / 100e9 + 2 * (n - 1) * 5e-6)
+        2 * (n - 1) / n * size / 100e9 + min(2 * (n - 1), 2 * 3 + 2) * 5e-6)
     assert comm.all_gather_s(size, n, LINK) == pytest.approx((n - 1) / n * size / 100e9 + 7 * 5e-6)
     assert comm.all_to_all_s(size, n, LINK) == pytest.approx((n - 1) / n * size / 100e9 + 7 * 5e-6)
     assert comm.all_reduce_s(size, 1, LINK) == 0.0

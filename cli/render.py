@@ -9,6 +9,8 @@ from rich.table import Table
 from planner.errors import PlannerError
 
 console = Console(stderr=True)
+if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
+    console.width = 120
 
 
 def _fmt(value: Any) -> str:
@@ -59,19 +61,19 @@ def print_model(summary: dict[str, Any]) -> None:
 
 
 def memory_table(stages: list[dict[str, Any]], capacity_gib: float, title: str) -> Table:
-    table = Table(title=title)
-    for column in ("stage", "layers", "params", "grads", "optimizer", "activations", "other",
-                   "total GiB", "of capacity", "time/mb s"):
-        table.add_column(column, justify="right")
+    table = Table(title=title, caption=f"GiB per GPU; use = share of {capacity_gib:g} GiB; "
+                  "s/mb = seconds per micro-batch")
+    for column in ("stage", "layers", "params", "grads", "optim", "activ", "other", "total",
+                   "use", "s/mb"):
+        table.add_column(column, justify="right", no_wrap=True)
     for stage in stages:
         mem = stage["memory_gib"]
         share = mem["total"] / capacity_gib
-        bar = "#" * min(20, round(20 * share))
         colour = "green" if share <= 1 else "red"
         table.add_row(str(stage["index"]), str(stage["num_layers"]),
-                      *(f"{mem[k]:.2f}" for k in ("params", "grads", "optimizer", "activations",
+                      *(f"{mem[k]:.1f}" for k in ("params", "grads", "optimizer", "activations",
                                                   "other", "total")),
-                      f"[{colour}]{bar:<20} {share:5.0%}[/]", f"{stage['time_s']:.4f}")
+                      f"[{colour}]{share:.0%}[/]", f"{stage['time_s']:.3f}")
     return table
 
 

@@ -49,6 +49,18 @@ DATA = ROOT / "bench" / "data" / "published_runs.yaml"
 CLUSTERS = ROOT / "bench" / "clusters"
 DOC = ROOT / "docs" / "accuracy.md"
 
+MISSES_NOTE = """\
+Both are BLOOM-prequel runs that the chronicle reports as out of memory while neighbouring
+configurations ran. For the 184B dp16/tp4/pp6/mbs1 run the prediction is within a few GB of
+capacity (the same shape with mbs 2 is predicted OOM, correctly). The 206B l82 run is
+predicted at about 65 GB, yet the 203B l94 run with the same tp/pp/dp ran at 67 GB: the
+published snapshots alone do not explain the difference (memory is an nvidia-smi snapshot at
+iteration 2, and the first/last node hold the 250k-token embedding); we do not tune for it.
+Step-time errors are largest for the Feb-17 rows (before the chronicle's TFLOP/s-formula and
+PCIe/NUMA fixes, which changed throughput by up to 5 %) and for tp 8 with micro-batch 1,
+where per-micro-batch framework overheads of the 2022 Megatron-DeepSpeed stack that the model
+does not represent weigh most."""
+
 TIME_TARGET = 0.10
 MEMORY_TARGET = 0.10
 
@@ -276,6 +288,14 @@ def render(rows: list[Row], skipped, zero) -> str:
     lines += ["", "## Model-state memory (ZeRO worked example)", "",
               "| case | published GB | predicted GB |", "|---|---:|---:|"]
     lines += [f"| {name} | {pub:g} | {got:.3f} |" for name, pub, got in zero]
+    wrong = [r for r in rows if r.fit_ok is False]
+    if wrong:
+        lines += ["", "## Known misses", "",
+                  "Fit verdicts the model gets wrong, with the predicted peak against the 80 GiB",
+                  "(85.9 GB) of an A100-80GB:", ""]
+        lines += [f"- {r.id}: published {'OOM' if r.oom_published else 'ran'}, predicted "
+                  f"{r.memory_predicted_gb:.1f} GB" for r in wrong]
+        lines += ["", MISSES_NOTE]
     lines += ["", "## Entries not evaluated", ""]
     lines += [f"- {id_}: {reason}" for id_, reason in skipped]
     return "\n".join(lines) + "\n"

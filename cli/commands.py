@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from cli.main import cli, emit_json
-from planner.config import ParallelConfig, Recompute, RuntimeOptions, resolve_dp
+from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, Recompute, RuntimeOptions, resolve_dp
 
 
 def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None):
@@ -54,7 +54,7 @@ json_option = click.option("--json", "as_json", is_flag=True,
               show_default=True)
 @click.option("--attention", "attention_kernel", type=click.Choice(["flash", "eager"]),
               default="flash", show_default=True, help="Attention kernel of the runtime.")
-@click.option("--runtime", type=click.Choice(["megatron", "deepspeed"]), default="megatron",
+@click.option("--runtime", type=click.Choice(sorted(RUNTIME_STATE_BYTES)), default="megatron",
               show_default=True, help="Optimizer-state layout of the runtime.")
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, micro_batch,
@@ -160,12 +160,14 @@ def clusters_command(as_json):
                    "recompute. Repeatable.")
 @click.option("--attention", "attention_kernel", type=click.Choice(["flash", "eager"]),
               default="flash", show_default=True, help="Attention kernel of the runtime.")
+@click.option("--runtime", type=click.Choice(sorted(RUNTIME_STATE_BYTES)), default="megatron",
+              show_default=True, help="Optimizer-state layout of the runtime.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the plan file here.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, workers, top_k, pins,
-         attention_kernel, output, force, as_json):
+         attention_kernel, runtime, output, force, as_json):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.errors import invalid
     from planner.plan import dumps, make_plan, write_plan
@@ -181,7 +183,8 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, worker
     pinned = Pins.parse(pairs)
     graph, hw = _load(model, cluster, nodes, seq_len)
     options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
-                            runtime=RuntimeOptions(attention_kernel=attention_kernel))
+                            runtime=RuntimeOptions(runtime=runtime,
+                                                   attention_kernel=attention_kernel))
     from cli.render import search_progress
 
     with search_progress(enabled=True) as progress:

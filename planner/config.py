@@ -90,6 +90,10 @@ class ParallelConfig:
                 f"{blocks} blocks of {model.name}")
         if self.virtual_stages > 1 and self.pp == 1:
             raise invalid("--virtual-stages > 1 needs --pp > 1 (interleaved 1F1B)")
+        if self.virtual_stages > 1 and blocks % (self.pp * self.virtual_stages):
+            raise invalid(
+                f"interleaved 1F1B splits the {blocks} blocks into pp x virtual stages = "
+                f"{self.pp * self.virtual_stages} equal chunks; {blocks} is not divisible by it")
         if self.virtual_stages > 1 and self.num_micro_batches % self.pp:
             raise invalid(
                 f"interleaved 1F1B needs the number of micro-batches ({self.num_micro_batches}) "
@@ -105,7 +109,10 @@ class ParallelConfig:
         if self.sp and self.seq_len // self.cp % self.tp:
             raise invalid(f"sequence parallelism needs seq_len / cp = {self.seq_len // self.cp} "
                           f"to be divisible by tp {self.tp}")
-        for layer in model.blocks():
+        for cls in model.layer_classes():
+            layer = cls.layer
+            if layer.kind is not LayerKind.BLOCK:
+                continue
             att = layer.attention
             if att is not None and att.num_heads % self.tp:
                 raise invalid(f"tp {self.tp} does not divide the {att.num_heads} attention heads "
@@ -137,10 +144,17 @@ class LayerPlacement:
         return [i for i, s in enumerate(self.stage) if s == stage]
 
 
+def interleaved_rank(block: int, num_blocks: int, pp: int, virtual_stages: int) -> int:
+    """Pipeline rank holding ``block`` under interleaved 1F1B: the blocks form pp x v equal
+    chunks and chunk k runs on rank k mod pp (Megatron-LM virtual pipeline stages)."""
+    chunk = num_blocks // (pp * virtual_stages)
+    return (block // chunk) % pp
+
+
 def default_placement(model: ModelGraph, config: ParallelConfig) -> LayerPlacement:
     """Megatron-LM's default split: blocks spread evenly over pp stages (earlier stages take the
-    remainder), the embedding on the first stage, the head on the last; one recompute setting for
-    every block (embedding and head are never recomputed)."""
+    remainder; round-robin chunks when interleaved), the embedding on the first stage, the head
+    on the last; one recompute setting for every block (embedding and head never recompute)."""
     blocks = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK]
     per_stage, extra = divmod(len(blocks), config.pp)
     stage_of: dict[int, int] = {}
@@ -150,6 +164,9 @@ def default_placement(model: ModelGraph, config: ParallelConfig) -> LayerPlaceme
         for index in blocks[cursor:cursor + count]:
             stage_of[index] = stage
         cursor += count
+    if config.virtual_stages > 1:
+        stage_of = {index: interleaved_rank(b, len(blocks), config.pp, config.virtual_stages)
+                    for b, index in enumerate(blocks)}
     stages = []
     for i, layer in enumerate(model.layers):
         if layer.kind is LayerKind.BLOCK:
@@ -195,6 +212,10 @@ RUNTIME_STATE_BYTES = {
     # v (12) sharded over DP (published_runs.yaml, bloom176B-main-run notes).
     "deepspeed-bf16": StateBytes(weights=2.0, grads=6.0, optimizer=12.0,
                                  grads_sharded_from_stage=4, grad_reduce_bytes=4.0),
+    # PyTorch in fp32 (the CPU verification runtime, planner/runtime): fp32 weights and
+    # gradients, Adam's m and v (torch.optim.Adam state), no separate master copy.
+    "torch-fp32": StateBytes(weights=4.0, grads=4.0, optimizer=8.0, grads_sharded_from_stage=2,
+                             grad_reduce_bytes=4.0),
     # Plain mixed-precision Adam with 16-bit gradients, as in the ZeRO paper (K = 12).
     "zero-paper": StateBytes(weights=2.0, grads=2.0, optimizer=12.0, grads_sharded_from_stage=2,
                              grad_reduce_bytes=2.0),

@@ -28,10 +28,15 @@ class Gpu:
     # Fraction of dense peak that a large, well-shaped GEMM reaches with the vendor BLAS (cuBLAS /
     # hipBLASLt). Shape effects (tiles, waves, small K) come on top, in planner/cost/compute.py.
     matmul_efficiency: float = 0.80
+    # Memory a device shows in use before any tensor exists: CUDA context, cuBLAS/cuDNN
+    # workspaces, NCCL channel buffers (CUDA context alone is ~0.5 GiB on A100/H100; a 3-D
+    # parallel job holds several NCCL communicators). Calibrated in docs/accuracy.md.
+    reserve_gib: float = 2.5
 
     def __hash__(self) -> int:  # peak_tflops is a mapping: hash its items (cost caches key on Gpu)
         return hash((self.name, self.memory_gib, self.hbm_bandwidth_gbytes_per_s,
-                     tuple(sorted(self.peak_tflops.items())), self.num_sms, self.matmul_efficiency))
+                     tuple(sorted(self.peak_tflops.items())), self.num_sms, self.matmul_efficiency,
+                     self.reserve_gib))
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (raises KeyError when the GPU has no such unit)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from functools import cached_property
 from typing import Iterator
 
 import networkx as nx
@@ -150,7 +151,11 @@ class ModelGraph:
         return (layer for layer in self.layers if layer.kind is LayerKind.BLOCK)
 
     def layer_classes(self) -> list[LayerClass]:
-        """Group consecutive layers with the same signature."""
+        """Group consecutive layers with the same signature (computed once per graph)."""
+        return list(self._classes)
+
+    @cached_property
+    def _classes(self) -> tuple[LayerClass, ...]:
         classes: list[LayerClass] = []
         for index, layer in enumerate(self.layers):
             if classes and classes[-1].layer.signature == layer.signature:
@@ -158,7 +163,7 @@ class ModelGraph:
                 classes[-1] = LayerClass(last.layer, last.start, last.count + 1)
             else:
                 classes.append(LayerClass(layer, index, 1))
-        return classes
+        return tuple(classes)
 
     def graph(self) -> nx.DiGraph:
         """The layers as a chain DiGraph; node attribute ``layer`` holds the :class:`Layer`."""

@@ -26,10 +26,8 @@ from planner.cost.pipeline import pipeline_time_s
 from planner.hardware import GIB, Cluster
 from planner.ir import Layer, LayerKind, ModelGraph
 
-# Runtime reserve: CUDA context, cuBLAS/cuDNN workspaces and NCCL channel buffers, which a device
-# shows in use before any tensor is allocated (CUDA context alone is ~0.5 GiB on A100/H100; NCCL
-# allocates buffers per communicator and channel, and a 3-D parallel job holds several).
-RESERVE_GIB = 2.5
+# The runtime reserve (CUDA context, workspaces, NCCL buffers) is a GPU property:
+# planner.hardware.Gpu.reserve_gib (2.5 GiB by default, calibrated in docs/accuracy.md).
 # The PyTorch caching allocator holds freed blocks for reuse; nvidia-smi therefore reports more
 # than the live tensors. Modelled as a fraction of the dynamic (activation and buffer) memory.
 ALLOCATOR_OVERHEAD = 0.25
@@ -65,14 +63,20 @@ def make_context(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
                  options: RuntimeOptions = RuntimeOptions()) -> CostContext:
     c = config
     shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype)
-    links = Links(
-        tp=group_link(cluster, c.tp, 1),
-        cp=group_link(cluster, c.cp, c.tp),
-        dp=group_link(cluster, c.dp * c.cp, c.tp),
-        ep=group_link(cluster, c.ep, c.tp),
-        pp=group_link(cluster, 2 if c.pp > 1 else 1, c.tp * c.cp * c.dp),
-    )
+    links = mesh_links(cluster, c.tp, c.cp, c.dp, c.ep, c.pp)
     return CostContext(model, cluster, config, options, shard, links)
+
+
+@lru_cache(maxsize=4096)
+def mesh_links(cluster: Cluster, tp: int, cp: int, dp: int, ep: int, pp: int) -> Links:
+    """The link of every group of a tp x cp x dp x pp mesh (TP innermost)."""
+    return Links(
+        tp=group_link(cluster, tp, 1),
+        cp=group_link(cluster, cp, tp),
+        dp=group_link(cluster, dp * cp, tp),
+        ep=group_link(cluster, ep, tp),
+        pp=group_link(cluster, 2 if pp > 1 else 1, tp * cp * dp),
+    )
 
 
 @dataclass(frozen=True)
@@ -199,7 +203,7 @@ def stage_memory(ctx: CostContext, stage: int, costs: Sequence[LayerCost]) -> Me
         buffers += 2 * largest * state.weights  # gathered weights of the current and next layer
     if c.zero_stage >= 1 and c.dp * c.cp > 1:
         buffers += state.bucket_bytes
-    reserve = RESERVE_GIB * GIB + ALLOCATOR_OVERHEAD * (activations + buffers)
+    reserve = ctx.cluster.gpu.reserve_gib * GIB + ALLOCATOR_OVERHEAD * (activations + buffers)
     total_states = ModelStates(states.params + expert_states.params,
                                states.grads + expert_states.grads,
                                states.optimizer + expert_states.optimizer)
@@ -363,10 +367,12 @@ def model_flops_per_step(model: ModelGraph, config: ParallelConfig, kernel: str 
     """Training FLOPs of one step without recomputation: 3 x forward, GEMMs at tp = 1."""
     shard = Shard(1, config.seq_len)
     per_sequence = 0.0
-    for layer in model.layers:
-        per_sequence += sum(g.flops for g in layer_gemms(layer, shard))
+    for cls in model.layer_classes():
+        layer = cls.layer
+        flops = sum(g.flops for g in layer_gemms(layer, shard))
         if layer.attention is not None:
-            per_sequence += attention_core_flops(layer.attention, shard, "flash")
+            flops += attention_core_flops(layer.attention, shard, "flash")
+        per_sequence += flops * cls.count
     return 3 * per_sequence * config.global_batch
 
 
@@ -381,8 +387,15 @@ def evaluate(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
         placement = default_placement(model, config)
     ctx = make_context(model, cluster, config, options)
     stage_layers = [placement.layers_of_stage(s) for s in range(config.pp)]
-    stage_costs = [[layer_cost(ctx, model.layers[i], placement.recompute[i]) for i in layers]
-                   for layers in stage_layers]
+    cache: dict = {}  # identical layers (same signature) cost the same: compute each once
+
+    def cost(i: int) -> LayerCost:
+        key = (model.layers[i].signature, placement.recompute[i])
+        if key not in cache:
+            cache[key] = layer_cost(ctx, model.layers[i], placement.recompute[i])
+        return cache[key]
+
+    stage_costs = [[cost(i) for i in layers] for layers in stage_layers]
     times = [stage_time(ctx, costs) for costs in stage_costs]
     stages = tuple(
         StageResult(index=s, layers=tuple(stage_layers[s]),

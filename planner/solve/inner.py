@@ -34,12 +34,12 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from planner.config import LayerPlacement, Recompute
+from planner.config import LayerPlacement, Recompute, interleaved_rank
 from planner.cost import comm
 from planner.cost.compute import HBM_EFFICIENCY
 from planner.cost.memory import in_flight_micro_batches
 from planner.cost.model import (ACT_BYTES, ALLOCATOR_OVERHEAD, OPTIMIZER_BYTES_PER_PARAM,
-                                RESERVE_GIB, LayerCost, embedding_sync_s)
+                                LayerCost, embedding_sync_s)
 from planner.hardware import GIB
 from planner.solve.costs import StageProblem
 
@@ -137,7 +137,10 @@ class _Builder:
         for i in range(pp):
             for ci, cls in enumerate(P.classes):
                 x = M.new_int_var(0, cls.count, f"x[{i},{ci}]")
-                if single:
+                if v > 1:  # interleaved: rank i holds chunks i, i + pp, ... (fixed)
+                    M.add(x == sum(1 for blk in range(cls.first_block, cls.first_block + cls.count)
+                                   if interleaved_rank(blk, L, pp, v) == i))
+                elif single:
                     M.add(x == counts[i])
                 else:  # x = max(0, min(b[i+1], end) - max(b[i], start))
                     top = M.new_int_var(0, L, f"top[{i},{ci}]")
@@ -222,7 +225,7 @@ class _Builder:
                     M.add(largest >= math.ceil(factor * cost.dense_params))
                 mem += largest
             const = (dense_c * dense_bpp + expert_c * expert_bpp + inflight * alpha * stored_c
-                     + alpha * buffers + RESERVE_GIB * GIB)
+                     + alpha * buffers + ctx.cluster.gpu.reserve_gib * GIB)
             M.add(mem <= capacity - math.ceil(const))
 
             # stage time per micro-batch, with (Z) the exposed ZeRO-2/3 traffic
@@ -317,15 +320,24 @@ class _Builder:
         model = self.ctx.model
         stage = [0] * len(model.layers)
         recompute = [Recompute.NONE] * len(model.layers)
+        c, L = self.c, self.p.num_blocks
         for ci, cls in enumerate(self.p.classes):
-            cursor = cls.start
-            for i in range(self.c.pp):
+            blocks = range(cls.first_block, cls.first_block + cls.count)
+            for i in range(c.pp):
+                if c.virtual_stages > 1:
+                    mine = [blk for blk in blocks
+                            if interleaved_rank(blk, L, c.pp, c.virtual_stages) == i]
+                else:  # contiguous: this stage's share follows the previous stages' shares
+                    done = sum(solver.value(self.x[j, ci]) for j in range(i))
+                    mine = list(blocks)[done:done + solver.value(self.x[i, ci])]
                 # within a stage, the heaviest recomputation goes first (any order costs the same)
-                for ri in sorted(range(len(cls.options)), key=lambda r: -_ORDER[cls.options[r]]):
-                    for _ in range(solver.value(self.n[i, ci, ri])):
-                        stage[cursor] = i
-                        recompute[cursor] = cls.options[ri]
-                        cursor += 1
+                options = [cls.options[ri]
+                           for ri in sorted(range(len(cls.options)), key=lambda r: -_ORDER[cls.options[r]])
+                           for _ in range(solver.value(self.n[i, ci, ri]))]
+                for blk, option in zip(mine, options):
+                    index = cls.start + (blk - cls.first_block)
+                    stage[index] = i
+                    recompute[index] = option
         for index in self.p.post:
             stage[index] = self.c.pp - 1
         return LayerPlacement(tuple(stage), tuple(recompute))

@@ -21,7 +21,7 @@ import ortools
 
 from planner.config import LayerPlacement, ParallelConfig, Recompute, RuntimeOptions, default_placement
 from planner.cost.compute import HBM_EFFICIENCY
-from planner.cost.model import (ALLOCATOR_OVERHEAD, OPTIMIZER_BYTES_PER_PARAM, RESERVE_GIB,
+from planner.cost.model import (ALLOCATOR_OVERHEAD, OPTIMIZER_BYTES_PER_PARAM,
                                 ACT_BYTES, CostContext, Evaluation, embedding_sync_s, evaluate,
                                 make_context)
 from planner.cost import comm
@@ -117,7 +117,7 @@ def _memory_lower_bound(p: StageProblem) -> float:
     stored = sum(min(x.act_stored_bytes for x in cls.costs) * cls.count for cls in p.classes)
     stored += sum(x.act_stored_bytes for x in p.pre_costs + p.post_costs)
     alpha = 1 + ALLOCATOR_OVERHEAD
-    return (states + alpha * stored) / c.pp + RESERVE_GIB * GIB
+    return (states + alpha * stored) / c.pp + ctx.cluster.gpu.reserve_gib * GIB
 
 
 def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,

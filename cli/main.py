@@ -53,13 +53,15 @@ def _report(error: PlannerError, as_json: bool) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the group and map every outcome to an exit code."""
     from cli import commands  # noqa: F401  (registers the commands)
+    from cli import plan_commands  # noqa: F401  (schema, show, check, export)
 
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(args)
     debug = "--debug" in args
     try:
-        cli.main(args=args, prog_name="shardplan", standalone_mode=False)
-        code = ExitCode.OK
+        # without standalone mode click returns ctx.exit(n)'s code instead of raising it
+        result = cli.main(args=args, prog_name="shardplan", standalone_mode=False)
+        code = result if isinstance(result, int) else ExitCode.OK
     except PlannerError as error:
         if debug:
             raise

@@ -132,11 +132,15 @@ class search_progress:
 def print_plan(doc: dict[str, Any], written_to: str | None = None) -> None:
     print_evaluation(doc)
     s = doc["solver"]
-    console.print(
-        f"solver: [bold]{s['status']}[/] in {s['solve_time_s']:.2f}s, gap {s['gap']:.2%}, "
-        f"{s['candidates_evaluated']} of {s['candidates_total']} configurations solved "
-        f"({s['candidates_pruned_memory']} pruned by memory bound), OR-Tools "
-        f"{s['ortools_version']}", highlight=False)
+    if all(k in s for k in ("solve_time_s", "gap", "candidates_evaluated", "candidates_total",
+                            "candidates_pruned_memory", "ortools_version")):
+        console.print(
+            f"solver: [bold]{s['status']}[/] in {s['solve_time_s']:.2f}s, gap {s['gap']:.2%}, "
+            f"{s['candidates_evaluated']} of {s['candidates_total']} configurations solved "
+            f"({s['candidates_pruned_memory']} pruned by memory bound), OR-Tools "
+            f"{s['ortools_version']}", highlight=False)
+    else:  # a plan made from one evaluated configuration, not a search
+        console.print(f"solver: [bold]{s.get('status', '?')}[/]", highlight=False)
     if doc.get("alternatives"):
         table = Table(title="Runners-up")
         for column in ("tp", "pp", "dp", "cp", "micro-batch", "v", "ZeRO", "sp", "step s",
@@ -151,3 +155,88 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None) -> None:
         console.print(table)
     if written_to:
         console.print(f"plan written to {written_to}", highlight=False)
+
+
+# -- plan files: show, check, export (cli/plan_commands.py) ----------------------------------
+
+def print_warnings(warnings: Iterable[str], prefix: str = "warning") -> None:
+    for warning in warnings:
+        console.print(f"[yellow]{prefix}[/]: {warning}", highlight=False, soft_wrap=True)
+
+
+def print_plan_file(doc: dict[str, Any], path: str) -> None:
+    """``shardplan show``: the plan as ``plan`` printed it, plus its inputs and layer split."""
+    inputs = doc["inputs"]
+    console.print(f"[bold]{path}[/]: plan schema_version {doc['schema_version']} for model "
+                  f"{inputs['model']['spec']!r} ({inputs['model']['sha256'][7:19]}) on cluster "
+                  f"{inputs['cluster']['spec']!r} ({inputs['cluster']['sha256'][7:19]}), "
+                  f"global batch {inputs['global_batch']}, {inputs['dtype']}", highlight=False)
+    print_plan(doc)
+    pins = doc.get("pins") or {}
+    if pins:
+        console.print("pinned: " + ", ".join(f"{k}={v}" for k, v in sorted(pins.items())),
+                      highlight=False)
+    table = Table(title="Layers per stage")
+    for column in ("stage", "layers", "blocks", "recompute none", "selective", "full"):
+        table.add_column(column, justify="right")
+    layers = sorted(doc["layers"], key=lambda x: x["index"])
+    for stage in range(doc["parallelism"]["pp"]):
+        runs: list[list[str]] = []  # contiguous runs (several per stage when interleaved)
+        for i, x in enumerate(layers):
+            if x["stage"] != stage:
+                continue
+            if runs and i > 0 and layers[i - 1]["stage"] == stage:
+                runs[-1].append(x["name"])
+            else:
+                runs.append([x["name"]])
+        text = ", ".join(r[0] if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in runs[:2])
+        if len(runs) > 2:
+            text += f" +{len(runs) - 2} chunks"
+        blocks = [x for x in layers if x["stage"] == stage and x["kind"] == "block"]
+        table.add_row(str(stage), text or "-", str(len(blocks)),
+                      *(str(sum(1 for x in blocks if x["recompute"] == r))
+                        for r in ("none", "selective", "full")))
+    console.print(table)
+
+
+def print_check(report: dict[str, Any]) -> None:
+    """``shardplan check``: verdict, problems, offending stages by category, remedies."""
+    plan = report.get("plan") or "plan"
+    for role in ("model", "cluster"):
+        item = report["inputs"][role]
+        state = "[red]stale[/]" if item["stale"] else "[green]matches the plan[/]"
+        console.print(f"{role}: {item['name']} ({item['source']}): {state}", highlight=False)
+    stages = report["stages"]
+    if stages:
+        over = [s for s in stages if not s["fits"]]
+        table = Table(title=("Stages over capacity" if over else "Memory per GPU") + " (GiB)")
+        for column in ("stage", "params", "grads", "optimizer", "activations", "other",
+                       "needed", "available", "over by", "plan said"):
+            table.add_column(column, justify="right")
+        for s in over or stages:
+            need = s["needed_gib"]
+            colour = "green" if s["fits"] else "red"
+            planned = s.get("planned_total_gib")
+            table.add_row(str(s["index"]), *(f"{need[k]:.2f}" for k in
+                                             ("params", "grads", "optimizer", "activations",
+                                              "other")),
+                          f"[{colour}]{need['total']:.2f}[/]", f"{s['capacity_gib']:g}",
+                          f"{max(0.0, -s['headroom_gib']):.2f}",
+                          "-" if planned is None else f"{planned:.2f}")
+        console.print(table)
+    for problem in report["problems"]:
+        console.print(f"[red]problem[/] ({problem['code']}): {problem['message']}",
+                      highlight=False, soft_wrap=True)
+    if report["remedies"]:
+        console.print("What would make it fit (each change alone, re-evaluated):")
+        for n, remedy in enumerate(report["remedies"], 1):
+            saved = ", ".join(f"{x['gib']:.2f} GiB on stage {x['stage']}"
+                              for x in remedy["saves_gib"])
+            verdict = "[green]then fits[/]" if remedy["fits"] else "[yellow]not enough[/]"
+            console.print(f"  {n}. {remedy['change']}: saves {saved}; peak "
+                          f"{remedy['peak_gib']:.2f} GiB: {verdict}", highlight=False)
+    if report["ok"]:
+        console.print(f"[green]ok[/]: {plan} fits (peak {report['peak_gib']:.2f} of "
+                      f"{report['capacity_gib']:g} GiB per GPU)", highlight=False)
+    else:
+        console.print(f"[bold red]check failed[/]: {plan}", highlight=False)

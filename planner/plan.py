@@ -4,7 +4,10 @@ Consumes a :class:`~planner.solve.search.SearchResult` (or a single Evaluation) 
 that produced it; produces a plain dict with sorted keys and units in key names, and writes it
 atomically. The body is the ``evaluate`` document (model, cluster, parallelism, stages,
 predicted) plus per-layer decisions, the solver record, runners-up and the inputs with a
-content hash of each (so a later ``check`` can tell a stale plan).
+content hash of each (so a later ``check`` can tell a stale plan) and the model IR and cluster
+themselves (``inputs.model.ir``, ``inputs.cluster.ir``, see :mod:`planner.serialize`), so that
+``check`` and the exporters need nothing but the plan file. The JSON Schema is
+``planner/plan_schema.json``; :mod:`planner.plan_io` reads and validates plan files.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ from typing import Any
 
 from planner.cost.model import Evaluation
 from planner.errors import invalid
+from planner.hardware import Cluster
+from planner.ir import ModelGraph
 from planner.report import evaluation_dict, rounded
 
 SCHEMA_VERSION = 1
@@ -43,9 +48,20 @@ def canonical_json(value: Any) -> str:
     return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
+# Labels that say where a description was read from, not what it describes: a model config
+# read through another path (an HF config's name is its file's stem, its source the path), or a
+# preset versus a copy of its file, must not make a plan stale.
+_LABELS = {ModelGraph: ("name", "source"), Cluster: ("name", "source", "description")}
+
+
 def content_hash(value: Any) -> str:
-    """sha256 of the canonical JSON of a model or cluster description (format-independent)."""
-    return "sha256:" + hashlib.sha256(canonical_json(value).encode()).hexdigest()
+    """sha256 of the canonical JSON of a model or cluster description: independent of the
+    format and path it was read from (the labels in ``_LABELS`` are left out)."""
+    plain = _plain(value)
+    for cls, labels in _LABELS.items():
+        if isinstance(value, cls):
+            plain = {k: v for k, v in plain.items() if k not in labels}
+    return "sha256:" + hashlib.sha256(canonical_json(plain).encode()).hexdigest()
 
 
 def layers_list(ev: Evaluation) -> list[dict[str, Any]]:
@@ -88,7 +104,13 @@ def make_plan(best: Evaluation, *, model_spec: str, cluster_spec: str, nodes: in
         "alternatives": [alternative_dict(a, best) for a in alternatives],
         "pins": pins or {},
     })
-    return rounded(doc)
+    doc = rounded(doc)
+    # Embedded after rounding: the IR must round-trip exactly (its hash is inputs.*.sha256).
+    from planner.serialize import cluster_to_dict, model_to_dict
+
+    doc["inputs"]["model"]["ir"] = model_to_dict(best.model)
+    doc["inputs"]["cluster"]["ir"] = cluster_to_dict(best.cluster)
+    return doc
 
 
 def dumps(doc: dict) -> str:
@@ -96,6 +118,11 @@ def dumps(doc: dict) -> str:
 
 
 def write_plan(doc: dict, path: str | os.PathLike, *, force: bool = False) -> Path:
+    """Write a plan document atomically (see :func:`write_text`)."""
+    return write_text(dumps(doc), path, force=force)
+
+
+def write_text(text: str, path: str | os.PathLike, *, force: bool = False) -> Path:
     """Write atomically (temp file in the same folder, then rename); refuse to overwrite an
     existing file unless ``force``."""
     target = Path(path)
@@ -106,7 +133,6 @@ def write_plan(doc: dict, path: str | os.PathLike, *, force: bool = False) -> Pa
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise invalid(f"cannot write {target}: folder {folder} does not exist")
-    text = dumps(doc)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
     except OSError as error:

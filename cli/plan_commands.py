@@ -1,0 +1,106 @@
+"""Commands on plan files: ``schema``, ``show``, ``check``, ``export``.
+
+Each one: parse -> one library call -> render (data on stdout, people on stderr). ``check``
+exits 0 when the plan holds, 1 when it does not (stale inputs, a malformed plan, a stage over
+capacity), 2 when the plan file or an input cannot be read (via :func:`cli.main.main`).
+"""
+from __future__ import annotations
+
+
+import click
+
+from cli.main import cli, emit_json
+from planner.export import FORMATS
+
+json_option = click.option("--json", "as_json", is_flag=True,
+                           help="Print one JSON document on stdout instead of tables.")
+plan_argument = click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=True))
+
+
+@cli.command()
+def schema():
+    """Print the JSON Schema (draft 2020-12) of plan files."""
+    from planner.plan_io import schema_text
+
+    click.echo(schema_text(), nl=False)
+
+
+@cli.command()
+@plan_argument
+@json_option
+def show(plan_path, as_json):
+    """Show a saved plan: memory per stage, step time, solver record, runners-up."""
+    from planner.plan_io import load_plan
+
+    doc = load_plan(plan_path)
+    if as_json:
+        from planner.plan import dumps
+
+        click.echo(dumps(doc), nl=False)
+    else:
+        from cli.render import print_plan_file
+
+        print_plan_file(doc, plan_path)
+
+
+@cli.command()
+@plan_argument
+@click.option("--model", "-m", "model", default=None, metavar="M",
+              help="Check against this model (preset or file) instead of the one embedded in "
+                   "the plan; a different one makes the plan stale.")
+@click.option("--cluster", "-c", "cluster", default=None, metavar="C",
+              help="Check against this cluster (preset or YAML) instead of the embedded one.")
+@click.option("--nodes", type=click.IntRange(min=1), default=None,
+              help="Number of nodes of the cluster (as given to `shardplan plan`).")
+@click.option("--allow-stale", is_flag=True,
+              help="Do not fail because the model or cluster changed; still check memory.")
+@json_option
+def check(plan_path, model, cluster, nodes, allow_stale, as_json):
+    """Check a saved plan still fits: exit 0 if so, 1 if not, 2 on invalid input."""
+    from planner.check import check_file
+
+    report = check_file(plan_path, model_spec=model, cluster_spec=cluster, nodes=nodes,
+                        allow_stale=allow_stale)
+    document = report.to_dict()
+    if as_json:
+        emit_json(document)
+    else:
+        from cli.render import print_check
+
+        print_check(document)
+    if report.exit_code:
+        click.get_current_context().exit(int(report.exit_code))
+
+
+@cli.command()
+@plan_argument
+@click.option("--format", "-f", "fmt", required=True, metavar="F",
+              type=click.Choice(list(FORMATS)),
+              help="megatron (args file), torchtitan (TOML), deepspeed (config JSON), vllm "
+                   "(engine args), json (the plan).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write here instead of stdout.")
+@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@click.option("--strict", is_flag=True,
+              help="Exit 1 when the runtime cannot express the plan exactly (any warning).")
+def export(plan_path, fmt, output, force, strict):
+    """Translate a saved plan into a runtime's configuration; differences go to stderr."""
+    from planner.errors import ErrorKind, PlannerError
+    from planner.export import export_plan
+    from planner.plan_io import load_plan
+
+    result = export_plan(load_plan(plan_path), fmt)
+    from cli.render import console, print_warnings
+
+    print_warnings(result.warnings)
+    if output is not None:
+        from planner.plan import write_text
+
+        write_text(result.text, output, force=force)
+        console.print(f"{fmt} configuration written to {output}", highlight=False)
+    else:
+        click.echo(result.text, nl=False)
+    if strict and result.warnings:
+        raise PlannerError(ErrorKind.CHECK_FAILED,
+                           f"the {fmt} export differs from the plan in {len(result.warnings)} "
+                           f"way{'s' if len(result.warnings) != 1 else ''} (warnings above)")

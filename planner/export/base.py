@@ -1,0 +1,131 @@
+"""What every exporter shares: the result type and read-only views of a plan document.
+
+Consumes a validated plan document (:func:`planner.plan_io.load_plan`); produces facts the
+exporters translate (pipeline chunks, per-chunk recomputation, memory under a changed setting).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import PlannerError
+from planner.hardware import GIB
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """``text`` is the runtime's file; ``warnings`` name each way it differs from the plan."""
+
+    format: str
+    text: str
+    warnings: tuple[str, ...] = ()
+    suffix: str = ".txt"
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A contiguous run of layers on one pipeline rank (a stage; a model chunk when
+    interleaved). ``recompute`` lists the blocks' settings in order."""
+
+    rank: int
+    has_embedding: bool
+    has_head: bool
+    block_indices: tuple[int, ...]  # block numbers (0-based among blocks) in this chunk
+    recompute: tuple[str, ...]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_indices)
+
+
+def chunks(doc: dict[str, Any]) -> list[Chunk]:
+    """The plan's layers as runs of equal stage: pp runs, or pp x v round-robin when
+    interleaved (``check`` verifies that shape)."""
+    layers = sorted(doc["layers"], key=lambda layer: layer["index"])
+    out: list[Chunk] = []
+    current: list[dict] = []
+    block = 0
+    pending: list[tuple[list[dict], list[int]]] = []
+    numbers: list[int] = []
+    for layer in layers:
+        if current and layer["stage"] != current[-1]["stage"]:
+            pending.append((current, numbers))
+            current, numbers = [], []
+        current.append(layer)
+        if layer["kind"] == "block":
+            numbers.append(block)
+            block += 1
+    if current:
+        pending.append((current, numbers))
+    for run, blocks in pending:
+        out.append(Chunk(rank=run[0]["stage"],
+                         has_embedding=any(x["kind"] == "embedding" for x in run),
+                         has_head=any(x["kind"] == "head" for x in run),
+                         block_indices=tuple(blocks),
+                         recompute=tuple(x["recompute"] for x in run if x["kind"] == "block")))
+    return out
+
+
+def blocks_per_rank(doc: dict[str, Any]) -> list[int]:
+    pp = doc["parallelism"]["pp"]
+    counts = [0] * pp
+    for layer in doc["layers"]:
+        if layer["kind"] == "block" and layer["stage"] < pp:
+            counts[layer["stage"]] += 1
+    return counts
+
+
+def block_recompute(doc: dict[str, Any]) -> list[str]:
+    layers = sorted(doc["layers"], key=lambda layer: layer["index"])
+    return [layer["recompute"] for layer in layers if layer["kind"] == "block"]
+
+
+def recompute_counts(values: list[str] | tuple[str, ...]) -> dict[str, int]:
+    return {kind: sum(1 for v in values if v == kind) for kind in ("none", "selective", "full")}
+
+
+def describe_recompute(doc: dict[str, Any]) -> str:
+    """'full on 6 of 24 blocks (stage 0: 3, stage 1: 3), selective on 2'."""
+    pp = doc["parallelism"]["pp"]
+    layers = [x for x in doc["layers"] if x["kind"] == "block"]
+    parts = []
+    for kind in ("full", "selective"):
+        chosen = [x for x in layers if x["recompute"] == kind]
+        if not chosen:
+            continue
+        per_stage = [sum(1 for x in chosen if x["stage"] == s) for s in range(pp)]
+        where = (" (" + ", ".join(f"stage {s}: {n}" for s, n in enumerate(per_stage)) + ")"
+                 if pp > 1 else "")
+        parts.append(f"{kind} on {len(chosen)} of {len(layers)} blocks{where}")
+    return "; ".join(parts) if parts else "none"
+
+
+def memory_note(doc: dict[str, Any], **changes: Any) -> str:
+    """' (the cost model predicts 41.2 GiB peak per GPU of 80 GiB: fits)' for the plan with
+    ``changes`` (ParallelConfig fields, or ``runtime_*`` RuntimeOptions fields); '' if the
+    changed plan cannot be evaluated."""
+    from planner.check import evaluate_plan
+
+    try:
+        ev = evaluate_plan(doc, **changes)
+    except (PlannerError, KeyError, ValueError, TypeError):
+        return ""
+    peak = ev.peak_memory_bytes / GIB
+    capacity = ev.cluster.gpu.memory_gib
+    was = doc["predicted"]["peak_memory_gib"]
+    verdict = "fits" if ev.fits else "does NOT fit"
+    return (f" (the cost model predicts {peak:.1f} GiB peak per GPU instead of the plan's "
+            f"{was:.1f}, of {capacity:g} GiB: {verdict})")
+
+
+def world(doc: dict[str, Any]) -> str:
+    p = doc["parallelism"]
+    n = p["tp"] * p["pp"] * p["dp"] * p["cp"]
+    return (f"{n} GPUs = dp {p['dp']} x tp {p['tp']} x pp {p['pp']} x cp {p['cp']}"
+            + (f", ep {p['ep']}" if p["ep"] > 1 else ""))
+
+
+def headline(doc: dict[str, Any]) -> str:
+    return (f"{doc['model']['name']} on {doc['cluster']['name']} "
+            f"({doc['cluster']['num_nodes']} x {doc['cluster']['gpus_per_node']} "
+            f"{doc['cluster']['gpu']}): {world(doc)}")

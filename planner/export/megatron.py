@@ -1,0 +1,208 @@
+"""Megatron-LM / Megatron-Core command-line arguments for a plan.
+
+Consumes a validated plan document; produces a bash file defining an array
+``MEGATRON_PARALLEL_ARGS`` (one flag and its value per line, values shell-quoted) to splice into
+a ``pretrain_gpt.py`` command line next to the model-shape, data and optimizer arguments, which
+the plan does not fix.
+
+Flag names from /work/shared/reference/ecosystem.md B1 (Megatron-LM HEAD d98e8a64, flags seen in
+its examples/ and tests/functional_tests/): parallel sizes, ``--sequence-parallel``,
+``--num-virtual-stages-per-pipeline-rank`` (works with even and uneven splits;
+``--virtual-pipeline-model-parallel-size`` has no CLI flag), ``--decoder-first/last-pipeline-
+num-layers``, ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` decoder layer, ``L``
+loss, ``|`` between stages; megatron/core/transformer/pipeline_parallel_layer_layout.py reads
+the stages in VPP-major order), batch sizes, ``--recompute-*``, ``--use-distributed-optimizer``,
+``--overlap-grad-reduce`` / ``--overlap-param-gather``, ``--num-layers``, ``--seq-length``.
+Also long-standing Megatron-LM arguments.py flags: ``--bf16`` / ``--fp16``, ``--fp8-format``,
+``--attention-dropout`` / ``--hidden-dropout`` and ``--tp-comm-overlap``.
+
+Pipeline split: Megatron's default (no flag) spreads the decoder layers evenly with the
+embedding on the first and the loss on the last stage, as the plan's layers do when the counts
+are equal. Uneven first/last stages use the two ``--decoder-*-pipeline-num-layers`` flags; any
+other split (and uneven chunks when interleaved) is written exactly as a
+``--pipeline-model-parallel-layout``.
+"""
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
+                                 headline, memory_note, recompute_counts)
+
+ARRAY = "MEGATRON_PARALLEL_ARGS"
+
+
+def layout_string(doc: dict[str, Any]) -> str:
+    """The exact ``--pipeline-model-parallel-layout`` of the plan: one segment per chunk."""
+    return "|".join(("E" if c.has_embedding else "") + "t" * c.num_blocks +
+                    ("L" if c.has_head else "") for c in chunks(doc))
+
+
+def _pipeline(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
+    p = doc["parallelism"]
+    pp, v = p["pp"], p["virtual_stages"]
+    if pp == 1:
+        return
+    parts = chunks(doc)
+    counts = [c.num_blocks for c in parts]
+    if v > 1:
+        if len(set(counts)) == 1 and len(parts) == pp * v:
+            args.append(("--num-virtual-stages-per-pipeline-rank", v))
+        else:
+            args.append(("--pipeline-model-parallel-layout", layout_string(doc)))
+        return
+    per_rank = blocks_per_rank(doc)
+    if len(set(per_rank)) == 1:
+        return  # Megatron's default even split
+    middle = per_rank[1:-1]
+    if 0 not in per_rank and len(set(middle)) <= 1:
+        if pp == 2:
+            args.append(("--decoder-first-pipeline-num-layers", per_rank[0]))
+            return
+        if per_rank[0] != middle[0]:
+            args.append(("--decoder-first-pipeline-num-layers", per_rank[0]))
+        if per_rank[-1] != middle[0]:
+            args.append(("--decoder-last-pipeline-num-layers", per_rank[-1]))
+        return
+    args.append(("--pipeline-model-parallel-layout", layout_string(doc)))
+
+
+def _recompute(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
+    p = doc["parallelism"]
+    values = [x["recompute"] for x in doc["layers"] if x["kind"] == "block"]
+    counts = recompute_counts(values)
+    if counts["full"] == counts["selective"] == 0:
+        return
+    if counts["full"] == len(values):
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", 1)]
+        return
+    if counts["selective"] == len(values):
+        args.append(("--recompute-granularity", "selective"))  # core_attn by default
+        return
+    planned = describe_recompute(doc)
+    if counts["full"] == 0:
+        # selective on some blocks only: Megatron's selective switch covers every layer
+        args.append(("--recompute-granularity", "selective"))
+        warnings.append(
+            f"recompute: the plan recomputes the attention core of some blocks only "
+            f"({planned}); Megatron's --recompute-granularity selective applies to every layer, "
+            f"so the remaining {counts['none']} blocks also recompute it (a little slower, never "
+            f"more memory)")
+        return
+    # Megatron's block method recomputes the first N layers of every pipeline stage (of every
+    # model chunk when interleaved), all with the same N.
+    parts = chunks(doc)
+    recomputed = [sum(1 for r in c.recompute if r != "none") for c in parts]
+    n = max(recomputed)
+    args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+             ("--recompute-num-layers", n)]
+    exact = counts["selective"] == 0 and all(
+        c.recompute == ("full",) * min(n, c.num_blocks) + ("none",) * (c.num_blocks - n)
+        for c in parts)
+    if exact:
+        return
+    unit = "model chunk" if p["virtual_stages"] > 1 else "stage"
+    reasons = []
+    if counts["selective"]:
+        reasons.append(f"the plan's {counts['selective']} selective blocks become full "
+                       f"recomputation (Megatron has one granularity)")
+    if len(set(recomputed)) > 1:
+        reasons.append(f"per-{unit} counts differ ({', '.join(map(str, recomputed))}); "
+                       f"--recompute-num-layers is one number, so every {unit} recomputes its "
+                       f"first {n} blocks (slower than planned, never more memory)")
+    elif not counts["selective"]:
+        reasons.append(f"the plan marks other blocks than the first {n} of each {unit}; "
+                       f"the count per {unit} is the same, so memory and time are too")
+    warnings.append(f"recompute: plan has {planned}; exported --recompute-method block "
+                    f"--recompute-num-layers {n}: " + "; ".join(reasons))
+
+
+def export(doc: dict[str, Any]) -> ExportResult:
+    p, runtime = doc["parallelism"], doc["runtime"]
+    warnings: list[str] = []
+    args: list[tuple[str, Any] | tuple[str]] = [
+        ("--tensor-model-parallel-size", p["tp"]),
+        ("--pipeline-model-parallel-size", p["pp"]),
+    ]
+    if p["sp"]:
+        args.append(("--sequence-parallel",))
+    if p["cp"] > 1:
+        args.append(("--context-parallel-size", p["cp"]))
+    if p["ep"] > 1:
+        args.append(("--expert-model-parallel-size", p["ep"]))
+    args += [("--num-layers", doc["model"]["num_layers"]), ("--seq-length", p["seq_len"]),
+             ("--micro-batch-size", p["micro_batch"]), ("--global-batch-size", p["global_batch"])]
+    _pipeline(doc, args, warnings)
+    _recompute(doc, args, warnings)
+    zero = p["zero_stage"]
+    if zero >= 1:
+        args.append(("--use-distributed-optimizer",))
+    if runtime["overlap_grad_reduce"]:
+        args.append(("--overlap-grad-reduce",))
+        if zero >= 1 and runtime["overlap_param_gather"]:
+            args.append(("--overlap-param-gather",))
+    elif zero >= 1 and runtime["overlap_param_gather"]:
+        warnings.append("overlap: the plan overlaps the parameter all-gather but not the "
+                        "gradient reduction; Megatron's --overlap-param-gather needs "
+                        "--overlap-grad-reduce, so neither is exported (slower than planned)")
+    if zero >= 2:
+        warnings.append(
+            f"ZeRO-{zero}: Megatron's data parallelism has no ZeRO-{zero}; exported "
+            f"--use-distributed-optimizer, which shards only the optimizer states (ZeRO-1)"
+            + memory_note(doc, zero_stage=1) + ". Megatron-FSDP (--use-megatron-fsdp "
+            f"--data-parallel-sharding-strategy "
+            f"{'optim_grads' if zero == 2 else 'optim_grads_params'}) is the sharded "
+            f"alternative; it needs its own checkpoint format and is not emitted")
+    if p["dtype"] == "fp16":
+        args.append(("--fp16",))
+    else:
+        args.append(("--bf16",))
+    if p["dtype"] == "fp8":
+        args.append(("--fp8-format", "hybrid"))
+        warnings.append("dtype fp8: exported --bf16 --fp8-format hybrid (Transformer Engine FP8 "
+                        "GEMMs, BF16 elsewhere); the plan does not fix the FP8 recipe")
+    if not runtime["dropout"]:
+        # the cost model counts no dropout masks; Megatron's defaults are 0.1
+        args += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
+    if runtime["tp_comm_overlap"] > 0 and p["tp"] > 1:
+        args.append(("--tp-comm-overlap",))
+        warnings.append(f"tp_comm_overlap {runtime['tp_comm_overlap']:g}: exported "
+                        f"--tp-comm-overlap (Transformer Engine userbuffers); how much it hides "
+                        f"is the runtime's, not the plan's")
+    if runtime["attention_kernel"] == "eager":
+        warnings.append("attention: the plan assumed eager attention (materialised scores); "
+                        "Megatron picks a fused/flash backend by default, which stores less "
+                        "activation memory than planned")
+    if runtime["runtime"] != "megatron":
+        warnings.append(f"runtime: the plan's memory assumed the {runtime['runtime']!r} "
+                        f"optimizer-state layout; Megatron's differs"
+                        + memory_note(doc, runtime_runtime="megatron"))
+    lines = [
+        f"# Megatron-LM parallelism arguments for {headline(doc)}",
+        f"# Generated by shardplan from a plan (schema_version {doc['schema_version']}). Model "
+        f"shape, data, tokenizer and",
+        "# optimizer arguments are not part of the plan: add them to the command line.",
+        f"# Use:  source THIS_FILE; torchrun --nproc-per-node {doc['cluster']['gpus_per_node']} "
+        f"--nnodes {doc['cluster']['num_nodes']} pretrain_gpt.py \"${{{ARRAY}[@]}}\" ...",
+        f"{ARRAY}=(",
+    ]
+    for item in args:
+        lines.append("  " + " ".join(shlex.quote(_text(x)) for x in item))
+    lines.append(")")
+    return ExportResult("megatron", "\n".join(lines) + "\n", tuple(warnings), ".sh")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def parse_args_file(text: str) -> list[str]:
+    """The argument list of an exported file (for tests and tools): shlex, comments dropped."""
+    tokens = shlex.split(text, comments=True)
+    if not tokens or tokens[0] != f"{ARRAY}=(" or tokens[-1] != ")":
+        raise ValueError(f"not a {ARRAY} file")
+    return tokens[1:-1]

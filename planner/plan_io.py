@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import invalid
+from planner.safe_input import parse_json, read_text
 from planner.plan import KIND, SCHEMA_VERSION
 
 MAX_PLAN_BYTES = 64 * 2**20  # a 400-layer plan with runners-up is well under 1 MiB
@@ -39,66 +40,15 @@ def schema_text() -> str:
     return json.dumps(plan_schema(), indent=2) + "\n"
 
 
-def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _Duplicate(key)
-        out[key] = value
-    return out
-
-
-class _Duplicate(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
-
-
 def read_json_file(path: str | os.PathLike, what: str = "plan file",
                    max_bytes: int | None = None) -> Any:
-    """Parse a JSON file strictly: size-capped (default :data:`MAX_PLAN_BYTES`), UTF-8, no
-    duplicate keys, no NaN/Infinity."""
-    max_bytes = MAX_PLAN_BYTES if max_bytes is None else max_bytes
+    """Parse a JSON file strictly (planner.safe_input): size-capped (default
+    :data:`MAX_PLAN_BYTES`), UTF-8, no duplicate keys, no NaN/Infinity."""
     target = Path(path)
-    try:
-        if not target.exists():
-            raise invalid(f"{what} {target} does not exist")
-        if target.is_dir():
-            raise invalid(f"{what} {target} is a directory, not a file")
-        size = target.stat().st_size
-        if size > max_bytes:
-            raise invalid(f"{what} {target} is {size:,} bytes; the limit is {max_bytes:,} bytes "
-                          f"({max_bytes / 2**20:g} MiB)")
-        with open(target, "rb") as handle:
-            raw = handle.read(max_bytes + 1)  # the file may grow between stat and read
-    except OSError as error:
-        raise invalid(f"cannot read {what} {target}: {error.strerror or error}") from None
-    if len(raw) > max_bytes:
-        raise invalid(f"{what} {target} is over the {max_bytes:,}-byte limit")
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as error:
-        raise invalid(f"{what} {target} is not UTF-8 text (byte {error.start}): is it a plan "
-                      f"file?") from None
+    text = read_text(target, what, max_bytes=MAX_PLAN_BYTES if max_bytes is None else max_bytes)
     if not text.strip():
         raise invalid(f"{what} {target} is empty")
-    try:
-        return json.loads(text, object_pairs_hook=_reject_duplicates,
-                          parse_constant=_reject_constant)
-    except _Duplicate as error:
-        raise invalid(f"{what} {target}: duplicate key {error.key!r} (each key may appear "
-                      f"once per object)") from None
-    except json.JSONDecodeError as error:
-        raise invalid(f"{what} {target} is not valid JSON: {error.msg} at line {error.lineno}, "
-                      f"column {error.colno}") from None
-    except ValueError as error:
-        raise invalid(f"{what} {target} is not valid JSON: {error}") from None
-    except RecursionError:
-        raise invalid(f"{what} {target} is nested too deeply to be a plan file") from None
+    return parse_json(text, f"{what} {target}")
 
 
 def json_path(parts: Any) -> str:

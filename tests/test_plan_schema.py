@@ -173,9 +173,9 @@ def test_other_schema_version_is_refused_with_the_expected_one():
 
 @pytest.mark.parametrize("content, message", [
     (b"", "is empty"),
-    (b"{\"a\": 1,}", "not valid JSON"),
+    (b"{\"a\": 1,}", "malformed JSON"),
     (b"{\"kind\": 1, \"kind\": 2}", "duplicate key 'kind'"),
-    (b"{\"x\": NaN}", "not valid JSON"),
+    (b"{\"x\": NaN}", "malformed JSON"),
     (b"[1, 2]", "expected a JSON object"),
     (b"\xff\xfe\x00junk", "not UTF-8"),
     (b"[" * 100000 + b"]" * 100000, "nested too deeply"),
@@ -190,7 +190,7 @@ def test_unreadable_files_are_invalid_input(tmp_path, content, message):
 
 
 def test_missing_directory_and_oversized_files(tmp_path, monkeypatch):
-    with pytest.raises(PlannerError, match="does not exist"):
+    with pytest.raises(PlannerError, match="not found"):
         load_plan(tmp_path / "nope.json")
     with pytest.raises(PlannerError, match="is a directory"):
         load_plan(tmp_path)

@@ -1,0 +1,263 @@
+"""Read user files (model configs, cluster files, plan files) safely into plain data.
+
+Consumes a path or text plus a label naming where it came from; produces parsed JSON / YAML
+(``dict`` / ``list`` / scalars) or a :class:`~planner.errors.PlannerError` of kind INVALID_INPUT
+naming the file and, for syntax errors, the line and column. No ``json`` / ``yaml`` /
+``OSError`` / ``UnicodeDecodeError`` / ``RecursionError`` escapes. One reader for every input
+the tool takes, so every input gets the same protections:
+
+* files over a size cap (:data:`MAX_FILE_BYTES`, 16 MiB by default) are refused before being
+  read in full; missing files, directories, empty and binary files (NUL bytes, not UTF-8) too;
+* duplicate keys are an error in JSON and YAML (the last one silently winning is how a typo'd
+  override goes unnoticed); JSON's non-standard NaN / Infinity are refused;
+* YAML goes through a :class:`yaml.SafeLoader` subclass (no Python object tags, nothing is ever
+  executed); documents with more than :data:`MAX_YAML_EVENTS` parser events are refused while
+  streaming, alias-expanded sizes over :data:`MAX_YAML_NODES` ("billion laughs") and
+  self-referencing documents before construction, and flow nesting deeper than
+  :data:`MAX_FLOW_DEPTH` before parsing (PyYAML's scanner is quadratic in it).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.errors import invalid
+
+MAX_FILE_BYTES = 16 * 1024 * 1024
+MAX_YAML_NODES = 100_000
+MAX_YAML_EVENTS = 20_000
+MAX_FLOW_DEPTH = 64
+
+
+def read_text(path: Path, what: str, *, max_bytes: int = MAX_FILE_BYTES,
+              missing_hint: str | None = None, directory_hint: str | None = None,
+              binary_hint: str | None = None) -> str:
+    """The UTF-8 text of ``path``; ``what`` names the file's role in messages."""
+    path = Path(path)
+    hints = lambda hint: (hint,) if hint else ()  # noqa: E731
+    try:
+        if not path.exists():
+            raise invalid(f"{what} not found: {path}", *hints(missing_hint), file=str(path))
+        if path.is_dir():
+            raise invalid(f"{path} is a directory, not a {what}", *hints(directory_hint),
+                          file=str(path))
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise invalid(f"{what} {path} is {size:,} bytes; the limit is {max_bytes:,} bytes "
+                          f"({max_bytes / 2**20:g} MiB)", file=str(path), size=size)
+        with path.open("rb") as handle:
+            raw = handle.read(max_bytes + 1)
+    except (OSError, ValueError) as exc:  # ValueError: NUL byte in the path name
+        raise invalid(f"cannot read {what} {path}: {exc}", file=str(path)) from None
+    if len(raw) > max_bytes:  # grew after stat, or a character device
+        raise invalid(f"{what} {path} is larger than the {max_bytes:,}-byte limit", file=str(path))
+    if b"\x00" in raw:
+        raise invalid(f"{what} {path} is a binary file (it contains NUL bytes), not UTF-8 text",
+                      *hints(binary_hint), file=str(path))
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise invalid(f"{what} {path} is not UTF-8 text (bad byte at offset {exc.start})",
+                      *hints(binary_hint), file=str(path)) from None
+
+
+# -- JSON --------------------------------------------------------------------------------------
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
+
+
+def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
+    """Parse JSON text, rejecting duplicate keys and (unless ``allow_nan``: the caller then
+    validates every number and names the offending field) NaN / Infinity."""
+    try:
+        return json.loads(text, object_pairs_hook=_unique_pairs,
+                          parse_constant=None if allow_nan else _no_constant)
+    except _DuplicateKey as exc:
+        raise invalid(f"{where}: duplicate key {exc.key!r}; each key may appear once") from None
+    except json.JSONDecodeError as exc:
+        raise invalid(f"{where}: malformed JSON at line {exc.lineno}, column {exc.colno}: "
+                      f"{exc.msg}") from None
+    except RecursionError:
+        raise invalid(f"{where}: JSON is nested too deeply") from None
+    except ValueError as exc:  # NaN, or an integer literal too long to convert
+        raise invalid(f"{where}: malformed JSON: {exc}") from None
+
+
+# -- YAML --------------------------------------------------------------------------------------
+
+# libyaml's C parser when PyYAML was built with it: the pure-Python scanner manages well under
+# 1 MB/s on token-dense input.
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class StrictSafeLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """``yaml.SafeLoader`` that rejects duplicate keys, alias bombs and self-reference."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *base` entries are meant to be overridden
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+            except TypeError:  # unhashable key: the base class reports it
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r}; each key may appear once",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        _check_expanded_size(node)
+        return super().construct_document(node)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _TooManyEvents(Exception):
+    pass
+
+
+class _Cycle(Exception):
+    pass
+
+
+def _count_events(text: str) -> None:
+    """Stream the parser's events and stop at MAX_YAML_EVENTS, before any node is built: a
+    large document (many small items) otherwise costs seconds and gigabytes to compose."""
+    loader = _BaseLoader(text)
+    try:
+        count = 0
+        while loader.check_event():
+            loader.get_event()
+            count += 1
+            if count > MAX_YAML_EVENTS:
+                raise _TooManyEvents()
+    finally:
+        loader.dispose()
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
+def _check_expanded_size(root: yaml.Node) -> None:
+    """Refuse a node graph whose alias-expanded size exceeds MAX_YAML_NODES, or that has a cycle.
+
+    Sizes are memoised per distinct node, so this runs in time linear in the document even when
+    aliases make the expanded size exponential.
+    """
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            on_path.discard(key)
+            total = 1 + sum(sizes[id(child)] for child in _children(node))
+            if total > MAX_YAML_NODES:
+                raise _TooLarge()
+            sizes[key] = total
+            continue
+        if key in sizes:
+            continue
+        if key in on_path:
+            raise _Cycle()
+        on_path.add(key)
+        stack.append((node, True))
+        for child in _children(node):
+            if id(child) in on_path:
+                raise _Cycle()
+            if id(child) not in sizes:
+                stack.append((child, False))
+
+
+def _flow_depth_exceeds(text: str, limit: int) -> bool:
+    """Whether ``[``/``{`` nest deeper than ``limit`` (quotes and comments roughly skipped).
+    Over-counting (a bracket inside a plain scalar) only matters beyond ``limit``, far deeper
+    than any input file nests."""
+    if text.count("[") + text.count("{") <= limit:
+        return False
+    depth, quote, comment, previous = 0, "", False, "\n"
+    for char in text:
+        if comment:
+            comment = char != "\n"
+        elif quote:
+            quote = "" if char == quote else quote
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return True
+        elif char in "]}":
+            depth = max(0, depth - 1)
+        elif char in "'\"":
+            quote = char
+        elif char == "#" and previous in " \t\n":
+            comment = True
+        previous = char
+    return False
+
+
+def parse_yaml(text: str, where: str) -> Any:
+    """Parse one YAML document from ``text``; ``where`` labels messages (a path, a preset)."""
+    if _flow_depth_exceeds(text, MAX_FLOW_DEPTH):
+        raise invalid(f"{where}: YAML is nested too deeply (more than {MAX_FLOW_DEPTH} levels of "
+                      f"[ ] or {{ }})", file=where)
+    try:
+        _count_events(text)
+        return yaml.load(text, Loader=StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+    except _TooManyEvents:
+        raise invalid(f"{where}: YAML holds more than {MAX_YAML_EVENTS:,} elements; a model or "
+                      f"cluster description needs far fewer", file=where) from None
+    except _TooLarge:
+        raise invalid(f"{where}: YAML expands to more than {MAX_YAML_NODES:,} nodes through "
+                      f"anchors and aliases; refusing it", file=where) from None
+    except _Cycle:
+        raise invalid(f"{where}: YAML refers to itself through an alias; refusing it",
+                      file=where) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        place = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        what = exc.problem or exc.context or "syntax error"
+        lines = text.splitlines()
+        bad_line = lines[mark.line] if mark and mark.line < len(lines) else ""
+        hints = []
+        if "\t" in bad_line or "tab" in str(what).lower():
+            hints.append("YAML does not allow tab characters for indentation; use spaces.")
+        raise invalid(f"{where}: malformed YAML{place}: {what}", *hints, file=where,
+                      line=(mark.line + 1) if mark else None) from None
+    except yaml.YAMLError as exc:
+        raise invalid(f"{where}: malformed YAML: {exc}", file=where) from None
+    except RecursionError:
+        raise invalid(f"{where}: YAML is nested too deeply", file=where) from None
+    except (ValueError, OverflowError) as exc:  # e.g. an out-of-range timestamp
+        raise invalid(f"{where}: malformed YAML value: {exc}", file=where) from None

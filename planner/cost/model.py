@@ -225,11 +225,14 @@ def stage_time(ctx: CostContext, costs: Sequence[LayerCost]) -> float:
         # gathers the weights for forward and backward (ZeRO §7: 1.5x the DP volume). Both are
         # overlapped with the stage's compute; only the excess is exposed.
         dense = sum(x.dense_params for x in costs)
+        expert = sum(x.expert_params for x in costs)
         state = ctx.options.state_bytes
-        n = ctx.shard_degree
-        traffic = comm.reduce_scatter_s(dense * state.grad_reduce_bytes, n, ctx.links.dp)
+        n, n_expert = ctx.shard_degree, max(ctx.shard_degree // c.ep, 1)
+        traffic = (comm.reduce_scatter_s(dense * state.grad_reduce_bytes, n, ctx.links.dp)
+                   + comm.reduce_scatter_s(expert * state.grad_reduce_bytes, n_expert, ctx.links.dp))
         if c.zero_stage >= 3:
-            traffic += 2 * comm.all_gather_s(dense * state.weights, n, ctx.links.dp)
+            traffic += 2 * (comm.all_gather_s(dense * state.weights, n, ctx.links.dp)
+                            + comm.all_gather_s(expert * state.weights, n_expert, ctx.links.dp))
         compute_s = sum(x.fwd_s + x.bwd_s for x in costs)
         time_s += max(0.0, traffic - compute_s)
     return time_s

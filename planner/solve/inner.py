@@ -187,6 +187,9 @@ class _Builder:
         ers = _affine(red_fn, n_expert, links) if n_expert > 1 else (0.0, 0.0)
         eag = _affine(comm.all_gather_s, n_expert, links) if n_expert > 1 and zero >= 1 else (0.0, 0.0)
         per_mb_sync = zero >= 2 and n_dense > 1  # ZeRO-2/3 reduce every micro-batch
+        rs_mb = _affine(comm.reduce_scatter_s, n_dense, links) if per_mb_sync else (0.0, 0.0)
+        ers_mb = (_affine(comm.reduce_scatter_s, n_expert, links)
+                  if per_mb_sync and n_expert > 1 else (0.0, 0.0))
         hbm = ctx.cluster.gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
         moe = [ci for ci, cls in enumerate(P.classes) if cls.costs[0].expert_params > 0]
 
@@ -232,15 +235,24 @@ class _Builder:
             time_terms, time_c = self.stage_terms(i, lambda x: x.time_s)
             stage = self.time_lin(time_terms) + self.ticks(time_c + p2p_s)
             if per_mb_sync:
-                slope = rs[0] * state.grad_reduce_bytes
-                inter = rs[1]
+                # reduce-scatter of gradients (all-gathers of weights too for ZeRO-3), dense
+                # over dp x cp and routed experts over dp x cp / ep
+                slope = rs_mb[0] * state.grad_reduce_bytes
+                inter = rs_mb[1]
+                e_slope = ers_mb[0] * state.grad_reduce_bytes
+                e_inter = ers_mb[1]
                 if zero >= 3:
                     slope += 2 * ag[0] * state.weights
                     inter += 2 * ag[1]
+                    e_slope += 2 * eag[0] * state.weights
+                    e_inter += 2 * eag[1]
+                traffic = self.time_lin(dense, slope) + self.ticks(dense_c * slope + inter)
+                if moe or expert_c:
+                    traffic += (self.time_lin(expert, e_slope) + self.ticks(expert_c * e_slope)
+                                + self.ticks(e_inter) * has_expert)
                 comp, comp_c = self.stage_terms(i, lambda x: x.fwd_s + x.bwd_s)
                 e = M.new_int_var(0, 2**50, f"e[{i}]")
-                M.add(e >= self.time_lin(dense, slope) + self.ticks(dense_c * slope + inter)
-                      - self.time_lin(comp) - self.ticks(comp_c))
+                M.add(e >= traffic - self.time_lin(comp) - self.ticks(comp_c))
                 stage += e
             t = M.new_int_var(0, 2**50, f"t[{i}]")
             M.add(t == stage)

@@ -1,6 +1,8 @@
 """The commands. Each one: parse -> one library call -> render (JSON on stdout, rich on stderr)."""
 from __future__ import annotations
 
+import math
+
 import click
 
 from cli.main import cli, emit_json
@@ -23,13 +25,24 @@ nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None,
                             help="Number of nodes (scales the cluster preset).")
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON document on stdout instead of tables.")
+# Sequences per step. Real runs use thousands; the bound catches unit slips (tokens for
+# sequences) and keeps the search's divisor enumeration (sqrt of the batch) instant.
+MAX_GLOBAL_BATCH = 1 << 24
+global_batch_type = click.IntRange(min=1, max=MAX_GLOBAL_BATCH)
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    """click's FloatRange lets nan and inf through; a time limit must be a finite number."""
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a finite number of seconds")
+    return value
 
 
 @cli.command()
 @model_option
 @cluster_option
 @nodes_option
-@click.option("--global-batch", type=click.IntRange(min=1), required=True,
+@click.option("--global-batch", type=global_batch_type, required=True,
               help="Sequences per optimizer step.")
 @click.option("--seq-len", type=click.IntRange(min=1), default=None,
               help="Sequence length (default: the model's).")
@@ -143,13 +156,14 @@ def clusters_command(as_json):
 @model_option
 @cluster_option
 @nodes_option
-@click.option("--global-batch", type=click.IntRange(min=1), required=True,
+@click.option("--global-batch", type=global_batch_type, required=True,
               help="Sequences per optimizer step.")
 @click.option("--seq-len", type=click.IntRange(min=1), default=None,
               help="Sequence length (default: the model's).")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16",
               show_default=True)
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+              callback=_finite,
               help="Seconds; on expiry the best plan so far is returned marked FEASIBLE.")
 @click.option("--workers", type=click.IntRange(min=1, max=64), default=1, show_default=True,
               help="CP-SAT workers (1 = deterministic).")
@@ -165,9 +179,11 @@ def clusters_command(as_json):
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the plan file here.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@click.option("--timings", is_flag=True,
+              help="Record the solve's wall-clock time in the plan (it then differs run to run).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, workers, top_k, pins,
-         attention_kernel, runtime, output, force, as_json):
+         attention_kernel, runtime, output, force, timings, as_json):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.errors import invalid
     from planner.plan import dumps, make_plan, write_plan
@@ -190,9 +206,11 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, worker
     with search_progress(enabled=True) as progress:
         result = search(graph, hw, global_batch, graph.default_seq_len, dtype, pinned, options,
                         progress)
+    solver = result.record.as_dict()
+    if not timings:  # same inputs, same bytes: wall-clock time only when asked for
+        del solver["solve_time_s"]
     doc = make_plan(result.best, model_spec=model, cluster_spec=cluster, nodes=nodes,
-                    solver=result.record.as_dict(), alternatives=result.alternatives,
-                    pins=pinned.as_dict())
+                    solver=solver, alternatives=result.alternatives, pins=pinned.as_dict())
     if output is not None:
         write_plan(doc, output, force=force)
     if as_json:
@@ -200,4 +218,4 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, worker
     else:
         from cli.render import print_plan
 
-        print_plan(doc, written_to=output)
+        print_plan(doc, written_to=output, solve_time_s=result.record.solve_time_s)

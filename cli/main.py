@@ -7,6 +7,7 @@ Exit codes come from :mod:`planner.errors` in one place (:func:`main`).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -53,11 +54,12 @@ def _report(error: PlannerError, as_json: bool) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: run the group and map every outcome to an exit code."""
     from cli import commands  # noqa: F401  (registers the commands)
+    from cli import verify_command  # noqa: F401  (registers `shardplan verify`)
     from cli import plan_commands  # noqa: F401  (schema, show, check, export)
 
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(args)
-    debug = "--debug" in args
+    debug = "--debug" in args or os.environ.get(DEBUG_ENV, "").lower() in ("1", "true", "yes")
     try:
         # without standalone mode click returns ctx.exit(n)'s code instead of raising it
         result = cli.main(args=args, prog_name="shardplan", standalone_mode=False)

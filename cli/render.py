@@ -129,13 +129,17 @@ class search_progress:
             self.progress.stop()
 
 
-def print_plan(doc: dict[str, Any], written_to: str | None = None) -> None:
+def print_plan(doc: dict[str, Any], written_to: str | None = None,
+               solve_time_s: float | None = None) -> None:
     print_evaluation(doc)
     s = doc["solver"]
-    if all(k in s for k in ("solve_time_s", "gap", "candidates_evaluated", "candidates_total",
+    if solve_time_s is None:
+        solve_time_s = s.get("solve_time_s")
+    took = f" in {solve_time_s:.2f}s" if solve_time_s is not None else ""
+    if all(k in s for k in ("gap", "candidates_evaluated", "candidates_total",
                             "candidates_pruned_memory", "ortools_version")):
         console.print(
-            f"solver: [bold]{s['status']}[/] in {s['solve_time_s']:.2f}s, gap {s['gap']:.2%}, "
+            f"solver: [bold]{s['status']}[/]{took}, gap {s['gap']:.2%}, "
             f"{s['candidates_evaluated']} of {s['candidates_total']} configurations solved "
             f"({s['candidates_pruned_memory']} pruned by memory bound), OR-Tools "
             f"{s['ortools_version']}", highlight=False)

@@ -1,0 +1,127 @@
+"""``shardplan verify PLAN --steps K``: execute a plan with PyTorch distributed on CPU processes.
+
+Thin: parse, one call to :func:`planner.runtime.torch_exec.verify_plan`, render (tables on
+stderr, ``--json`` document on stdout). Exit 0 when the losses agree with a single-process run
+and every rank's parameter, gradient and optimizer bytes match the plan's prediction, 1
+otherwise, 2 when the plan cannot be run here (no PyTorch, an unsupported model or degree).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from cli.main import cli, emit_json
+from planner.errors import ErrorKind, PlannerError
+
+TORCH_HINT = 'install the "torch" extra of shardplan, or PyTorch itself: pip install "torch>=2.4"'
+
+
+def _require_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError as error:
+        if error.name not in (None, "torch") and not str(error.name).startswith("torch."):
+            raise
+        raise PlannerError(ErrorKind.UNSUPPORTED,
+                           "shardplan verify needs PyTorch, which is not installed "
+                           f"({error})", (TORCH_HINT,)) from None
+
+
+@cli.command()
+@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=True))
+@click.option("--steps", type=click.IntRange(min=1, max=1000), default=3, show_default=True,
+              help="Training steps to run and compare.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Seed of the weights and of the synthetic token data.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3,
+              show_default=True, help="Adam learning rate.")
+@click.option("--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True,
+              help="Largest relative loss difference from the single-process run.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600.0,
+              show_default=True, help="Seconds before the distributed run is stopped.")
+@click.option("--max-processes", type=click.IntRange(min=1, max=256), default=16,
+              show_default=True, help="Refuse plans needing more CPU processes than this.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON document on stdout instead of tables.")
+def verify(plan_file, steps, seed, lr, rtol, timeout_s, max_processes, as_json):
+    """Run a plan on CPU processes (PyTorch, gloo) and check it against the planner.
+
+    Starts one process per GPU of the plan, applies its tensor, pipeline and data parallelism
+    and ZeRO stage with PyTorch's own APIs, trains STEPS Adam steps on synthetic tokens, and
+    compares the loss curve with a single-process run and each rank's held parameter,
+    gradient and optimizer bytes with the plan's prediction.
+    """
+    _require_torch()
+    from planner.runtime.torch_exec import verify_plan
+
+    report = verify_plan(plan_file, steps=steps, seed=seed, lr=lr, rtol=rtol,
+                         timeout_s=timeout_s, max_processes=max_processes)
+    document = report.to_dict()
+    if as_json:
+        emit_json(document)
+    else:
+        print_verify(document)
+    raise click.exceptions.Exit(0 if report.ok else 1)
+
+
+def _mib(value: float) -> str:
+    return f"{value / 2**20:,.3f}"
+
+
+def print_verify(doc: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from cli.render import console
+
+    par = doc["parallelism"]
+    console.print(f"[bold]{doc['plan']}[/]: tp {par.get('tp')} pp {par.get('pp')} "
+                  f"dp {par.get('dp')} cp {par.get('cp')} sp {par.get('sp')} zero "
+                  f"{par.get('zero_stage')} micro-batch {par.get('micro_batch')} x "
+                  f"{par.get('num_micro_batches')} ({doc['world_size']} processes)",
+                  highlight=False)
+    for key, text in doc["implementation"].items():
+        console.print(f"  [dim]{key}[/]: {text}", highlight=False)
+    if doc.get("error"):
+        console.print(f"[bold red]distributed run failed[/]: {doc['error']}", highlight=False)
+    loss = doc["loss"]
+    table = Table(title=f"Loss: single process vs distributed (rtol {loss['rtol']:g})")
+    for column in ("step", "single process", "distributed", "rel. difference"):
+        table.add_column(column, justify="right")
+    for i, ref in enumerate(loss["reference"]):
+        dist = loss["distributed"][i] if i < len(loss["distributed"]) else None
+        rel = loss["rel_diff"][i] if i < len(loss["rel_diff"]) else None
+        table.add_row(str(i), f"{ref:.7f}", "-" if dist is None else f"{dist:.7f}",
+                      "-" if rel is None else f"{rel:.2e}")
+    console.print(table)
+    if doc["ranks"]:
+        table = Table(title="Bytes per rank (MiB): predicted / held")
+        for column in ("rank", "pp", "dp", "tp", "params", "grads", "optimizer", "states",
+                       "activations pred. (stored) / measured"):
+            table.add_column(column, justify="right")
+        for r in doc["ranks"]:
+            cells = []
+            for category in ("params", "grads", "optimizer"):
+                s = r["states"][category]
+                cells.append(f"{_mib(s['predicted_bytes'])} / {_mib(s['held_bytes'])}")
+            verdicts = {s["verdict"] for s in r["states"].values()}
+            verdict = ("[red]mismatch[/]" if "mismatch" in verdicts
+                       else "group-sum" if "group-sum exact" in verdicts else "[green]exact[/]")
+            c = r["coords"]
+            table.add_row(str(r["rank"]), str(c["pp"]), str(c["dp"]), str(c["tp"]), *cells,
+                          verdict,
+                          f"{_mib(r['activations_predicted'])} "
+                          f"({_mib(r['activations_predicted_stored'])}) / "
+                          f"{_mib(r['activations_measured'])}")
+        console.print(table)
+        notes = sorted({s["note"] for r in doc["ranks"] for s in r["states"].values()
+                        if s["note"]})
+        for note in notes:
+            console.print(f"  [yellow]note[/]: {note}", highlight=False)
+    for note in doc["notes"]:
+        console.print(f"  [dim]note[/]: {note}", highlight=False)
+    status = "[bold green]OK[/]" if doc["ok"] else "[bold red]FAILED[/]"
+    max_rel = loss["max_rel_diff"]
+    console.print(f"{status}: losses {'agree' if loss['ok'] else 'DIFFER'} (max rel. "
+                  f"difference {'-' if max_rel is None else f'{max_rel:.2e}'}), states "
+                  f"{'match' if doc['states_ok'] else 'DO NOT MATCH'}", highlight=False)

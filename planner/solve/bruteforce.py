@@ -1,0 +1,210 @@
+"""Brute-force oracle: the exact optimum of small instances, by enumerating every placement.
+
+Consumes the same inputs as :func:`planner.solve.search.search` (model, cluster, global batch,
+sequence length, dtype, pins, runtime options); produces a :class:`BruteForceResult` holding the
+fastest :class:`~planner.cost.model.Evaluation` that fits (or None) and how many placements were
+enumerated. Tests use it to check the solver's optimum exactly; it is far too slow for real runs.
+
+What is enumerated (the solver's space, nothing else):
+
+* every outer configuration of :func:`planner.solve.space.enumerate_configs`;
+* every contiguous split of the blocks into ``pp`` stages of >= 1 block; with interleaving
+  (``virtual_stages > 1``) only Megatron-LM's: pp x v equal chunks, chunk k on rank k mod pp
+  (:func:`planner.config.interleaved_rank`), as the solver does;
+* every per-block recomputation assignment from none / selective / full (or the pinned one);
+* non-block layers exactly as :func:`planner.config.default_placement`: the embedding on stage
+  0, the other non-block layers (head) on the last stage, never recomputed.
+
+Each placement is scored by the cost model. ``literal=True`` calls
+:func:`planner.cost.model.evaluate` on every placement. The default computes the same numbers
+with the same building blocks ``evaluate`` is made of (``layer_cost``, ``stage_memory``,
+``stage_time``, ``step_time``, in the same order, so every float is bit-identical), caching a
+stage's memory and time per (stage, layers, recomputation) and skipping two kinds of placement
+that cannot win: one with a stage over capacity (``fits`` is a maximum over stages), and one
+whose pipeline time alone is at least the incumbent's step time (every other step-time term is
+>= 0). The winner is re-evaluated with ``evaluate`` and must match to the last bit.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from planner.config import (LayerPlacement, ParallelConfig, Recompute, RuntimeOptions,
+                            interleaved_rank)
+from planner.cost.model import (Evaluation, LayerCost, evaluate, layer_cost, make_context,
+                                stage_memory, stage_time, step_time)
+from planner.cost.pipeline import pipeline_time_s
+from planner.hardware import Cluster
+from planner.ir import LayerKind, ModelGraph
+from planner.solve.costs import RECOMPUTE_OPTIONS
+from planner.solve.space import Pins, enumerate_configs
+
+DEFAULT_BUDGET = 200_000  # placements; about a minute of enumeration on one core
+
+
+@dataclass(frozen=True)
+class BruteForceResult:
+    best: Evaluation | None  # fastest placement that fits, None when nothing fits
+    placements: int  # placements enumerated over all configurations
+    configs: int  # outer configurations enumerated
+    scored: int  # placements whose step time was computed (the rest were cut, see docstring)
+
+
+def _splits(num_blocks: int, pp: int, virtual_stages: int) -> Iterator[tuple[int, ...]]:
+    """The stage of each block: every contiguous split into ``pp`` non-empty stages (cut points
+    in lexicographic order), or only the interleaved round-robin one."""
+    if virtual_stages > 1:
+        yield tuple(interleaved_rank(b, num_blocks, pp, virtual_stages)
+                    for b in range(num_blocks))
+        return
+    for cuts in itertools.combinations(range(1, num_blocks), pp - 1):
+        bounds = (0,) + cuts + (num_blocks,)
+        yield tuple(s for s in range(pp) for _ in range(bounds[s + 1] - bounds[s]))
+
+
+def _num_splits(num_blocks: int, pp: int, virtual_stages: int) -> int:
+    return 1 if virtual_stages > 1 else math.comb(num_blocks - 1, pp - 1)
+
+
+def _allowed(pins: Pins) -> tuple[Recompute, ...]:
+    return (pins.recompute,) if pins.recompute is not None else RECOMPUTE_OPTIONS
+
+
+def count_placements(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
+                     dtype: str = "bf16", pins: Pins = Pins()) -> int:
+    """How many placements :func:`brute_force` would enumerate (cheap: no cost model calls)."""
+    blocks = model.num_blocks
+    per_split = len(_allowed(pins)) ** blocks
+    return sum(_num_splits(blocks, c.pp, c.virtual_stages) * per_split
+               for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins))
+
+
+def _placement(model: ModelGraph, pp: int, block_stage: Sequence[int],
+               block_recompute: Sequence[Recompute]) -> LayerPlacement:
+    """Full-model placement from per-block choices; non-block layers as default_placement."""
+    stage, recompute, b = [], [], 0
+    for layer in model.layers:
+        if layer.kind is LayerKind.BLOCK:
+            stage.append(block_stage[b])
+            recompute.append(block_recompute[b])
+            b += 1
+        else:
+            stage.append(0 if layer.kind is LayerKind.EMBEDDING else pp - 1)
+            recompute.append(Recompute.NONE)
+    return LayerPlacement(tuple(stage), tuple(recompute))
+
+
+def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
+                dtype: str = "bf16", pins: Pins = Pins(),
+                runtime: RuntimeOptions = RuntimeOptions(), *, budget: int = DEFAULT_BUDGET,
+                literal: bool = False) -> BruteForceResult:
+    """The fastest placement that fits over the solver's whole space (see module docstring).
+
+    Raises ValueError when the enumeration would exceed ``budget`` placements. Ties keep the
+    first placement found (configurations in ``enumerate_configs`` order, splits and
+    recomputation tuples in lexicographic order).
+    """
+    total = count_placements(model, cluster, global_batch, seq_len, dtype, pins)
+    if total > budget:
+        raise ValueError(f"brute force would enumerate {total} placements of {model.name} on "
+                         f"{cluster.num_gpus} GPUs, over the budget of {budget}; pin choices or "
+                         "use a smaller instance")
+    allowed = _allowed(pins)
+    blocks = model.num_blocks
+    best: tuple[float, ParallelConfig, LayerPlacement] | None = None
+    configs = placements = scored = 0
+    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
+        configs += 1
+        incumbent = best[0] if best is not None else math.inf
+        if literal:
+            found, n, k = _literal(model, cluster, config, runtime, allowed, incumbent)
+        else:
+            found, n, k = _fast(model, cluster, config, runtime, allowed, incumbent)
+        placements += n
+        scored += k
+        if found is not None:
+            best = (found[0], config, found[1])
+    if best is None:
+        return BruteForceResult(None, placements, configs, scored)
+    ev = evaluate(model, cluster, best[1], best[2], runtime)
+    if not ev.fits or ev.step_time_s != best[0]:
+        raise RuntimeError(f"brute force: evaluate() disagrees with the enumeration on "
+                           f"{best[1]} {best[2]}: {ev.step_time_s!r} vs {best[0]!r}")
+    return BruteForceResult(ev, placements, configs, scored)
+
+
+def _literal(model, cluster, config, runtime, allowed, incumbent):
+    """Every placement through ``evaluate``: slow, the definition."""
+    best = None
+    n = 0
+    for stages in _splits(model.num_blocks, config.pp, config.virtual_stages):
+        for rec in itertools.product(allowed, repeat=model.num_blocks):
+            n += 1
+            ev = evaluate(model, cluster, config, _placement(model, config.pp, stages, rec),
+                          runtime)
+            if ev.fits and ev.step_time_s < (best[0] if best else incumbent):
+                best = (ev.step_time_s, ev.placement)
+    return best, n, n
+
+
+def _fast(model, cluster, config, runtime, allowed, incumbent):
+    """The same numbers as ``evaluate`` from its building blocks, with exact cuts."""
+    ctx = make_context(model, cluster, config, runtime)
+    capacity = cluster.memory_bytes_per_gpu
+    pp, m, v = config.pp, config.num_micro_batches, config.virtual_stages
+    layers = model.layers
+    block_index = [i for i, layer in enumerate(layers) if layer.kind is LayerKind.BLOCK]
+    first_fixed = [i for i, layer in enumerate(layers)
+                   if layer.kind is LayerKind.EMBEDDING]
+    last_fixed = [i for i, layer in enumerate(layers)
+                  if layer.kind not in (LayerKind.BLOCK, LayerKind.EMBEDDING)]
+    cost: dict[tuple[int, Recompute], LayerCost] = {}
+
+    def layer(i: int, r: Recompute) -> LayerCost:
+        key = (i, r)
+        if key not in cost:
+            cost[key] = layer_cost(ctx, layers[i], r)
+        return cost[key]
+
+    # One stage's options: for the blocks ``members`` on stage s, every recomputation tuple
+    # whose stage fits, with its costs (in layer order, as evaluate builds them) and its time.
+    stage_cache: dict[tuple[int, tuple[int, ...]], list] = {}
+
+    def stage_options(s: int, members: tuple[int, ...]) -> list:
+        key = (s, members)
+        if key in stage_cache:
+            return stage_cache[key]
+        fixed = (first_fixed if s == 0 else []) + (last_fixed if s == pp - 1 else [])
+        out = []
+        for rec in itertools.product(allowed, repeat=len(members)):
+            choice = {block_index[b]: r for b, r in zip(members, rec)}
+            indices = sorted(fixed + list(choice))
+            costs = [layer(i, choice.get(i, Recompute.NONE)) for i in indices]
+            if stage_memory(ctx, s, costs).total <= capacity:
+                out.append((rec, costs, stage_time(ctx, costs)))
+        stage_cache[key] = out
+        return out
+
+    best = None
+    n = k = 0
+    bound = incumbent
+    for stages in _splits(model.num_blocks, pp, v):
+        n += len(allowed) ** model.num_blocks
+        members = [tuple(b for b, s in enumerate(stages) if s == i) for i in range(pp)]
+        options = [stage_options(i, members[i]) for i in range(pp)]
+        for combo in itertools.product(*options):
+            times = [t for _, _, t in combo]
+            if pipeline_time_s(times, m, v) >= bound:
+                continue  # the other step-time terms are >= 0: cannot beat the incumbent
+            k += 1
+            total = step_time(ctx, [costs for _, costs, _ in combo], times).step_time_s
+            if total < bound:
+                rec = [Recompute.NONE] * model.num_blocks
+                for i, (stage_rec, _, _) in enumerate(combo):
+                    for b, r in zip(members[i], stage_rec):
+                        rec[b] = r
+                best = (total, _placement(model, pp, stages, rec))
+                bound = total
+    return best, n, k

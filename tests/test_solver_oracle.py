@@ -1,0 +1,393 @@
+"""Oracle tests of the solver (planner/solve/search.py + inner.py).
+
+The solver's optimum is checked against the brute-force enumerator (planner/solve/bruteforce.py)
+over the same cost model and the same space: hand-picked small instances, then random ones
+(hypothesis). Then properties of every plan (degrees, placement, memory), monotonicity in
+memory, never-worse-than-uniform on mid-size models, and the CLI end to end: determinism of the
+plan file and the does-not-fit report.
+
+Tolerance: the solver's step time is the cost model's ``evaluate`` of the placement it found,
+so both sides are the same float arithmetic; they can differ only when CP-SAT's integer ticks
+(about 1e-9 of the instance's total work, ``inner.TICKS``) cannot tell two placements apart.
+rel 1e-6 leaves three orders of magnitude for that.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clusters import load_cluster
+from models import load_model
+from models.native import build_native
+from planner.config import Recompute, RuntimeOptions, interleaved_rank
+from planner.cost.model import Evaluation, evaluate
+from planner.errors import ErrorKind, PlannerError
+from planner.hardware import GIB, Cluster
+from planner.ir import LayerKind, ModelGraph
+from planner.solve.bruteforce import brute_force, count_placements
+from planner.solve.search import SearchOptions, search, uniform_placement
+from planner.solve.space import Pins, enumerate_configs
+
+REL = 1e-6
+TINY = load_cluster("tiny")  # 2 nodes x 4 tiny-gpu (2 GiB, reserve 0.125 GiB)
+PROPERTY = settings(max_examples=40, deadline=None, derandomize=True,
+                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+ORACLE_LIMIT = 40_000  # placements per random instance; pins are added above it
+
+
+def cluster(memory_gib: float, nodes: int = 2, gpus_per_node: int = 4,
+            base: Cluster = TINY) -> Cluster:
+    return replace(base, num_nodes=nodes, gpus_per_node=gpus_per_node,
+                   gpu=replace(base.gpu, memory_gib=memory_gib))
+
+
+def native(blocks: int, hidden: int = 256, heads: int = 4, vocab: int = 1024, seq_len: int = 256,
+           **extra) -> ModelGraph:
+    spec = {"name": f"n{blocks}-h{hidden}", "num_layers": blocks, "hidden_size": hidden,
+            "num_heads": heads, "ffn_hidden_size": 4 * hidden, "vocab_size": vocab,
+            "seq_len": seq_len}
+    spec.update(extra)
+    return build_native(spec)
+
+
+@dataclass(frozen=True)
+class Instance:
+    model: ModelGraph
+    cluster: Cluster
+    global_batch: int
+    pins: Pins = Pins()
+    runtime: RuntimeOptions = RuntimeOptions()
+
+    @property
+    def seq_len(self) -> int:
+        return self.model.default_seq_len
+
+    def with_memory(self, memory_gib: float) -> "Instance":
+        return replace(self, cluster=replace(self.cluster,
+                                             gpu=replace(self.cluster.gpu, memory_gib=memory_gib)))
+
+
+def solve(inst: Instance) -> Evaluation | None:
+    """The solver's plan, None when it proves that nothing fits."""
+    try:
+        result = search(inst.model, inst.cluster, inst.global_batch, inst.seq_len, "bf16",
+                        inst.pins, SearchOptions(runtime=inst.runtime))
+    except PlannerError as error:
+        assert error.kind in (ErrorKind.DOES_NOT_FIT, ErrorKind.INFEASIBLE), error
+        return None
+    assert result.record.status == "OPTIMAL", result.record
+    assert result.record.gap == 0.0
+    return result.best
+
+
+def oracle(inst: Instance) -> Evaluation | None:
+    return brute_force(inst.model, inst.cluster, inst.global_batch, inst.seq_len, "bf16",
+                       inst.pins, inst.runtime).best
+
+
+def assert_valid_plan(ev: Evaluation, inst: Instance) -> None:
+    """Every constraint a plan must respect, checked from the plan alone."""
+    model, c, placement = inst.model, ev.config, ev.placement
+    assert c.tp * c.pp * c.dp * c.cp == inst.cluster.num_gpus
+    assert c.global_batch % (c.micro_batch * c.dp) == 0
+    # every layer placed exactly once, on a stage that exists, with a recompute option
+    assert len(placement.stage) == len(placement.recompute) == len(model.layers)
+    assert all(0 <= s < c.pp for s in placement.stage)
+    assert sorted(i for s in range(c.pp) for i in placement.layers_of_stage(s)) == \
+        list(range(len(model.layers)))
+    allowed = {inst.pins.recompute} if inst.pins.recompute else set(Recompute)
+    blocks = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK]
+    for i, layer in enumerate(model.layers):
+        if layer.kind is LayerKind.BLOCK:
+            assert placement.recompute[i] in allowed
+        else:  # embedding first, head last, never recomputed
+            assert placement.stage[i] == (0 if layer.kind is LayerKind.EMBEDDING else c.pp - 1)
+            assert placement.recompute[i] is Recompute.NONE
+    block_stage = [placement.stage[i] for i in blocks]
+    if c.virtual_stages == 1:  # contiguous, non-empty, in order
+        assert block_stage == sorted(block_stage)
+        assert set(block_stage) == set(range(c.pp))
+    else:  # Megatron's interleaving: pp x v equal chunks, chunk k on rank k mod pp
+        assert block_stage == [interleaved_rank(b, len(blocks), c.pp, c.virtual_stages)
+                               for b in range(len(blocks))]
+    # every stage's memory within capacity, as the cost model computes it from scratch
+    again = evaluate(model, inst.cluster, c, placement, inst.runtime)
+    assert again.step_time_s == ev.step_time_s
+    assert all(s.memory.total <= inst.cluster.memory_bytes_per_gpu for s in again.stages)
+
+
+def assert_same_optimum(inst: Instance) -> tuple[Evaluation | None, Evaluation | None]:
+    got, want = solve(inst), oracle(inst)
+    assert (got is None) == (want is None), (got and got.config, want and want.config)
+    if got is not None:
+        assert got.step_time_s == pytest.approx(want.step_time_s, rel=REL), \
+            (got.config, got.placement, want.config, want.placement)
+        assert_valid_plan(got, inst)
+        assert_valid_plan(want, inst)
+    return got, want
+
+
+# --- 1. hand-picked instances -------------------------------------------------------------------
+
+N6 = native(6, hidden=512, heads=8, seq_len=1024)
+N5 = native(5, hidden=256, heads=4, seq_len=2048)
+N3 = native(3, hidden=512, heads=8, seq_len=2048)
+MOE = native(5, hidden=256, heads=4, seq_len=1024,  # 2 dense then 3 MoE blocks: two classes
+             moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 512,
+                  "first_dense_layers": 2})
+
+# (id, instance, memory-bound: the optimum is slower than with ample memory)
+CASES = [
+    ("tiny-preset", Instance(load_model("tiny"), TINY, 16), False),
+    ("tiny-model-0.15GiB", Instance(load_model("tiny"), cluster(0.15), 16), False),
+    ("6-blocks-2-gpus-mixed-recompute", Instance(N6, cluster(0.4, 1, 2), 8), True),
+    ("5-blocks-4-gpus-zero3-full", Instance(N5, cluster(0.2, 1, 4), 8), True),
+    ("3-blocks-1-gpu-mixed", Instance(N3, cluster(0.5, 1, 1), 4), True),
+    ("3-blocks-1-gpu-does-not-fit", Instance(N3, cluster(0.3, 1, 1), 4), False),
+    ("no-valid-configuration", Instance(native(1), cluster(1.0), 1), False),
+    ("pp2-uneven-split", Instance(N5, cluster(0.25, 1, 4), 8, Pins(pp=2)), True),
+    ("pp3-across-nodes-tied-embeddings",
+     Instance(native(6, hidden=128, tied_embeddings=True, seq_len=1024), cluster(0.15, 3, 1), 12,
+              Pins(pp=3)), True),
+    ("interleaved-pp2-v2", Instance(native(4, hidden=256, seq_len=1024), cluster(0.3, 1, 2), 8,
+                                    Pins(pp=2, virtual_stages=2)), False),
+    ("moe-two-block-classes-pp2", Instance(MOE, cluster(0.2, 1, 4), 8,
+                                           Pins(pp=2, virtual_stages=1)), True),
+    ("pinned-selective-zero3", Instance(N5, cluster(0.25, 1, 4), 8,
+                                        Pins(recompute=Recompute.SELECTIVE, zero=3)), False),
+    ("deepspeed-eager-dropout", Instance(native(4, hidden=256, seq_len=512), cluster(0.3, 1, 4), 8,
+                                         runtime=RuntimeOptions(runtime="deepspeed",
+                                                                attention_kernel="eager",
+                                                                dropout=True)), False),
+]
+
+
+@pytest.mark.parametrize("inst,memory_bound", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_solver_matches_brute_force(inst, memory_bound):
+    got, want = assert_same_optimum(inst)
+    if memory_bound:  # the case exercises the memory constraint, not only the search
+        free = oracle(inst.with_memory(1024))
+        assert want.step_time_s > free.step_time_s * (1 + 1e-3)
+
+
+def test_feasibility_cases_are_what_they_say():
+    by_id = {c[0]: c[1] for c in CASES}
+    with pytest.raises(PlannerError) as error:
+        search(N3, cluster(0.3, 1, 1), 4, N3.default_seq_len)
+    assert error.value.kind is ErrorKind.DOES_NOT_FIT
+    inst = by_id["no-valid-configuration"]
+    assert count_placements(inst.model, inst.cluster, 1, inst.seq_len) == 0
+    with pytest.raises(PlannerError) as error:
+        search(inst.model, inst.cluster, 1, inst.seq_len)
+    assert error.value.kind is ErrorKind.INFEASIBLE
+
+
+def test_mixed_recomputation_is_found():
+    # 6 blocks, 2 GPUs, 0.4 GiB: the optimum recomputes some blocks fully and not the others,
+    # which no uniform plan can express.
+    got = solve(Instance(N6, cluster(0.4, 1, 2), 8))
+    blocks = {r for r, layer in zip(got.placement.recompute, N6.layers)
+              if layer.kind is LayerKind.BLOCK}
+    assert len(blocks) > 1
+
+
+# --- 2. random small instances -------------------------------------------------------------------
+
+def memory_between(model: ModelGraph, ample: Cluster, global_batch: int, pins: Pins,
+                   fraction: float) -> float:
+    """GiB between the leanest uniform plan (ZeRO-3, full recompute; fraction 0) and the
+    fattest (ZeRO-0, none; fraction 1) over the space: below 0 usually nothing fits, near 0
+    few plans do, near 1 memory rarely binds."""
+    lo = hi = None
+    for config in enumerate_configs(model, ample, global_batch, model.default_seq_len, "bf16",
+                                    pins):
+        if config.zero_stage in (3, pins.zero):
+            lean = replace(config, recompute=Recompute.FULL)
+            peak = evaluate(model, ample, lean).peak_memory_bytes
+            lo = peak if lo is None else min(lo, peak)
+        if config.zero_stage in (0, pins.zero):
+            peak = evaluate(model, ample, replace(config, recompute=pins.recompute or
+                                                  Recompute.NONE)).peak_memory_bytes
+            hi = peak if hi is None else max(hi, peak)
+    if lo is None or hi is None:
+        return 1.0
+    return (lo + fraction * (hi - lo)) / GIB
+
+
+@st.composite
+def instances(draw) -> Instance:
+    blocks = draw(st.integers(1, 6))
+    model = native(blocks, hidden=draw(st.sampled_from([64, 128, 256])),
+                   heads=draw(st.sampled_from([2, 4, 8])), vocab=draw(st.sampled_from([256, 1024])),
+                   seq_len=draw(st.sampled_from([128, 512, 1024])),
+                   tied_embeddings=draw(st.booleans()))
+    ample = cluster(1024, nodes=draw(st.sampled_from([1, 2])),
+                    gpus_per_node=draw(st.sampled_from([1, 2, 4])))
+    global_batch = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    pins = Pins()
+
+    def too_many(pins: Pins) -> bool:
+        return count_placements(model, ample, global_batch, model.default_seq_len,
+                                pins=pins) > ORACLE_LIMIT
+
+    # keep the enumeration small: pin ZeRO, then the recomputation, only where needed
+    if too_many(pins):
+        pins = replace(pins, zero=draw(st.sampled_from([0, 1, 2, 3])))
+    if too_many(pins):
+        pins = replace(pins, recompute=draw(st.sampled_from(list(Recompute))))
+    fraction = draw(st.floats(-0.1, 1.0))
+    memory = memory_between(model, ample, global_batch, pins, fraction)
+    return Instance(model, replace(ample, gpu=replace(ample.gpu, memory_gib=memory)),
+                    global_batch, pins)
+
+
+@PROPERTY
+@given(instances())
+def test_solver_matches_brute_force_on_random_instances(inst):
+    assert_same_optimum(inst)
+
+
+# --- 3 and 4. plan properties and monotonicity in memory -----------------------------------------
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(instances(), st.floats(1.05, 3.0))
+def test_more_memory_never_makes_the_optimum_worse(inst, factor):
+    small = solve(inst)
+    large = solve(inst.with_memory(inst.cluster.gpu.memory_gib * factor))
+    if small is None:
+        return
+    assert large is not None
+    assert large.step_time_s <= small.step_time_s * (1 + REL)
+    assert_valid_plan(large, inst.with_memory(inst.cluster.gpu.memory_gib * factor))
+
+
+def test_memory_sweep_is_monotone_and_reaches_the_free_optimum():
+    inst = Instance(N6, cluster(1.0, 1, 2), 8)
+    times = []
+    for memory in (0.3, 0.4, 0.5, 0.75, 2.0):
+        ev = solve(inst.with_memory(memory))
+        times.append(math.inf if ev is None else ev.step_time_s)
+    assert times == sorted(times, reverse=True)
+    assert times[0] == math.inf  # 0.3 GiB: nothing fits
+    assert times[1] > times[2] > times[3] > times[4]  # each step of memory buys speed
+    assert times[-1] == pytest.approx(oracle(inst.with_memory(1024)).step_time_s, rel=REL)
+
+
+# --- 7. never worse than the best uniform (Megatron-default) plan --------------------------------
+
+def best_uniform(inst: Instance) -> Evaluation | None:
+    """Brute force over the outer space with Megatron's even split and one recompute option."""
+    allowed = (inst.pins.recompute,) if inst.pins.recompute else tuple(Recompute)
+    best = None
+    for config in enumerate_configs(inst.model, inst.cluster, inst.global_batch, inst.seq_len,
+                                    "bf16", inst.pins):
+        ev = uniform_placement(inst.model, inst.cluster, config, inst.runtime, allowed)
+        if ev is not None and (best is None or ev.step_time_s < best.step_time_s):
+            best = ev
+    return best
+
+
+# ZeRO is pinned to keep the uniform enumeration short; the 8 GiB A100 makes memory bind so
+# that per-block recomputation beats every uniform plan.
+A100_80 = load_cluster("dgx-a100-80g", nodes=1)
+MID_SIZE = [
+    ("gpt3-1.3b-a100-80g-1-node", Instance(load_model("gpt3-1.3b"), A100_80, 64, Pins(zero=1)),
+     False),
+    ("llama-3.1-8b-h100-2-nodes", Instance(load_model("llama-3.1-8b"),
+                                           load_cluster("dgx-h100", nodes=2), 64, Pins(zero=1)),
+     False),
+    ("gpt3-1.3b-a100-8GiB", Instance(load_model("gpt3-1.3b"),
+                                     replace(A100_80, gpu=replace(A100_80.gpu, memory_gib=8)), 64,
+                                     Pins(zero=3)), True),
+]
+
+
+@pytest.mark.parametrize("inst,strictly", [c[1:] for c in MID_SIZE], ids=[c[0] for c in MID_SIZE])
+def test_never_worse_than_best_uniform_plan(inst, strictly):
+    got, uniform = solve(inst), best_uniform(inst)
+    assert got is not None and uniform is not None
+    assert_valid_plan(got, inst)
+    assert got.step_time_s <= uniform.step_time_s * (1 + REL)
+    if strictly:
+        assert got.step_time_s < uniform.step_time_s * (1 - 1e-3)
+
+
+# --- 5 and 6. the CLI: deterministic plan files, and the does-not-fit report -------------------
+
+def shardplan(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", "from cli.main import main; main()", *args],
+                          capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+TIGHT_CLUSTER_YAML = """\
+shardplan_cluster: 1
+name: tiny-tight
+gpu: tiny-gpu
+gpu_overrides: {memory_gib: 0.25}
+gpus_per_node: 4
+num_nodes: 1
+tiers:
+  - {name: nvlink, bandwidth_gbytes_per_s: 50, latency_us: 1.0}
+  - {name: ethernet, bandwidth_gbytes_per_s: 5, latency_us: 5.0}
+"""
+
+
+@pytest.fixture(scope="module")
+def two_plans(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("plans")
+    (folder / "tight.yaml").write_text(TIGHT_CLUSTER_YAML)
+    model = folder / "model.yaml"
+    model.write_text("shardplan_model: 1\nname: n5\nnum_layers: 5\nhidden_size: 256\n"
+                     "num_heads: 4\nffn_hidden_size: 1024\nvocab_size: 1024\nseq_len: 2048\n")
+    paths = []
+    for name in ("a.json", "b.json"):
+        run = shardplan("plan", "-m", str(model), "-c", str(folder / "tight.yaml"),
+                        "--global-batch", "8", "-o", str(folder / name), cwd=folder)
+        assert run.returncode == 0, run.stderr
+        paths.append(folder / name)
+    return [p.read_bytes() for p in paths]
+
+
+def test_plan_files_are_byte_identical(two_plans):
+    assert two_plans[0] == two_plans[1]
+
+
+def test_plan_files_are_identical_except_wall_clock(two_plans):
+    a, b = (json.loads(text) for text in two_plans)
+    for doc in (a, b):
+        doc["solver"].pop("solve_time_s", None)
+    assert a == b
+    assert a["solver"]["status"] == "OPTIMAL"
+    recompute = {layer["recompute"] for layer in a["layers"] if layer["kind"] == "block"}
+    assert recompute  # the plan carries per-block decisions
+
+
+def test_model_too_large_exits_1_with_what_is_missing_and_what_helps():
+    run = shardplan("plan", "-m", "llama-3.1-70b", "-c", "dgx-a100-40g", "--nodes", "1",
+                    "--global-batch", "8", "--json")
+    assert run.returncode == 1, run.stderr
+    error = json.loads(run.stdout)["error"]
+    assert error["kind"] == "does_not_fit"
+    details = error["details"]
+    assert details["capacity_gib"] == 40.0
+    assert details["smallest_peak_gib"] > details["capacity_gib"]
+    missing = details["smallest_peak_gib"] - details["capacity_gib"]
+    assert f"{missing:.1f} GiB more than" in error["message"]
+    assert details["nodes_that_fit"] > 1
+    assert any(hint.startswith("more GPUs") for hint in error["hints"])
+
+
+def test_model_too_large_for_tiny_cluster_has_readable_error():
+    run = shardplan("plan", "-m", "gpt3-175b", "-c", "tiny", "--global-batch", "8")
+    assert run.returncode == 1
+    assert "Traceback" not in run.stderr
+    assert "GiB more than" in run.stderr
+    assert "hint:" in run.stderr

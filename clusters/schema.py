@@ -36,7 +36,8 @@ MAX_OVERSUBSCRIPTION = 1_000
 MAX_TEXT = 2_000
 
 GPU_REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbytes_per_s", "peak_tflops", "num_sms")
-GPU_OPTIONAL = ("vendor", "matmul_efficiency", "reserve_gib", "description", "source")
+GPU_OPTIONAL = ("vendor", "matmul_efficiency", "attention_efficiency", "reserve_gib",
+                "description", "source")
 # bf16/fp16/fp8: dense tensor-core throughput; tf32: dense tensor-core TF32 (matrix); fp32:
 # dense non-tensor-core (CUDA-core / vector) FP32. At least one of bf16, fp16 is required.
 PEAK_TFLOPS_KEYS = ("bf16", "fp16", "fp8", "tf32", "fp32")
@@ -166,6 +167,9 @@ def gpu_from_mapping(data: Any, where: str, path_of: Callable[[str], str]) -> Gp
     )
     if "vendor" in data:
         kwargs["vendor"] = text(data["vendor"], where, path_of("vendor"))
+    if "attention_efficiency" in data:
+        kwargs["attention_efficiency"] = number(data["attention_efficiency"], where,
+                                                path_of("attention_efficiency"), minimum=0, maximum=1)
     if "reserve_gib" in data:
         kwargs["reserve_gib"] = number(data["reserve_gib"], where, path_of("reserve_gib"),
                                        minimum=0, maximum=1e3)

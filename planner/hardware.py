@@ -32,11 +32,16 @@ class Gpu:
     # workspaces, NCCL channel buffers (CUDA context alone is ~0.5 GiB on A100/H100; a 3-D
     # parallel job holds several NCCL communicators). Calibrated in docs/accuracy.md.
     reserve_gib: float = 2.5
+    # Fraction of dense peak the fused (flash) attention kernels reach in forward; backward
+    # reaches FLASH_BWD_RATIO of that (planner/cost/compute.py). FlashAttention-2 (Dao 2023 §4)
+    # reaches 50-73 % of peak forward on A100 but only ~35-40 % on H100 (FlashAttention-3 paper,
+    # Shah et al. 2024, Fig. 1 baseline). None: 80 % of matmul_efficiency.
+    attention_efficiency: float | None = None
 
     def __hash__(self) -> int:  # peak_tflops is a mapping: hash its items (cost caches key on Gpu)
         return hash((self.name, self.memory_gib, self.hbm_bandwidth_gbytes_per_s,
                      tuple(sorted(self.peak_tflops.items())), self.num_sms, self.matmul_efficiency,
-                     self.reserve_gib))
+                     self.reserve_gib, self.attention_efficiency))
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (raises KeyError when the GPU has no such unit)."""

@@ -35,8 +35,8 @@ from planner.ir import Attention, Layer, LayerKind, Mlp
 HBM_EFFICIENCY = 0.80  # achievable fraction of HBM bandwidth for streaming kernels (STREAM-like)
 KERNEL_LAUNCH_S = 4e-6  # per kernel launch and tail; CUDA launch overhead is 3-5 us
 K_PROLOGUE = 64  # K-elements worth of per-tile prologue/epilogue work
-FLASH_FWD_EFFICIENCY = 0.80  # flash-attention forward, relative to matmul_efficiency (FA2 §4)
-FLASH_BWD_EFFICIENCY = 0.60  # flash-attention backward, relative to matmul_efficiency (FA2 §4)
+FLASH_DEFAULT_RELATIVE = 0.80  # flash forward vs matmul_efficiency when the GPU gives none
+FLASH_BWD_RATIO = 0.75  # flash backward efficiency / forward efficiency (FA2 §4: 70 % vs ~55 %)
 # Thread-block tiles cuBLAS picks from, with the relative efficiency of each tile size (larger
 # tiles reuse operands better). Source: NVIDIA Deep Learning Performance guide, "Matrix
 # Multiplication Background", tile-quantization section.
@@ -210,9 +210,10 @@ def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str) -
     heads = att.num_heads // shard.tp
     if kernel == "flash":
         flops = attention_core_flops(att, shard, kernel)
-        peak = gpu.peak_flops("bf16" if shard.dtype == "fp8" else shard.dtype) * gpu.matmul_efficiency
-        fwd = flops / (peak * FLASH_FWD_EFFICIENCY) + KERNEL_LAUNCH_S
-        bwd = 2.5 * flops / (peak * FLASH_BWD_EFFICIENCY) + KERNEL_LAUNCH_S
+        efficiency = gpu.attention_efficiency or FLASH_DEFAULT_RELATIVE * gpu.matmul_efficiency
+        rate = gpu.peak_flops("bf16" if shard.dtype == "fp8" else shard.dtype) * efficiency
+        fwd = flops / rate + KERNEL_LAUNCH_S
+        bwd = 2.5 * flops / (rate * FLASH_BWD_RATIO) + KERNEL_LAUNCH_S
         return fwd, bwd
     # Eager: batched GEMMs over (micro_batch x heads) plus a memory-bound softmax over the scores.
     dtype = "bf16" if shard.dtype == "fp8" else shard.dtype

@@ -1,0 +1,328 @@
+"""A llama-style decoder ``nn.Module`` built from a :class:`~planner.ir.ModelGraph`.
+
+One module per IR layer, in the IR's order, so that a plan's per-layer decisions (pipeline
+stage, recomputation) map one to one onto modules:
+
+* ``EmbeddingLayer``: ``tok_embeddings`` (vocab x hidden).
+* ``Block``: ``attention_norm`` (RMSNorm), ``attention`` (``q_proj``, ``k_proj``, ``v_proj``,
+  ``o_proj``, no bias, RoPE, causal SDPA, grouped-query heads), ``ffn_norm`` (RMSNorm), ``mlp``
+  (SwiGLU: ``gate_proj``, ``up_proj``, ``down_proj``).
+* ``Head``: ``norm`` (RMSNorm) and ``lm_head`` (hidden x vocab, or the embedding when tied).
+
+:func:`build_decoder` refuses a graph it cannot reproduce exactly (MoE, MLA, biases, LayerNorm,
+cross attention, sliding windows, learned positions): the module's parameter count must equal
+``ModelGraph.params`` layer by layer (:func:`check_parameter_counts`).
+
+Activation checkpointing per block: ``Block.recompute`` is ``"none"``, ``"selective"`` (only the
+attention core, i.e. the GQA expansion and SDPA, runs under ``torch.utils.checkpoint``) or
+``"full"`` (the whole block). :data:`MEASURE` switches on the bookkeeping that lets
+:mod:`planner.runtime.measure` see the tensors a checkpoint keeps alive (its inputs).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from planner.errors import ErrorKind, PlannerError
+from planner.ir import LayerKind, ModelGraph
+
+RMS_EPS = 1e-5
+ROPE_THETA = 10000.0
+
+
+class _Flags:
+    measure = False  # save checkpoint inputs through an identity node (see keep_for_measure)
+
+
+MEASURE = _Flags()
+
+
+class _Keep(torch.autograd.Function):
+    """Identity whose forward saves its input for backward: the input then passes through the
+    active ``saved_tensors_hooks`` and is released when backward reaches this node. Used so a
+    measurement hook sees the tensors a checkpointed region keeps alive (its inputs)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def keep_for_measure(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if not MEASURE.measure or not torch.is_grad_enabled():
+        return tensors
+    return tuple(_Keep.apply(t) if t.requires_grad else t for t in tensors)
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    hidden: int
+    vocab: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden: int
+    tied: bool
+    layer_kinds: tuple[LayerKind, ...]
+
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    def block_params(self) -> int:
+        h, d = self.hidden, self.head_dim
+        attention = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
+        return 2 * h + attention + 3 * h * self.ffn_hidden
+
+    def head_params(self) -> int:
+        return self.hidden + (0 if self.tied else self.vocab * self.hidden)
+
+
+def _unsupported(message: str) -> PlannerError:
+    return PlannerError(ErrorKind.UNSUPPORTED, message,
+                        ("the PyTorch verification runtime builds bias-free llama-style "
+                         "decoders (RMSNorm, RoPE, GQA attention, SwiGLU MLP)",))
+
+
+def decoder_shape(graph: ModelGraph) -> DecoderShape:
+    """The decoder dimensions of ``graph``; raises UNSUPPORTED for anything else."""
+    kinds = tuple(layer.kind for layer in graph.layers)
+    if not kinds or kinds[0] is not LayerKind.EMBEDDING or kinds[-1] is not LayerKind.HEAD or \
+            any(k is not LayerKind.BLOCK for k in kinds[1:-1]) or len(kinds) < 3:
+        raise _unsupported(f"{graph.name}: expected embedding, blocks, head; got "
+                           f"{', '.join(k.value for k in kinds)}")
+    positions = dict(graph.metadata).get("positions", "rope")
+    if positions not in ("rope", "none"):
+        raise _unsupported(f"{graph.name}: {positions} position embeddings are not built")
+    first = graph.layers[1]
+    att, mlp = first.attention, first.mlp
+    if att is None or mlp is None:
+        raise _unsupported(f"{graph.name}: blocks without attention or MLP are not built")
+    if att.is_mla or att.cross_attention or att.sliding_window is not None or not att.causal:
+        raise _unsupported(f"{graph.name}: only causal full attention without MLA or cross "
+                           "attention is built")
+    if att.head_dim != att.v_head_dim:
+        raise _unsupported(f"{graph.name}: head_dim {att.head_dim} != v_head_dim {att.v_head_dim}")
+    if mlp.is_moe or not mlp.gated:
+        raise _unsupported(f"{graph.name}: only dense gated (SwiGLU) MLPs are built")
+    shape = DecoderShape(graph.hidden, graph.vocab, att.num_heads, att.num_kv_heads,
+                         att.head_dim, mlp.ffn_hidden, graph.tied_embeddings, kinds)
+    expected = {LayerKind.EMBEDDING: shape.embedding_params(),
+                LayerKind.BLOCK: shape.block_params(), LayerKind.HEAD: shape.head_params()}
+    for layer in graph.layers:
+        if layer.kind is LayerKind.BLOCK and (layer.attention != att or layer.mlp != mlp
+                                              or layer.num_norms != 2):
+            raise _unsupported(f"{graph.name}: blocks differ in shape ({layer.name}); only "
+                               "uniform decoders are built")
+        if layer.params != expected[layer.kind]:
+            raise _unsupported(
+                f"{graph.name}: layer {layer.name} has {layer.params:,} parameters; a bias-free "
+                f"llama-style {layer.kind.value} of this shape has {expected[layer.kind]:,} "
+                "(biases, LayerNorm or extra weights are not built)")
+    return shape
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = RMS_EPS) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+
+
+def rope(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (rotate-half form) of ``x`` (batch, heads, seq, head_dim)."""
+    seq, dim = x.shape[-2], x.shape[-1]
+    half = dim // 2
+    inv = 1.0 / (ROPE_THETA ** (torch.arange(0, half, dtype=torch.float32) / half))
+    angles = torch.outer(torch.arange(seq, dtype=torch.float32), inv)
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1).to(x.dtype)
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1).to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal SDPA of (batch, heads, seq, head_dim) tensors; K and V may have fewer heads
+    (grouped-query attention, ``enable_gqa``: the CPU flash kernel reads them unexpanded)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: DecoderShape, rotary: bool) -> None:
+        super().__init__()
+        h, d = shape.hidden, shape.head_dim
+        self.head_dim = d
+        self.rotary = rotary
+        self.selective = False
+        self.q_proj = nn.Linear(h, shape.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, shape.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, shape.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(shape.num_heads * d, h, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        # -1 heads: under tensor parallelism the projections hold heads / tp heads
+        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        if self.rotary:
+            q, k = rope(q), rope(k)
+        if self.selective and torch.is_grad_enabled():
+            q, k, v = keep_for_measure(q, k, v)
+            out = checkpoint(attention_core, q, k, v, use_reentrant=False)
+        else:
+            out = attention_core(q, k, v)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class Mlp(nn.Module):
+    def __init__(self, shape: DecoderShape) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
+        self.up_proj = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
+        self.down_proj = nn.Linear(shape.ffn_hidden, shape.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class EmbeddingLayer(nn.Module):
+    def __init__(self, shape: DecoderShape) -> None:
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(shape.vocab, shape.hidden)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.tok_embeddings(tokens)
+
+
+class Block(nn.Module):
+    def __init__(self, shape: DecoderShape, rotary: bool) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(shape.hidden)
+        self.attention = Attention(shape, rotary)
+        self.ffn_norm = RMSNorm(shape.hidden)
+        self.mlp = Mlp(shape)
+        self.recompute = "none"
+
+    def set_recompute(self, mode: str) -> None:
+        if mode not in ("none", "selective", "full"):
+            raise ValueError(f"recompute must be none, selective or full, got {mode!r}")
+        self.recompute = mode
+        self.attention.selective = mode == "selective"
+
+    def _body(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.attention_norm(x))
+        return x + self.mlp(self.ffn_norm(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute == "full" and torch.is_grad_enabled():
+            (x,) = keep_for_measure(x)
+            return checkpoint(self._body, x, use_reentrant=False)
+        return self._body(x)
+
+
+class Head(nn.Module):
+    def __init__(self, shape: DecoderShape, tied_to: nn.Embedding | None = None) -> None:
+        super().__init__()
+        self.norm = RMSNorm(shape.hidden)
+        self.lm_head = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        if tied_to is not None:
+            self.lm_head.weight = tied_to.weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(x))
+
+
+class Decoder(nn.Module):
+    """Layers in IR order under ``layers["<ir index>"]``; a pipeline stage keeps a subset (the
+    names, and so the parameter FQNs, stay those of the whole model)."""
+
+    def __init__(self, layers: dict[int, nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict({str(i): m for i, m in sorted(layers.items())})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers.values():
+            x = layer(x)
+        return x
+
+    def indices(self) -> list[int]:
+        return [int(k) for k in self.layers]
+
+
+def build_decoder(graph: ModelGraph, seed: int = 0) -> Decoder:
+    """The whole model, initialised deterministically from ``seed`` (PyTorch default inits of
+    nn.Linear / nn.Embedding, RMSNorm weights 1). Same seed, same weights on every process."""
+    shape = decoder_shape(graph)
+    rotary = dict(graph.metadata).get("positions", "rope") == "rope"
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        layers: dict[int, nn.Module] = {}
+        embedding = None
+        for index, kind in enumerate(shape.layer_kinds):
+            if kind is LayerKind.EMBEDDING:
+                embedding = layers[index] = EmbeddingLayer(shape)
+            elif kind is LayerKind.BLOCK:
+                layers[index] = Block(shape, rotary)
+            else:
+                tied = embedding.tok_embeddings if shape.tied and embedding is not None else None
+                layers[index] = Head(shape, tied)
+    finally:
+        torch.random.set_rng_state(generator_state)
+    return Decoder(layers)
+
+
+def module_parameter_count(module: nn.Module) -> int:
+    """Distinct parameters (a tied weight counted once)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def check_parameter_counts(graph: ModelGraph, decoder: Decoder) -> None:
+    """Raise AssertionError unless each layer, and the whole, has exactly the IR's count."""
+    for index, layer in enumerate(graph.layers):
+        module = decoder.layers[str(index)]
+        count = sum(p.numel() for p in module.parameters())
+        if layer.kind is LayerKind.HEAD and graph.tied_embeddings:
+            count -= graph.vocab * graph.hidden  # owned by the embedding
+        if count != layer.params:
+            raise AssertionError(f"{layer.name}: module has {count} parameters, IR {layer.params}")
+    total = module_parameter_count(decoder)
+    if total != graph.params:
+        raise AssertionError(f"model has {total} parameters, IR {graph.params}")
+
+
+def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross entropy over every position of the (micro-)batch."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
+
+
+def synthetic_batch(seed: int, step: int, batch: int, seq_len: int, vocab: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic token data for ``step``: (inputs, labels), each (batch, seq_len) int64.
+
+    Tokens follow a Zipf-like unigram distribution (p(k) ~ 1/(k+1)) so that the loss has
+    something to learn in a few steps; the same (seed, step) gives the same tokens on every
+    process, which then slices out its data-parallel share.
+    """
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    weights = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64)
+    tokens = torch.multinomial(weights.float(), batch * (seq_len + 1), replacement=True,
+                               generator=generator).view(batch, seq_len + 1)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+__all__ = ["Block", "Decoder", "DecoderShape", "EmbeddingLayer", "Head", "MEASURE", "RMSNorm",
+           "build_decoder", "check_parameter_counts", "decoder_shape", "lm_loss",
+           "synthetic_batch"]

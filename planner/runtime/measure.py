@@ -20,10 +20,10 @@ from typing import Callable, Iterable
 
 import torch
 
-try:  # DTensor is in every PyTorch >= 2.4 this package supports
+try:
     from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover
-    DTensor = ()  # type: ignore[assignment]
+except ImportError:  # pragma: no cover - PyTorch 2.4 kept it private
+    from torch.distributed._tensor import DTensor
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

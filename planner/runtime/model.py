@@ -14,7 +14,7 @@ cross attention, sliding windows, learned positions): the module's parameter cou
 ``ModelGraph.params`` layer by layer (:func:`check_parameter_counts`).
 
 Activation checkpointing per block: ``Block.recompute`` is ``"none"``, ``"selective"`` (only the
-attention core, i.e. the GQA expansion and SDPA, runs under ``torch.utils.checkpoint``) or
+attention core, the grouped-query SDPA, runs under ``torch.utils.checkpoint``) or
 ``"full"`` (the whole block). :data:`MEASURE` switches on the bookkeeping that lets
 :mod:`planner.runtime.measure` see the tensors a checkpoint keeps alive (its inputs).
 """
@@ -31,6 +31,7 @@ from planner.errors import ErrorKind, PlannerError
 from planner.ir import LayerKind, ModelGraph
 
 RMS_EPS = 1e-5
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa
 ROPE_THETA = 10000.0
 
 
@@ -154,8 +155,13 @@ def rope(x: torch.Tensor) -> torch.Tensor:
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal SDPA of (batch, heads, seq, head_dim) tensors; K and V may have fewer heads
     (grouped-query attention, ``enable_gqa``: the CPU flash kernel reads them unexpanded)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                          enable_gqa=q.shape[1] != k.shape[1])
+    if q.shape[1] == k.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if _SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    rep = q.shape[1] // k.shape[1]  # PyTorch 2.4: expand K and V to the query heads
+    return F.scaled_dot_product_attention(q, k.repeat_interleave(rep, dim=1),
+                                          v.repeat_interleave(rep, dim=1), is_causal=True)
 
 
 class Attention(nn.Module):

@@ -250,6 +250,10 @@ def structure_problems(doc: dict[str, Any], model: ModelGraph, cluster: Cluster)
     if p["schedule"] != expected_schedule:
         out.append(Problem("config", f"schedule {p['schedule']!r} does not match virtual_stages "
                                      f"{p['virtual_stages']} (expected {expected_schedule!r})"))
+    if pp * p["virtual_stages"] > max(model.num_blocks, 1):
+        out.append(Problem("config", f"pp x virtual_stages = {pp} x {p['virtual_stages']} "
+                                     f"exceeds the {model.num_blocks} blocks of {model.name}"))
+        return out
     out += _layer_problems(doc, model, pp, p["virtual_stages"])
     return out
 

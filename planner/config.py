@@ -69,8 +69,10 @@ class ParallelConfig:
         if self.dtype not in DTYPES:
             raise invalid(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.dtype not in cluster.gpu.peak_tflops:
+            usable = [d for d in DTYPES if d in cluster.gpu.peak_tflops]
             raise invalid(f"GPU {cluster.gpu.name} has no {self.dtype} peak throughput",
-                          f"use one of: {', '.join(sorted(cluster.gpu.peak_tflops))}")
+                          f"use --dtype {' or '.join(usable)}" if usable else
+                          "this GPU has no 16-bit or 8-bit tensor units the planner models")
         n = self.num_gpus
         if n != cluster.num_gpus:
             raise invalid(

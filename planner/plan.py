@@ -117,6 +117,12 @@ def dumps(doc: dict) -> str:
     return json.dumps(doc, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_plan(doc: dict, path: str | os.PathLike, *, force: bool = False) -> Path:
     """Write a plan document atomically (see :func:`write_text`)."""
     return write_text(dumps(doc), path, force=force)
@@ -132,9 +138,11 @@ def write_text(text: str, path: str | os.PathLike, *, force: bool = False) -> Pa
         raise invalid(f"{target} exists; not overwriting it", "pass --force to replace it")
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
-        raise invalid(f"cannot write {target}: folder {folder} does not exist")
+        what = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise invalid(f"cannot write {target}: {folder} {what}")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a plan is an ordinary file
     except OSError as error:
         raise invalid(f"cannot write {target}: {error.strerror}") from None
     try:

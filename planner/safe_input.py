@@ -44,6 +44,9 @@ def read_text(path: Path, what: str, *, max_bytes: int = MAX_FILE_BYTES,
         if path.is_dir():
             raise invalid(f"{path} is a directory, not a {what}", *hints(directory_hint),
                           file=str(path))
+        if not path.is_file():  # a FIFO or device would block or never end
+            raise invalid(f"{path} is not a regular file (a pipe or device?), not a {what}",
+                          file=str(path))
         size = path.stat().st_size
         if size > max_bytes:
             raise invalid(f"{what} {path} is {size:,} bytes; the limit is {max_bytes:,} bytes "

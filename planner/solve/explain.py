@@ -7,6 +7,8 @@ number it gives (torchrec's "possible solutions" style).
 """
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import replace
 
 from planner.config import Recompute
@@ -27,12 +29,25 @@ def _leanest(model: ModelGraph, cluster: Cluster, cands) -> Evaluation | None:
     return best
 
 
-def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins) -> int | None:
+EXPLAIN_BUDGET_S = 10.0  # the "more GPUs" search gives up after this (or the search's time)
+
+
+def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins,
+                     deadline: float) -> int | None:
+    """The smallest node count (cluster x 2, x 4, ... x 64) with a uniform, fully recomputed
+    plan that fits; None when none does, the cluster has no inter-node tier, or time is up."""
+    from planner.errors import PlannerError as Error
     from planner.solve.search import candidates
 
+    if len(cluster.tiers) < 2:
+        return None
     for factor in (2, 4, 8, 16, 32, 64):
         bigger = replace(cluster, num_nodes=cluster.num_nodes * factor)
-        found = candidates(model, bigger, global_batch, seq_len, dtype, pins, runtime)
+        try:
+            found = candidates(model, bigger, global_batch, seq_len, dtype, pins, runtime,
+                               deadline)
+        except Error:  # out of time
+            return None
         for cand in sorted(found, key=lambda c: c.memory_lb_bytes)[:10]:
             ev = evaluate(model, bigger, replace(cand.config, recompute=Recompute.FULL),
                           options=runtime)
@@ -42,7 +57,7 @@ def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins
 
 
 def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, seq_len: int,
-                 timed_out: bool) -> PlannerError:
+                 timed_out: bool, deadline: float = math.inf) -> PlannerError:
     capacity = cluster.memory_bytes_per_gpu
     if timed_out:
         return PlannerError(ErrorKind.SOLVER_LIMIT,
@@ -70,14 +85,20 @@ def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, 
         mem = worst.memory
         hints.append(f"a GPU with at least {need / GIB:.0f} GiB of memory")
         states = (mem.params + mem.grads + mem.optimizer) / GIB
-        hints.append(f"model states alone take {states:.1f} GiB on the fullest stage; "
-                     "ZeRO-3 shards them over data-parallel ranks")
+        if c.dp * c.cp > 1 and c.zero_stage < 3:
+            hints.append(f"model states alone take {states:.1f} GiB on the fullest stage; "
+                         "ZeRO-3 shards them over the data-parallel ranks")
+        else:
+            hints.append(f"model states alone take {states:.1f} GiB on the fullest stage; "
+                         "more GPUs spread them further")
     runtime = cands[0].problem.ctx.options if cands else None
     if runtime is not None:
         from planner.solve.space import Pins
 
+        budget = max(deadline - time.monotonic(), 0.0) if math.isfinite(deadline) else 0.0
         nodes = _fits_with_nodes(model, cluster, global_batch, seq_len,
-                                 cands[0].config.dtype, runtime, Pins())
+                                 cands[0].config.dtype, runtime, Pins(),
+                                 time.monotonic() + max(budget, EXPLAIN_BUDGET_S))
         if nodes is not None:
             hints.insert(0, f"more GPUs: {nodes} nodes ({nodes * cluster.gpus_per_node} GPUs) "
                             f"give a plan that fits (now {cluster.num_nodes})")

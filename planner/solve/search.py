@@ -26,7 +26,7 @@ from planner.cost.model import (ALLOCATOR_OVERHEAD, OPTIMIZER_BYTES_PER_PARAM,
                                 make_context)
 from planner.cost import comm
 from planner.cost.memory import zero_state_bytes
-from planner.errors import ErrorKind, PlannerError
+from planner.errors import ErrorKind, PlannerError, invalid
 from planner.hardware import GIB, Cluster
 from planner.ir import ModelGraph
 from planner.solve.costs import RECOMPUTE_OPTIONS, StageProblem, stage_problem
@@ -121,10 +121,18 @@ def _memory_lower_bound(p: StageProblem) -> float:
 
 
 def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
-               dtype: str, pins: Pins, runtime: RuntimeOptions) -> list[Candidate]:
+               dtype: str, pins: Pins, runtime: RuntimeOptions,
+               deadline: float = math.inf) -> list[Candidate]:
+    """Every valid outer configuration with its bounds, sorted by time bound; raises
+    SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating."""
     allowed = (pins.recompute,) if pins.recompute is not None else RECOMPUTE_OPTIONS
     out = []
     for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
+        if time.monotonic() > deadline:
+            raise PlannerError(ErrorKind.SOLVER_LIMIT,
+                               f"the time limit ran out while enumerating configurations "
+                               f"({len(out)} so far) before any plan was solved",
+                               ("raise --time-limit", "pin some degrees with --pin"))
         problem = stage_problem(make_context(model, cluster, config, runtime), allowed)
         out.append(Candidate(config, problem, _time_lower_bound(problem),
                              _memory_lower_bound(problem)))
@@ -154,7 +162,11 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
            progress: Progress | None = None) -> SearchResult:
     start = time.monotonic()
     deadline = start + options.time_limit_s
-    cands = candidates(model, cluster, global_batch, seq_len, dtype, pins, options.runtime)
+    if dtype not in cluster.gpu.peak_tflops:
+        raise invalid(f"GPU {cluster.gpu.name} has no {dtype} peak throughput",
+                      f"use --dtype with one of: {', '.join(d for d in ('bf16', 'fp16', 'fp8') if d in cluster.gpu.peak_tflops)}")
+    cands = candidates(model, cluster, global_batch, seq_len, dtype, pins, options.runtime,
+                       deadline)
     total = len(cands)
     if not cands:
         raise PlannerError(
@@ -211,7 +223,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     if not kept:
         from planner.solve.explain import does_not_fit
 
-        raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out)
+        raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out, deadline)
     best = kept[0][2]
     bound = min(open_bound, best.step_time_s)
     if timed_out or bound < best.step_time_s:

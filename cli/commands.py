@@ -29,6 +29,18 @@ json_option = click.option("--json", "as_json", is_flag=True,
 # sequences) and keeps the search's divisor enumeration (sqrt of the batch) instant.
 MAX_GLOBAL_BATCH = 1 << 24
 global_batch_type = click.IntRange(min=1, max=MAX_GLOBAL_BATCH)
+global_batch_option = click.option("--global-batch", type=global_batch_type, required=True,
+                                   help="Sequences per optimizer step.")
+seq_len_option = click.option("--seq-len", type=click.IntRange(min=1), default=None,
+                              help="Sequence length (default: the model's).")
+dtype_option = click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]),
+                            default="bf16", show_default=True)
+attention_option = click.option("--attention", "attention_kernel",
+                                type=click.Choice(["flash", "eager"]), default="flash",
+                                show_default=True, help="Attention kernel of the runtime.")
+runtime_option = click.option("--runtime", type=click.Choice(sorted(RUNTIME_STATE_BYTES)),
+                              default="megatron", show_default=True,
+                              help="Optimizer-state layout of the runtime.")
 
 
 def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -42,10 +54,8 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> 
 @model_option
 @cluster_option
 @nodes_option
-@click.option("--global-batch", type=global_batch_type, required=True,
-              help="Sequences per optimizer step.")
-@click.option("--seq-len", type=click.IntRange(min=1), default=None,
-              help="Sequence length (default: the model's).")
+@global_batch_option
+@seq_len_option
 @click.option("--tp", type=click.IntRange(min=1), required=True, help="Tensor-parallel degree.")
 @click.option("--pp", type=click.IntRange(min=1), required=True, help="Pipeline-parallel degree.")
 @click.option("--dp", type=click.IntRange(min=1), default=None,
@@ -63,12 +73,9 @@ def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> 
               help="Sequence parallelism (default: on when tp > 1).")
 @click.option("--virtual-stages", type=click.IntRange(min=1), default=1, show_default=True,
               help="Interleaved 1F1B model chunks per pipeline rank.")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16",
-              show_default=True)
-@click.option("--attention", "attention_kernel", type=click.Choice(["flash", "eager"]),
-              default="flash", show_default=True, help="Attention kernel of the runtime.")
-@click.option("--runtime", type=click.Choice(sorted(RUNTIME_STATE_BYTES)), default="megatron",
-              show_default=True, help="Optimizer-state layout of the runtime.")
+@dtype_option
+@attention_option
+@runtime_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, micro_batch,
              zero_stage, recompute, sp, virtual_stages, dtype, attention_kernel, runtime,
@@ -97,7 +104,7 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, m
 
 @cli.command()
 @model_option
-@click.option("--seq-len", type=click.IntRange(min=1), default=None)
+@seq_len_option
 @json_option
 def inspect(model, seq_len, as_json):
     """Show a model's parameters (total, active), layers and shapes."""
@@ -156,12 +163,9 @@ def clusters_command(as_json):
 @model_option
 @cluster_option
 @nodes_option
-@click.option("--global-batch", type=global_batch_type, required=True,
-              help="Sequences per optimizer step.")
-@click.option("--seq-len", type=click.IntRange(min=1), default=None,
-              help="Sequence length (default: the model's).")
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]), default="bf16",
-              show_default=True)
+@global_batch_option
+@seq_len_option
+@dtype_option
 @click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               callback=_finite,
               help="Seconds; on expiry the best plan so far is returned marked FEASIBLE.")
@@ -172,10 +176,8 @@ def clusters_command(as_json):
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: tp, pp, dp, cp, ep, sp, zero, micro_batch, virtual_stages, "
                    "recompute. Repeatable.")
-@click.option("--attention", "attention_kernel", type=click.Choice(["flash", "eager"]),
-              default="flash", show_default=True, help="Attention kernel of the runtime.")
-@click.option("--runtime", type=click.Choice(sorted(RUNTIME_STATE_BYTES)), default="megatron",
-              show_default=True, help="Optimizer-state layout of the runtime.")
+@attention_option
+@runtime_option
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the plan file here.")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")

@@ -9,12 +9,10 @@ these cover what reaches the user through ``cli.main.main``, the one place exit 
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -26,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.reliability_table import CASES, Case, make_inputs  # noqa: E402
 from cli.main import main  # noqa: E402
+from timeouts import Hang, deadline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 ERROR_KEYS = {"kind", "message", "hints", "exit_code"}
@@ -222,24 +221,6 @@ def test_ctrl_c_while_writing_keeps_the_old_file_and_no_temp_file(capsys, workdi
     assert code == 130 and "Traceback" not in err
     assert target.read_text() == "old plan\n"
     assert _leftovers(out_dir) == ["plan.json"]
-
-
-class Hang(BaseException):
-    """Raised by the alarm in :func:`deadline`; not an Exception, so main() cannot swallow it."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-    def ring(signum, frame):
-        raise Hang(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, ring)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.mark.parametrize("field,value,command", [

@@ -10,10 +10,8 @@ section of docs/reliability.md), which is bench/stress.py's business, not a fuzz
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -25,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.reliability_table import make_inputs  # noqa: E402
 from cli.main import main  # noqa: E402
+from timeouts import Hang, deadline  # noqa: E402
 
 FUZZ = settings(max_examples=60, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -96,25 +95,6 @@ FLAGS = ["--json", "--json", "--json", "--force", "--timings", "--sp", "--no-sp"
 def chance(draw, k: int, n: int) -> bool:
     """True k times in n (sampled_from is uniform; floats and integers favour their bounds)."""
     return draw(st.sampled_from(range(n))) < k
-
-
-class Hang(BaseException):
-    """Raised by the alarm in :func:`deadline`; not an Exception, so main() cannot swallow it."""
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-    """Fail a run that hangs instead of hanging the test suite (valid runs here take < 1 s)."""
-    def ring(signum, frame):
-        raise Hang(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, ring)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def run(argv: list[str], seconds: float) -> int:

@@ -20,7 +20,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import resource
 import subprocess
 import sys

@@ -250,7 +250,7 @@ class _Router:
         graph, a, b = self._prototype(relation)
         src = ("gpu", a, i)
         pred, _ = nx.dijkstra_predecessor_and_distance(graph, src, weight="route_cost")
-        sa, sb = self.topo.su_of(a), self.topo.su_of(b)
+        sa = self.topo.su_of(a)
 
         # Prefer the path that stays longest inside the source node (NCCL PXN: move to the
         # destination's rail over NVLink, then use the network), then a fixed order.

@@ -12,7 +12,7 @@ tp*cp, EP groups stride tp inside the dp x cp ranks, PP neighbours stride tp*cp*
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
@@ -335,7 +335,6 @@ class Evaluation:
     breakdown: StepBreakdown
     model_flops: float  # per step, no recomputation (PaLM App. B convention, causal attention halved)
     hw_flops: float  # per step, recomputation included
-    extras: dict = field(default_factory=dict, compare=False)
 
     @property
     def step_time_s(self) -> float:

@@ -112,7 +112,6 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
                          f"{cluster.num_gpus} GPUs, over the budget of {budget}; pin choices or "
                          "use a smaller instance")
     allowed = _allowed(pins)
-    blocks = model.num_blocks
     best: tuple[float, ParallelConfig, LayerPlacement] | None = None
     configs = placements = scored = 0
     for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):

@@ -19,11 +19,10 @@ from typing import Callable
 
 import ortools
 
-from planner.config import LayerPlacement, ParallelConfig, Recompute, RuntimeOptions, default_placement
+from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.compute import HBM_EFFICIENCY
-from planner.cost.model import (ALLOCATOR_OVERHEAD, OPTIMIZER_BYTES_PER_PARAM,
-                                ACT_BYTES, CostContext, Evaluation, embedding_sync_s, evaluate,
-                                make_context)
+from planner.cost.model import (ACT_BYTES, ALLOCATOR_OVERHEAD, OPTIMIZER_BYTES_PER_PARAM,
+                                Evaluation, embedding_sync_s, evaluate, make_context)
 from planner.cost import comm
 from planner.cost.memory import zero_state_bytes
 from planner.errors import ErrorKind, PlannerError, invalid

@@ -38,6 +38,11 @@ _POSITIVE = {
 }
 
 
+# No field of a model or cluster description is anywhere near this (parameter counts are
+# ~1e13); the bound keeps products of fields (GiB x 2**30, params x bytes) finite.
+MAX_MAGNITUDE = 10**18
+
+
 def to_plain(value: Any) -> Any:
     """Dataclasses, enums, tuples and mappings as plain JSON values (same as the hash input)."""
     if is_dataclass(value) and not isinstance(value, type):
@@ -136,14 +141,15 @@ def _value(hint: Any, value: Any, where: str) -> Any:
     if hint is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise invalid(f"{where}: expected an integer, got {_type_name(value)} {value!r}")
-        if value < 0:
-            raise invalid(f"{where}: must be >= 0, got {value}")
+        if not 0 <= value <= MAX_MAGNITUDE:
+            raise invalid(f"{where}: must be between 0 and {MAX_MAGNITUDE:.0e}, got {value}")
         return value
     if hint is float:  # ints are kept as ints: the hash of 80 and 80.0 differ
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise invalid(f"{where}: expected a number, got {_type_name(value)} {value!r}")
-        if not math.isfinite(value) or value < 0:
-            raise invalid(f"{where}: must be a finite number >= 0, got {value!r}")
+        if not math.isfinite(value) or not 0 <= value <= MAX_MAGNITUDE:
+            raise invalid(f"{where}: must be a finite number between 0 and "
+                          f"{MAX_MAGNITUDE:.0e}, got {value!r}")
         return value
     if hint is str:
         if not isinstance(value, str):

@@ -415,6 +415,13 @@ def replace_section(text: str, begin: str, end: str, body: str) -> str:
     return f"{text.rstrip()}\n\n{begin}\n{body}{end}\n"
 
 
+def write_section(begin: str, end: str, body: str) -> None:
+    """Rewrite the marked section of docs/reliability.md (the file is created if missing)."""
+    text = DOC.read_text(encoding="utf-8") if DOC.exists() else ""
+    DOC.write_text(replace_section(text, begin, end, body), encoding="utf-8")
+    print(f"wrote {DOC.relative_to(ROOT)}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write-doc", action="store_true",
@@ -425,9 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         body = table(make_inputs(Path(scratch)))
     print(body)
     if args.write_doc:
-        DOC.write_text(replace_section(DOC.read_text(encoding="utf-8") if DOC.exists() else "",
-                                       BEGIN, END, body), encoding="utf-8")
-        print(f"wrote {DOC.relative_to(ROOT)}", file=sys.stderr)
+        write_section(BEGIN, END, body)
     return 0
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.reliability_table import DOC, replace_section  # noqa: E402
+from bench.reliability_table import DOC, write_section  # noqa: E402
 
 BEGIN, END = "<!-- BEGIN scale table (bench/stress.py) -->", "<!-- END scale table -->"
 SINGLE_GPU = ROOT / "bench" / "clusters" / "single-gpu.yaml"
@@ -244,9 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     body = table(rows)
     print(body)
     if args.write_doc:
-        DOC.write_text(replace_section(DOC.read_text(encoding="utf-8") if DOC.exists() else "",
-                                       BEGIN, END, body), encoding="utf-8")
-        print(f"wrote {DOC.relative_to(ROOT)}", file=sys.stderr)
+        write_section(BEGIN, END, body)
     return 0
 
 

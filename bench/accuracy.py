@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from planner.calibration.bands import Band, BandTable, band  # noqa: E402
 from planner.calibration.constants import Constants  # noqa: E402
 from planner.calibration.predict import Prediction, predict  # noqa: E402
-from planner.calibration.regimes import REGIME_TITLES  # noqa: E402
+from planner.calibration.regimes import REGIME_TITLES, band_labels  # noqa: E402
 from planner.calibration.runs import CalibrationRun, load_runs  # noqa: E402
 from planner.calibration.store import shipped  # noqa: E402
 from planner.config import RUNTIME_STATE_BYTES  # noqa: E402
@@ -97,10 +97,7 @@ class Row:
 
 
 def labels_of(run: CalibrationRun) -> list[str]:
-    """Band labels, most specific first (planner/calibration/bands.py)."""
-    r = run.regime
-    return [f"regime:{r.key}", f"parallelism:{r.parallelism}", f"generation:{r.generation}",
-            f"runtime:{r.runtime}"]
+    return band_labels(run.regime)
 
 
 def load_all() -> tuple[list[tuple[str, CalibrationRun]], list[tuple[str, str, str]]]:
@@ -120,7 +117,7 @@ def evaluate_rows(runs: Iterable[tuple[str, CalibrationRun]], constants: Constan
         pred = predict(run, constants)
         row = Row(name, run, pred)
         if bands is not None:
-            params = run.model.num_params
+            params = run.model.params
             row.time_band = band(bands, "step_time", pred.step_time_s, labels_of(run),
                                  run.cluster.num_gpus, params)
             row.memory_band = band(bands, "memory", pred.memory_gib, labels_of(run),

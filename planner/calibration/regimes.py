@@ -62,3 +62,9 @@ class Regime:
 
 def regime_of(runtime: str, gpu_name: str, tp: int, pp: int, cp: int, zero_stage: int) -> Regime:
     return Regime(runtime, gpu_generation(gpu_name), parallelism_regime(tp, pp, cp, zero_stage))
+
+
+def band_labels(regime: Regime) -> list[str]:
+    """Labels for the error bands, most specific first (planner/calibration/bands.py)."""
+    return [f"regime:{regime.key}", f"parallelism:{regime.parallelism}",
+            f"generation:{regime.generation}", f"runtime:{regime.runtime}"]

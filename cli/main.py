@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     from cli import commands  # noqa: F401  (registers the commands)
     from cli import verify_command  # noqa: F401  (registers `shardplan verify`)
     from cli import plan_commands  # noqa: F401  (schema, show, check, export)
+    from cli import calibrate_command  # noqa: F401  (`shardplan calibrate`)
 
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(args)

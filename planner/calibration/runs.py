@@ -91,7 +91,34 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def build_model(entry: Mapping[str, Any]) -> ModelGraph:
+def model_spec(entry: Mapping[str, Any]) -> str | None:
+    """A model given by reference (a preset name or a config.json / native file path): the
+    entry's ``model`` is that string, or a mapping with ``preset`` or ``config``."""
+    m = entry.get("model")
+    if isinstance(m, str):
+        return m
+    if isinstance(m, Mapping):
+        ref = m.get("preset") or m.get("config")
+        return str(ref) if ref else None
+    return None
+
+
+def seq_len_of(entry: Mapping[str, Any]) -> int:
+    m, t = entry.get("model"), entry.get("training") or {}
+    seq = (m.get("seq_len") if isinstance(m, Mapping) else None) or t.get("seq_len")
+    if not seq:
+        raise ValueError("no sequence length (model.seq_len or training.seq_len)")
+    return int(seq)
+
+
+def build_model(entry: Mapping[str, Any], base: Path | None = None) -> ModelGraph:
+    spec = model_spec(entry)
+    if spec is not None:
+        from models import load_model
+        looks_like_path = "/" in spec or spec.endswith((".json", ".yaml", ".yml"))
+        if base is not None and looks_like_path and not Path(spec).is_absolute():
+            spec = str(base / spec)
+        return load_model(spec, seq_len=seq_len_of(entry))
     m = entry["model"]
     name = _text(m.get("name"))
     notes = (_text(m.get("arch_notes")) + " " + _text(entry.get("notes"))).lower()
@@ -202,13 +229,13 @@ def eq3_flops(model: Mapping[str, Any], global_batch: int) -> float:
 
 
 def measured_of(entry: Mapping[str, Any], framework: str) -> Measured:
-    r, t, m = entry["results"], entry["training"], entry["model"]
+    r, t, m = entry.get("results") or {}, entry["training"], entry["model"]
     n = entry["cluster"]["num_gpus"]
     time_s, source = None, "-"
     if r.get("iteration_time_s"):
         time_s, source = float(r["iteration_time_s"]), "iteration time"
     elif r.get("tokens_per_sec_per_gpu"):
-        time_s = t["global_batch"] * m["seq_len"] / (r["tokens_per_sec_per_gpu"] * n)
+        time_s = t["global_batch"] * seq_len_of(entry) / (r["tokens_per_sec_per_gpu"] * n)
         source = "tokens/s"
     elif r.get("tflops_per_gpu"):
         fw = framework.lower()
@@ -233,9 +260,19 @@ def skip_reason(entry: Mapping[str, Any]) -> str | None:
     """None when the entry can be evaluated, else why not."""
     if entry.get("kind") != "measured":
         return "analytic reference (checked in the model-state section)"
-    m, t = entry.get("model") or {}, entry.get("training") or {}
-    if not all(m.get(k) for k in ("layers", "hidden", "vocab", "seq_len")):
+    if not isinstance(entry.get("training"), Mapping) or not isinstance(entry.get("cluster"),
+                                                                           Mapping):
+        return "no training or cluster section"
+    t = entry["training"]
+    m = entry.get("model") if isinstance(entry.get("model"), Mapping) else {}
+    if model_spec(entry) is None and not all(m.get(k) for k in ("layers", "hidden", "vocab",
+                                                                 "seq_len")):
         return "model shape not published in the entry"
+    if model_spec(entry) is not None:
+        r = entry.get("results") or {}
+        if not (r.get("iteration_time_s") or r.get("tokens_per_sec_per_gpu")
+                or r.get("memory_per_gpu_gb") or r.get("oom")):
+            return "a model given by reference needs iteration_time_s or tokens_per_sec_per_gpu"
     if (t.get("ep") or 1) > 1 or (m.get("moe") or {}):
         return "mixture-of-experts run (bench/moe_accuracy.py)"
     if dtype_of(_text(t.get("precision"))) is None:
@@ -251,8 +288,12 @@ def skip_reason(entry: Mapping[str, Any]) -> str | None:
     return None
 
 
-def run_of(entry: Mapping[str, Any]) -> CalibrationRun:
-    t, m = entry["training"], entry["model"]
+def run_of(entry: Mapping[str, Any], base: Path | None = None) -> CalibrationRun:
+    t = entry["training"]
+    model = build_model(entry, base)
+    m = entry["model"] if isinstance(entry["model"], Mapping) and model_spec(entry) is None else {
+        "layers": model.num_blocks, "hidden": model.hidden, "heads": None, "ffn_hidden": None,
+        "vocab": model.vocab, "seq_len": seq_len_of(entry)}
     framework = _text(t.get("framework"))
     prof = profile_for_framework(framework)
     assumptions: list[str] = []
@@ -295,20 +336,22 @@ def run_of(entry: Mapping[str, Any]) -> CalibrationRun:
     source = _text((entry.get("source") or {}).get("title")) or entry["id"]
     return CalibrationRun(
         id=entry["id"], source=source, profile=prof, recompute_policy=policy,
-        model=build_model(entry), cluster=cluster, config=config, options=options,
+        model=model, cluster=cluster, config=config, options=options,
         measured=measured_of(entry, framework),
         regime=regime_of(prof.name, cluster.gpu.name, tp, pp, cp, zero),
         assumptions=tuple(assumptions), model_shape=shape)
 
 
-def load_runs(entries: list[Mapping[str, Any]]) -> tuple[list[CalibrationRun], list[tuple[str, str]]]:
-    """Every evaluable entry as a run, and (id, reason) for the others."""
+def load_runs(entries: list[Mapping[str, Any]], base: Path | None = None
+              ) -> tuple[list[CalibrationRun], list[tuple[str, str]]]:
+    """Every evaluable entry as a run, and (id, reason) for the others; ``base`` resolves
+    relative model paths (the runs file's directory)."""
     runs, skipped = [], []
     for entry in entries:
         reason = skip_reason(entry)
         if reason is None:
             try:
-                run = run_of(entry)
+                run = run_of(entry, base)
                 run.config.validate(run.model, run.cluster)
                 runs.append(run)
                 continue

@@ -1,0 +1,145 @@
+"""``shardplan calibrate``: fit one runtime profile's constants to a user's own measured runs.
+
+Consumes a runs file in the calibration schema (``published_runs.yaml``: ``entries`` with
+``model`` (shapes, or a preset name / config.json path), ``cluster``, ``training``, ``results``)
+and a runtime; produces a :class:`~planner.calibration.store.CalibrationProfile` (the file
+``--calibration`` reads) and a leave-one-out report: each run predicted by constants fitted
+without it, before (the shipped defaults) and after.
+
+Which constants move: only those the runs can inform (the efficiencies of the GPU generations
+present, the FP8 efficiency when a run is FP8, the runtime's TP overlap when a run uses TP);
+the others keep their starting values.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from planner.calibration.constants import PARAMS, Constants
+from planner.calibration.fit import fit, residual_bands
+from planner.calibration.predict import predict
+from planner.calibration.runs import CalibrationRun, load_runs
+from planner.calibration.store import CalibrationProfile, shipped
+from planner.errors import invalid
+from planner.profiles import profile
+from planner.safe_input import parse_yaml, read_text
+
+
+@dataclass(frozen=True)
+class RunReport:
+    id: str
+    measured_s: float
+    before_s: float
+    after_s: float  # leave-one-out prediction
+
+    @property
+    def error_before(self) -> float:
+        return self.before_s / self.measured_s - 1
+
+    @property
+    def error_after(self) -> float:
+        return self.after_s / self.measured_s - 1
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    profile: CalibrationProfile
+    runs: tuple[RunReport, ...]
+    skipped: tuple[tuple[str, str], ...]
+
+    @property
+    def median_before(self) -> float:
+        return statistics.median(abs(r.error_before) for r in self.runs)
+
+    @property
+    def median_after(self) -> float:
+        return statistics.median(abs(r.error_after) for r in self.runs)
+
+
+def read_runs(path: str | Path) -> tuple[list[Mapping[str, Any]], Path]:
+    path = Path(path)
+    data = parse_yaml(read_text(path, "runs file"), str(path))
+    if not isinstance(data, Mapping) or not isinstance(data.get("entries"), list):
+        raise invalid(f"{path}: expected a mapping with an 'entries' list (the schema of "
+                      "bench/data/published_runs.yaml)")
+    for i, entry in enumerate(data["entries"]):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), str):
+            raise invalid(f"{path}: entries[{i}]: expected a mapping with a string 'id'")
+    return data["entries"], path.parent
+
+
+def informative(runs: Sequence[CalibrationRun]) -> list[str]:
+    """The constants these runs can inform."""
+    names = set()
+    for run in runs:
+        gen = run.regime.generation
+        names.update({f"matmul_efficiency.{gen}", f"attention_efficiency.{gen}"})
+        if run.config.dtype == "fp8":
+            names.add("fp8_relative_efficiency")
+        if run.config.tp > 1 and run.profile.tp_comm_overlap:
+            names.add(f"tp_comm_overlap.{run.profile.name}")
+    return [p.name for p in PARAMS if p.name in names]
+
+
+def calibrate_runs(runs: Sequence[CalibrationRun], runtime: str, start: Constants,
+                   *, max_evaluations: int = 60, leave_one_out: bool = True,
+                   skipped: Sequence[tuple[str, str]] = ()) -> CalibrationReport:
+    timed = [r for r in runs if r.measured.step_time_s and not r.measured.oom]
+    if not timed:
+        raise invalid("no run with a measured step time (iteration_time_s or "
+                      "tokens_per_sec_per_gpu) to calibrate on")
+    names = informative(timed)
+    result = fit(timed, start, names, max_evaluations=max_evaluations)
+    reports = []
+    for i, run in enumerate(timed):
+        before = predict(run, start).step_time_s
+        if leave_one_out and len(timed) > 1:
+            others = timed[:i] + timed[i + 1:]
+            loo = fit(others, start, informative(others), max_evaluations=max_evaluations)
+            after = predict(run, loo.constants).step_time_s
+        else:
+            after = predict(run, result.constants).step_time_s
+        reports.append(RunReport(run.id, run.measured.step_time_s, before, after))
+    prof = CalibrationProfile(
+        constants=result.constants, bands=residual_bands(timed, result.constants),
+        runtime=runtime, description=f"Calibrated with shardplan calibrate on {len(timed)} runs",
+        fit={"runs": len(timed), "fitted": list(names),
+             "loo_median_abs_error_before": round(statistics.median(
+                 abs(r.error_before) for r in reports), 4),
+             "loo_median_abs_error_after": round(statistics.median(
+                 abs(r.error_after) for r in reports), 4)})
+    return CalibrationReport(prof, tuple(reports), tuple(skipped))
+
+
+def calibrate_file(path: str | Path, runtime: str | None = None, *,
+                   max_evaluations: int = 60, leave_one_out: bool = True,
+                   start: Constants | None = None) -> CalibrationReport:
+    """Fit the runs of ``path`` (those of ``runtime`` when given; else all must share one)."""
+    entries, base = read_runs(path)
+    runs, skipped = load_runs(entries, base)
+    if runtime is not None:
+        name = profile(runtime).name
+        other = [r for r in runs if r.profile.name != name]
+        skipped = list(skipped) + [(r.id, f"runtime {r.profile.name}, not {name}") for r in other]
+        runs = [r for r in runs if r.profile.name == name]
+    else:
+        names = sorted({r.profile.name for r in runs})
+        if len(names) > 1:
+            raise invalid(f"{path}: runs of several runtimes ({', '.join(names)})",
+                          "pass --runtime to calibrate one of them")
+        name = names[0] if names else "megatron"
+    if not runs:
+        raise invalid(f"{path}: no usable run" + (f" of runtime {name}" if runtime else ""),
+                      "; ".join(f"{i}: {why}" for i, why in skipped[:5]) or None)
+    if start is None:
+        base_profile = shipped()
+        start = base_profile.constants if base_profile else Constants()
+    return calibrate_runs(runs, name, start, max_evaluations=max_evaluations,
+                          leave_one_out=leave_one_out, skipped=skipped)
+
+
+def finite(x: float) -> bool:
+    return math.isfinite(x)

@@ -109,11 +109,7 @@ def _invoke(args: list[str], as_json: bool, debug: bool) -> int:
         return fail(PlannerError(ErrorKind.INTERRUPTED, "interrupted"))
     except DeadlineExceeded as late:
         out.console.show_cursor(True)
-        return fail(PlannerError(
-            ErrorKind.SOLVER_LIMIT,
-            f"the time limit of {late.limit_s:g} s ran out before the command finished",
-            ("raise --time-limit", "pin some degrees with --pin to shrink the search"),
-            {"time_limit_s": late.limit_s}))
+        return fail(_deadline_error(late))
     except BrokenPipeError:  # a write outside cli.console: the reader went away
         return ExitCode.OK
     except OSError as error:
@@ -124,7 +120,35 @@ def _invoke(args: list[str], as_json: bool, debug: bool) -> int:
         return _internal(error, fail)
 
 
+def _deadline_error(late: DeadlineExceeded) -> PlannerError:
+    return PlannerError(
+        ErrorKind.SOLVER_LIMIT,
+        f"the time limit of {late.limit_s:g} s ran out before the command finished",
+        ("raise --time-limit", "pin some degrees with --pin to shrink the search"),
+        {"time_limit_s": late.limit_s})
+
+
+def _cause(error: BaseException) -> BaseException | None:
+    """An interrupt or deadline that another error wraps (a C extension turns an exception
+    raised during its import into ImportError, chained to it)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, (KeyboardInterrupt, DeadlineExceeded)):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
 def _internal(error: Exception, fail) -> int:
+    cause = _cause(error)
+    if isinstance(cause, Interrupted):
+        return fail(PlannerError(_SIGNAL_KINDS.get(cause.signum, ErrorKind.INTERRUPTED),
+                                 cause.message))
+    if isinstance(cause, KeyboardInterrupt):
+        return fail(PlannerError(ErrorKind.INTERRUPTED, "interrupted"))
+    if isinstance(cause, DeadlineExceeded):
+        return fail(_deadline_error(cause))
     return fail(PlannerError(ErrorKind.INTERNAL, f"internal error: {type(error).__name__}: {error}",
                              ("re-run with --debug for the traceback and report it",)))
 

@@ -60,23 +60,48 @@ def _raise_deadline(limit_s: float) -> Callable[[], None]:
     return stop
 
 
-def _act(action: Callable[[], None]) -> None:
+RETRY_S = 0.05
+
+
+def _importing(frame) -> bool:
+    """Whether the main thread is inside an import. An exception raised there can surface as
+    another error (a C extension's "ImportError: initialization failed") or abort the process
+    from C++ module initialisation, so the signal is acted on once the import is over."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _redeliver(signum: int) -> None:
+    """Send ``signum`` to the main thread again shortly (after the import in progress)."""
+    main_ident = threading.main_thread().ident
+    timer = threading.Timer(RETRY_S, signal.pthread_kill, (main_ident, signum))
+    timer.daemon = True
+    timer.start()
+
+
+def _act(action: Callable[[], None], signum: int, frame) -> None:
     if _state.committed:
         return  # the output is complete: finish quietly
     if _state.defer:
         if _state.pending is None:
             _state.pending = action
         return
+    if _importing(frame):
+        _redeliver(signum)
+        return
     action()
 
 
-def _on_stop(signum, frame) -> None:  # noqa: ARG001 - the signal module's signature
-    _act(_raise_stop(signum))
+def _on_stop(signum, frame) -> None:
+    _act(_raise_stop(signum), signum, frame)
 
 
-def _on_deadline(signum, frame) -> None:  # noqa: ARG001
+def _on_deadline(signum, frame) -> None:
     if _state.limit_s is not None:
-        _act(_raise_deadline(_state.limit_s))
+        _act(_raise_deadline(_state.limit_s), signum, frame)
 
 
 def install() -> None:

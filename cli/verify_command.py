@@ -17,6 +17,56 @@ from planner.errors import ErrorKind, PlannerError
 
 TORCH_HINT = 'install the "torch" extra of shardplan, or PyTorch itself: pip install "torch>=2.4"'
 
+# What a run needs at least, before activations: fp32 weights, gradients and Adam's two moments
+# (4 x 4 bytes per parameter), held once by the single-process reference run and at least once
+# across the distributed ranks (which run after it), plus each worker process's own PyTorch.
+STATE_BYTES_PER_PARAM = 16
+PROCESS_BYTES = 150 * 2**20
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process may still use: MemAvailable, capped by a cgroup v2 limit."""
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for row in handle:
+                if row.startswith("MemAvailable:"):
+                    found.append(int(row.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as handle:
+            limit = handle.read().strip()
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as handle:
+            used = int(handle.read().strip())
+        if limit != "max":
+            found.append(max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_memory(plan_file: str, available: int | None = None) -> None:
+    """Refuse up front a plan whose run cannot fit this machine's memory (the run would
+    otherwise allocate until the machine runs out)."""
+    from planner.plan_io import load_plan
+
+    doc = load_plan(plan_file)
+    params = int(doc["model"]["params"])
+    par = doc["parallelism"]
+    world = int(par["tp"]) * int(par["pp"]) * int(par["dp"]) * int(par.get("cp", 1))
+    needed = params * STATE_BYTES_PER_PARAM + world * PROCESS_BYTES
+    available = available_memory_bytes() if available is None else available
+    if available is not None and needed > available:
+        raise PlannerError(
+            ErrorKind.UNSUPPORTED,
+            f"verify of {plan_file} needs at least {needed / 2**30:,.1f} GiB of memory "
+            f"({params:,} parameters x {STATE_BYTES_PER_PARAM} bytes of fp32 weights, gradients "
+            f"and Adam moments, plus {world} worker processes), but {available / 2**30:,.1f} GiB "
+            f"is available", ("verify a smaller model (a plan for `-m tiny`, or a native model "
+                              "file with fewer layers) with the same degrees",),
+            {"needed_bytes": needed, "available_bytes": available})
+
 
 def _require_torch() -> None:
     try:
@@ -54,6 +104,7 @@ def verify(plan_file, steps, seed, lr, rtol, timeout_s, max_processes, as_json):
     compares the loss curve with a single-process run and each rank's held parameter,
     gradient and optimizer bytes with the plan's prediction.
     """
+    check_memory(plan_file)
     _require_torch()
     from planner.runtime.torch_exec import verify_plan
 

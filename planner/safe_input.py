@@ -117,6 +117,24 @@ def read_text(path: Path, what: str, *, max_bytes: int = MAX_FILE_BYTES,
     return _decode(raw, path, what, binary_hint)
 
 
+# -- text fields -------------------------------------------------------------------------------
+
+# C0 controls, DEL, C1 controls, and the Unicode line/paragraph separators and bidirectional
+# overrides: none belongs in a name, and each changes what a shell, a TOML/YAML parser or a
+# terminal makes of the text around it.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def control_character(text: str, *, allow_newlines: bool = False) -> str | None:
+    """The first control character of ``text`` as ``U+XXXX`` (None if there is none);
+    ``allow_newlines`` lets newlines and tabs through (descriptions)."""
+    for match in _CONTROL.finditer(text):
+        if allow_newlines and match.group() in "\n\t":
+            continue
+        return f"U+{ord(match.group()):04X}"
+    return None
+
+
 # -- JSON --------------------------------------------------------------------------------------
 
 class _DuplicateKey(Exception):

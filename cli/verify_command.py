@@ -104,8 +104,8 @@ def verify(plan_file, steps, seed, lr, rtol, timeout_s, max_processes, as_json):
     compares the loss curve with a single-process run and each rank's held parameter,
     gradient and optimizer bytes with the plan's prediction.
     """
-    check_memory(plan_file)
     _require_torch()
+    check_memory(plan_file)
     from planner.runtime.torch_exec import verify_plan
 
     report = verify_plan(plan_file, steps=steps, seed=seed, lr=lr, rtol=rtol,

@@ -46,6 +46,7 @@ from clusters import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
 from models.catalog import is_preset  # noqa: E402
 from planner.config import ParallelConfig, Recompute, RuntimeOptions  # noqa: E402
+from planner.strategy import uniform  # noqa: E402
 from planner.cost.model import evaluate, model_flops_per_step  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 
@@ -137,8 +138,7 @@ def config_of(entry: dict) -> ParallelConfig:
         tp=t["tp"], pp=t["pp"], dp=t["dp"], cp=t.get("cp") or 1, ep=t.get("ep") or 1,
         global_batch=t["global_batch"], seq_len=entry["model"]["seq_len"], sp=t["tp"] > 1,
         zero_stage=1 if zero is None else zero, micro_batch=t["micro_batch"],
-        virtual_stages=t.get("virtual_stages_per_pp_rank") or 1, recompute=recompute_of(entry),
-        dtype=dtype_of(entry))
+        virtual_stages=t.get("virtual_stages_per_pp_rank") or 1, dtype=dtype_of(entry))
 
 
 def describe(entry: dict) -> str:
@@ -174,7 +174,9 @@ def row_for(entry: dict) -> Row:
     config = config_of(entry)
     published, source = published_time(entry, model, config)
     try:
-        ev = evaluate(model, cluster, config, options=RuntimeOptions())
+        config.validate(model, cluster)
+        ev = evaluate(model, cluster, config, uniform(model, config, recompute_of(entry)),
+                      options=RuntimeOptions())
     except PlannerError as error:
         return Row(entry["id"], describe(entry), published, None, source, None, None,
                    note=f"rejected: {error.message[:120]}")

@@ -51,7 +51,10 @@ def check_memory(plan_file: str, available: int | None = None) -> None:
     otherwise allocate until the machine runs out)."""
     from planner.plan_io import load_plan
 
-    doc = load_plan(plan_file)
+    try:
+        doc = load_plan(plan_file)
+    except PlannerError:
+        return  # verify_plan reports what is wrong with the file
     params = int(doc["model"]["params"])
     par = doc["parallelism"]
     world = int(par["tp"]) * int(par["pp"]) * int(par["dp"]) * int(par.get("cp", 1))

@@ -111,7 +111,12 @@ def number(value: Any, where: str, path: str, *, minimum: float, maximum: float,
         raise _fail(where, path, f"must be a finite number, got {_show(value)}")
     low_ok = value >= minimum if allow_min else value > minimum
     if not low_ok:
-        if allow_min:
+        if allow_min and minimum > 0 and value > 0:  # MIN_RATE: positive but absurdly small
+            raise _fail(where, path, f"{_show(value)} is implausibly small (limit {minimum:g}); "
+                                     f"check the unit named in the key")
+        if allow_min and minimum > 0:
+            bound = "positive"
+        elif allow_min:
             bound = f">= {minimum:g}"
         elif integer and minimum == 0:
             bound = ">= 1"

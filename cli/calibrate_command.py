@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from cli.main import cli, emit_json
+from cli.app import emit_json
 
 
-@cli.command()
+@click.command()
 @click.argument("runs_path", metavar="RUNS.yaml", type=click.Path(dir_okay=False))
 @click.option("--output", "-o", "output", required=True, type=click.Path(dir_okay=False),
               help="Where to write the calibration profile (YAML; read by --calibration).")
@@ -50,10 +50,9 @@ def calibrate(runs_path, output, runtime, max_evaluations, no_leave_one_out, for
     if as_json:
         emit_json(doc)
         return
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(stderr=True)
+    from cli.console import console
     table = Table(title=f"calibration of {report.profile.runtime} "
                         f"({'leave-one-out' if not no_leave_one_out else 'in-sample'})")
     for col in ("run", "measured s", "error before", "error after"):

@@ -51,7 +51,7 @@ class RecomputePolicy:
     """A recomputation policy under the runtime's own name, and what it does."""
 
     name: str  # the runtime's spelling, e.g. "selective:op"
-    planner: str  # the cost model's policy: none | selective | full | op-sac | every-nth
+    planner: str  # the cost model's policy: none | selective | full | op | every-nth
     every_nth: int = 0  # for every-nth: checkpoint one block in N
     description: str = ""
 
@@ -79,6 +79,7 @@ class RuntimeProfile:
     grad_reduce_overlap: bool
     param_gather_overlap: bool
     per_phase_prefetch: bool  # FSDP-style: AGs prefetched per layer in fwd and bwd
+    fp8_saved_inputs: bool  # FP8 runs keep the GEMM inputs for backward in FP8 (TE)
     allocator: str  # how its memory is read and cached (see memory model)
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -106,7 +107,10 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
     "megatron": RuntimeProfile(
         name="megatron", title="Megatron-LM / Megatron-Core / NeMo",
         frameworks=("Megatron-LM", "Megatron-Core", "NeMo", "Megatron-Bridge"),
-        zero_stages=(0, 1, 2, 3),
+        # Megatron-FSDP (ZeRO-2/3, --use-megatron-fsdp) is evaluated but not searched: the
+        # Megatron exporter emits DDP / the distributed optimizer, so a searched plan must be
+        # one of those to run without a fallback.
+        zero_stages=(0, 1),
         sharding_names=MappingProxyType({
             0: "DDP (no --use-distributed-optimizer)", 1: "--use-distributed-optimizer",
             2: "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads",
@@ -122,7 +126,8 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
                                                "--recompute-method uniform")),
         state_layout="megatron", state_layout_fp16="megatron", attention_kernel="flash",
         tp_comm_overlap=True, grad_reduce_overlap=True, param_gather_overlap=True,
-        per_phase_prefetch=False, allocator="pytorch caching allocator, nvidia-smi reading",
+        per_phase_prefetch=False, fp8_saved_inputs=True,
+        allocator="pytorch caching allocator, nvidia-smi reading",
         notes=("fp32 main_grad buffer (18 bytes/param before the distributed optimizer)",)),
     "torchtitan": RuntimeProfile(
         name="torchtitan", title="torchtitan (FSDP2 + DTensor TP/CP/PP)",
@@ -134,7 +139,7 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         uneven_chunks=True,
         recompute=(_NONE,
                    RecomputePolicy("full", "full", description="activation_checkpoint.mode full"),
-                   RecomputePolicy("selective:op", "op-sac",
+                   RecomputePolicy("selective:op", "op",
                                    description="mode selective, selective_ac_option op: saves "
                                                "matmul / attention outputs, recomputes the rest"),
                    RecomputePolicy("selective:2", "every-nth", every_nth=2,
@@ -144,7 +149,7 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
                                    description="full AC on every 3rd block")),
         state_layout="zero-paper", state_layout_fp16="zero-paper", attention_kernel="flash",
         tp_comm_overlap=True, grad_reduce_overlap=True, param_gather_overlap=True,
-        per_phase_prefetch=True,
+        per_phase_prefetch=True, fp8_saved_inputs=False,
         allocator="pytorch caching allocator, max_memory_reserved reading (no CUDA context)",
         notes=("fp32 sharded parameters, bf16 all-gather (MixedPrecisionPolicy param_dtype)",
                "TP implies sequence parallel; async TP overlaps its collectives")),
@@ -163,7 +168,8 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
                                    description="activation_checkpointing, every block")),
         state_layout="deepspeed-bf16", state_layout_fp16="deepspeed", attention_kernel="flash",
         tp_comm_overlap=False, grad_reduce_overlap=True, param_gather_overlap=True,
-        per_phase_prefetch=True, allocator="pytorch caching allocator, nvidia-smi reading",
+        per_phase_prefetch=True, fp8_saved_inputs=False,
+        allocator="pytorch caching allocator, nvidia-smi reading",
         notes=("pipeline engine reduces gradients after the flush (no overlap with PP)",)),
     "fsdp": RuntimeProfile(
         name="fsdp", title="PyTorch FSDP1 (Composer / llm-foundry, fms-fsdp)",
@@ -177,7 +183,8 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
                                    description="activation_checkpointing: true (every block)")),
         state_layout="zero-paper", state_layout_fp16="zero-paper", attention_kernel="flash",
         tp_comm_overlap=False, grad_reduce_overlap=True, param_gather_overlap=True,
-        per_phase_prefetch=True, allocator="pytorch caching allocator, nvidia-smi reading",
+        per_phase_prefetch=True, fp8_saved_inputs=False,
+        allocator="pytorch caching allocator, nvidia-smi reading",
         notes=("flat parameters, fp32 master sharded, bf16 compute (mixed_precision PURE/DEFAULT)",)),
 })
 

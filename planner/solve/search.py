@@ -28,6 +28,7 @@ from planner.ir import ModelGraph
 from planner.solve.bounds import memory_lower_bound, time_lower_bound
 from planner.solve.costs import StageProblem, stage_problem
 from planner.solve.inner import solve_stages
+from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins, enumerate_configs
 from planner.strategy import LayerOption, default_placement
 
@@ -87,9 +88,10 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
                deadline: float = math.inf) -> list[Candidate]:
     """Every valid outer configuration with its bounds, sorted by time bound; raises
     SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating."""
-    allowed = pins.block_options()
+    prof = runtime_profile(runtime.profile)
+    allowed = pins.block_options(prof)
     out = []
-    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
+    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins, prof):
         if time.monotonic() > deadline:
             raise PlannerError(ErrorKind.SOLVER_LIMIT,
                                f"the time limit ran out while enumerating configurations "
@@ -142,7 +144,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     capacity = cluster.memory_bytes_per_gpu
     fitting = [c for c in cands if c.memory_lb_bytes <= capacity]
     pruned_memory = total - len(fitting)
-    allowed = pins.block_options()
+    allowed = pins.block_options(runtime_profile(options.runtime.profile))
 
     kept: list[tuple[float, tuple, Evaluation]] = []  # (step time, key, evaluation)
     evaluated = optimal = 0

@@ -55,13 +55,22 @@ def show(plan_path, as_json):
               help="Number of nodes of the cluster (as given to `shardplan plan`).")
 @click.option("--allow-stale", is_flag=True,
               help="Do not fail because the model or cluster changed; still check memory.")
+@click.option("--memory-confidence", type=click.FloatRange(0.01, 0.99), default=0.5,
+              show_default=True,
+              help="Quantile of the predicted peak's error band the memory gate uses "
+                   "(0.9: the plan must fit with 90 % confidence).")
+@click.option("--calibration", default=None, metavar="PROFILE.yaml",
+              type=click.Path(dir_okay=False),
+              help="Calibration profile whose error bands the gate uses (default: shipped).")
 @json_option
-def check(plan_path, model, cluster, nodes, allow_stale, as_json):
+def check(plan_path, model, cluster, nodes, allow_stale, memory_confidence, calibration,
+          as_json):
     """Check a saved plan still fits: exit 0 if so, 1 if not, 2 on invalid input."""
     from planner.check import check_file
 
     report = check_file(plan_path, model_spec=model, cluster_spec=cluster, nodes=nodes,
-                        allow_stale=allow_stale)
+                        allow_stale=allow_stale, memory_confidence=memory_confidence,
+                        calibration=calibration)
     document = report.to_dict()
     if as_json:
         emit_json(document)

@@ -113,6 +113,12 @@ class CheckReport:
     remedies: tuple[Remedy, ...]
     capacity_gib: float
     parallelism: dict[str, Any] = field(default_factory=dict)
+    # error-band verdict (planner/calibration/bands.py): "fits", "fits only at the optimistic
+    # end" (the prediction fits, the band's pessimistic end does not) or "does not fit"
+    memory_verdict: str | None = None
+    memory_interval_gib: tuple[float, float] | None = None
+    memory_confidence: float = 0.5  # the quantile of the memory band the gate uses
+    memory_gate_gib: float | None = None  # predicted peak at that quantile
 
     @property
     def evaluated(self) -> bool:
@@ -127,8 +133,12 @@ class CheckReport:
         return any(i.stale for i in self.inputs)
 
     @property
+    def gate_passes(self) -> bool:
+        return self.memory_gate_gib is None or self.memory_gate_gib <= self.capacity_gib
+
+    @property
     def ok(self) -> bool:
-        return not self.problems and self.fits is True
+        return not self.problems and self.fits is True and self.gate_passes
 
     @property
     def exit_code(self) -> ExitCode:
@@ -146,6 +156,13 @@ class CheckReport:
             "inputs": {i.role: i.to_dict() for i in self.inputs},
             "problems": [p.to_dict() for p in self.problems],
             "capacity_gib": self.capacity_gib, "peak_gib": self.peak_gib,
+            "memory_verdict": self.memory_verdict,
+            "memory_interval_gib": list(self.memory_interval_gib)
+            if self.memory_interval_gib else None,
+            "memory_confidence": self.memory_confidence,
+            "memory_gate_gib": self.memory_gate_gib,
+            "memory_margin_gib": (self.capacity_gib - self.memory_gate_gib
+                                  if self.memory_gate_gib is not None else None),
             "parallelism": self.parallelism,
             "stages": [s.to_dict() for s in self.stages],
             "remedies": [r.to_dict() for r in self.remedies],
@@ -426,8 +443,13 @@ _ZERO_SHARDS = {1: "optimizer states", 2: "optimizer states and gradients",
 def check_plan(doc: dict[str, Any], *, model: ModelGraph | None = None,
                cluster: Cluster | None = None, model_source: str | None = None,
                cluster_source: str | None = None, allow_stale: bool = False,
-               plan_path: str | None = None) -> CheckReport:
-    """Check a validated plan document; ``model`` / ``cluster`` replace the embedded ones."""
+               plan_path: str | None = None, memory_confidence: float = 0.5,
+               calibration: str | None = None) -> CheckReport:
+    """Check a validated plan document; ``model`` / ``cluster`` replace the embedded ones.
+    ``memory_confidence``: the quantile of the predicted peak's error band the memory gate
+    uses (0.5: the prediction itself; 0.9: fit with 90 % confidence)."""
+    if not 0 < memory_confidence < 1:
+        raise invalid(f"--memory-confidence must be in (0, 1), got {memory_confidence!r}")
     problems: list[Problem] = []
     inputs = doc["inputs"]
     embedded_m = model is None
@@ -484,13 +506,61 @@ def check_plan(doc: dict[str, Any], *, model: ModelGraph | None = None,
                                                   f"{cluster.gpu.name}"))
             if over:
                 remedies = tuple(_remedies(model, cluster, config, placement, options, ev))
+            verdict = memory_verdict(ev, memory_confidence, calibration)
+            if verdict is not None:
+                text, interval, gate = verdict
+                if gate > capacity / GIB and not over:
+                    problems.append(Problem("memory", f"at the {memory_confidence:.0%} quantile "
+                                                      f"of its error band the peak is "
+                                                      f"{gate:.2f} GiB per GPU, "
+                                                      f"{gate - capacity / GIB:.2f} GiB over "
+                                                      f"capacity ({text})"))
+                return CheckReport(plan_path, checks, allow_stale, tuple(problems), stages,
+                                   remedies, capacity / GIB, dict(doc["parallelism"]), text,
+                                   interval, memory_confidence, gate)
     return CheckReport(plan_path, checks, allow_stale, tuple(problems), stages, remedies,
-                       capacity / GIB, dict(doc["parallelism"]))
+                       capacity / GIB, dict(doc["parallelism"]),
+                       memory_confidence=memory_confidence)
+
+
+def memory_verdict(ev: Evaluation, confidence: float, calibration: str | None = None
+                   ) -> tuple[str, tuple[float, float], float] | None:
+    """(verdict, 80 % memory interval in GiB, peak at the ``confidence`` quantile) from the
+    calibration's error bands; None without bands."""
+    from planner.calibration.bands import NOMINAL_COVERAGE, band
+    from planner.calibration.regimes import band_labels, regime_of
+    from planner.calibration.store import load, shipped
+
+    cal = load(calibration) if calibration is not None else shipped()
+    if cal is None or cal.bands is None:
+        return None
+    c = ev.config
+    labels = band_labels(regime_of(ev.options.profile, ev.cluster.gpu.name, c.tp, c.pp, c.cp,
+                                   c.zero_stage))
+    peak = ev.peak_memory_bytes / GIB
+    nominal = band(cal.bands, "memory", peak, labels, ev.cluster.num_gpus, ev.model.params,
+                   NOMINAL_COVERAGE)
+    gate = peak
+    if confidence > 0.5:
+        gate = band(cal.bands, "memory", peak, labels, ev.cluster.num_gpus, ev.model.params,
+                    2 * confidence - 1).high
+    elif confidence < 0.5:
+        gate = band(cal.bands, "memory", peak, labels, ev.cluster.num_gpus, ev.model.params,
+                    1 - 2 * confidence).low
+    capacity = ev.cluster.memory_bytes_per_gpu / GIB
+    if peak > capacity:
+        text = "does not fit"
+    elif nominal.high > capacity:
+        text = "fits only at the optimistic end"
+    else:
+        text = "fits"
+    return text, (nominal.low, nominal.high), gate
 
 
 def check_file(path: str | os.PathLike, *, model_spec: str | None = None,
                cluster_spec: str | None = None, nodes: int | None = None,
-               allow_stale: bool = False) -> CheckReport:
+               allow_stale: bool = False, memory_confidence: float = 0.5,
+               calibration: str | None = None) -> CheckReport:
     """Load a plan file and check it; ``model_spec`` / ``cluster_spec`` / ``nodes`` load the
     inputs anew (as ``shardplan plan`` would) instead of using the embedded ones."""
     from planner.plan_io import load_plan
@@ -513,4 +583,5 @@ def check_file(path: str | os.PathLike, *, model_spec: str | None = None,
         f"embedded, --nodes {nodes}" if nodes is not None else None)
     return check_plan(doc, model=model, cluster=cluster, model_source=model_spec,
                       cluster_source=cluster_source, allow_stale=allow_stale,
-                      plan_path=os.fspath(path))
+                      plan_path=os.fspath(path), memory_confidence=memory_confidence,
+                      calibration=calibration)

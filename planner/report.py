@@ -92,7 +92,15 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
         "runtime": {"runtime": o.runtime, "attention_kernel": o.attention_kernel,
                     "dropout": o.dropout, "overlap_grad_reduce": o.overlap_grad_reduce,
                     "overlap_param_gather": o.overlap_param_gather,
-                    "tp_comm_overlap": o.tp_comm_overlap},
+                    "tp_comm_overlap": o.tp_comm_overlap,
+                    # runtime profile and calibrated behaviour (planner/profiles.py,
+                    # planner/calibration): check and export rebuild the same options
+                    "profile": o.profile, "allocator_overhead": o.allocator_overhead,
+                    "comm_slowdown": o.comm_slowdown,
+                    "micro_batch_overhead_s": o.micro_batch_overhead_s,
+                    "elementwise_factor": o.elementwise_factor,
+                    "fp8_gemm_factor": o.fp8_gemm_factor,
+                    "fp8_saved_inputs": o.fp8_saved_inputs},
         "stages": stages_list(ev),
         "predicted": predicted_dict(ev),
     })

@@ -23,6 +23,7 @@ from planner.calibration.regimes import band_labels
 from planner.calibration.runs import CalibrationRun
 
 LOSS_SCALE = 0.10
+VERDICT_WEIGHT = 3.0
 MEMORY_PARAMS_PREFIXES = ("allocator", "reserve")
 
 
@@ -52,6 +53,11 @@ def residuals(runs: Sequence[CalibrationRun], constants: Constants,
             out.append(w * math.log(p.step_time_s / m.step_time_s))
         if m.memory_gib:
             out.append(w * math.log(p.memory_gib / m.memory_gib))
+        if p.fit_judged:
+            # fit verdicts: a run that ran must fit, an OOM run must not (hinge on capacity)
+            ratio = p.evaluation.peak_memory_bytes / run.cluster.memory_bytes_per_gpu
+            out.append(VERDICT_WEIGHT * w * (max(0.0, math.log(ratio)) if not m.oom
+                                             else max(0.0, -math.log(ratio))))
     return out
 
 
@@ -79,9 +85,12 @@ def fit(runs: Sequence[CalibrationRun], start: Constants,
         return r
 
     r0 = f(x0)
+    # max_nfev counts iterations' function evaluations, not the Jacobian's finite differences
+    # (one evaluation per constant each): bound the model evaluations, not the iterations
+    iterations = max(2, max_evaluations // (len(chosen) + 1))
     result = least_squares(f, x0, bounds=([p.low for p in chosen], [p.high for p in chosen]),
                            loss="soft_l1", f_scale=LOSS_SCALE, diff_step=1e-2,
-                           max_nfev=max_evaluations, method="trf")
+                           max_nfev=iterations, method="trf", ftol=1e-4, xtol=1e-4)
     constants = constants_at(result.x)
     bands = residual_bands(runs, constants)
     return FitResult(constants, bands, 0.5 * sum(v * v for v in r0),

@@ -44,11 +44,12 @@ from clusters import load_cluster
 from clusters.schema import with_nodes
 from models.native import build_native
 from planner.calibration.regimes import Regime, regime_of
-from planner.config import ParallelConfig, Recompute, RuntimeOptions
+from planner.config import ParallelConfig, RuntimeOptions
 from planner.errors import PlannerError
 from planner.hardware import GB, GIB, Cluster
 from planner.ir import ModelGraph
 from planner.profiles import RuntimeProfile, profile_for_framework
+from planner.strategy import Recompute
 
 BENCH_CLUSTERS = Path(__file__).resolve().parents[2] / "bench" / "clusters"
 
@@ -76,6 +77,10 @@ class CalibrationRun:
     regime: Regime
     assumptions: tuple[str, ...]
     model_shape: tuple  # (layers, hidden, heads, ffn, vocab, seq): same model across runs
+    recompute: Recompute = Recompute.NONE  # every block's policy (planner.strategy)
+    recompute_published: bool = True  # False: inferred (the least recompute that fits)
+    every_nth: int = 0  # full recompute of every N-th block (torchtitan selective_ac_option N)
+    compiled: bool = False  # torch.compile (fused element-wise kernels) per the framework text
 
     @property
     def rank_group(self) -> tuple:
@@ -198,14 +203,21 @@ def dtype_of(precision: str) -> str | None:
     return "bf16"
 
 
-def recompute_of(text: str, prof: RuntimeProfile) -> tuple[Recompute, str]:
-    """(cost-model policy, the runtime's own name) of a published recompute description."""
+def recompute_of(text: str, prof: RuntimeProfile) -> tuple[Recompute, str, int]:
+    """(cost-model policy, the runtime's own name, every-N) of a published recompute text.
+    torchtitan's "selective" is its default ``selective_ac_option = "op"`` (per-op SAC) unless
+    the text names a layer interval ("selective 2": every 2nd block fully recomputed)."""
     t = text.strip().lower()
     if t.startswith("full"):
-        return Recompute.FULL, "full"
+        return Recompute.FULL, "full", 0
     if t.startswith("selective"):
-        return Recompute.SELECTIVE, ("selective:op" if prof.name == "torchtitan" else "selective")
-    return Recompute.NONE, "none"
+        if prof.name == "torchtitan":
+            digits = "".join(ch for ch in t if ch.isdigit())
+            if digits and int(digits) > 1:
+                return Recompute.NONE, f"selective:{int(digits)}", int(digits)
+            return Recompute.OP, "selective:op", 0
+        return Recompute.SELECTIVE, "selective", 0
+    return Recompute.NONE, "none", 0
 
 
 def megatron_model_flops(model: Mapping[str, Any], global_batch: int, *, gated: bool,
@@ -319,15 +331,15 @@ def run_of(entry: Mapping[str, Any], base: Path | None = None) -> CalibrationRun
     recompute_text = t.get("recompute")
     if recompute_text is None:
         assumptions.append("no recompute")
-    recompute, policy = recompute_of(_text(recompute_text) or "none", prof)
+    recompute, policy, every_nth = recompute_of(_text(recompute_text) or "none", prof)
     dtype = dtype_of(_text(t.get("precision"))) or "bf16"
     dp = t.get("dp") or entry["cluster"]["num_gpus"] // (tp * pp * cp)
     config = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, global_batch=t["global_batch"],
                             seq_len=m["seq_len"], sp=bool(sp), zero_stage=zero, micro_batch=micro,
-                            virtual_stages=v, recompute=recompute, dtype=dtype)
+                            virtual_stages=v, dtype=dtype)
     eager = any(k in framework.lower() for k in ("megatron-deepspeed", "gpt-neox", "metaseq"))
     overlap = prof.name != "deepspeed"
-    options = RuntimeOptions(runtime=prof.state_layout_for(dtype),
+    options = RuntimeOptions(runtime=prof.state_layout_for(dtype), profile=prof.name,
                              attention_kernel="eager" if eager else "flash",
                              overlap_grad_reduce=overlap, overlap_param_gather=overlap)
     cluster = build_cluster(entry)
@@ -339,7 +351,9 @@ def run_of(entry: Mapping[str, Any], base: Path | None = None) -> CalibrationRun
         model=model, cluster=cluster, config=config, options=options,
         measured=measured_of(entry, framework),
         regime=regime_of(prof.name, cluster.gpu.name, tp, pp, cp, zero),
-        assumptions=tuple(assumptions), model_shape=shape)
+        assumptions=tuple(assumptions), model_shape=shape, recompute=recompute,
+        recompute_published=recompute_text is not None, every_nth=every_nth,
+        compiled="compile" in framework.lower())
 
 
 def load_runs(entries: list[Mapping[str, Any]], base: Path | None = None

@@ -81,6 +81,10 @@ def informative(runs: Sequence[CalibrationRun]) -> list[str]:
             names.add("fp8_relative_efficiency")
         if run.config.tp > 1 and run.profile.tp_comm_overlap:
             names.add(f"tp_comm_overlap.{run.profile.name}")
+        if not run.compiled:
+            names.add(f"unfused_elementwise.{run.profile.name}")
+        if run.measured.memory_gib:
+            names.add(f"allocator_overhead.{run.profile.name}")
     return [p.name for p in PARAMS if p.name in names]
 
 

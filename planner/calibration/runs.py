@@ -155,6 +155,21 @@ def build_model(entry: Mapping[str, Any], base: Path | None = None) -> ModelGrap
     return build_native(spec, where=entry["id"], source=f"calibration:{entry['id']}")
 
 
+def cluster_for_gpus(preset: Cluster, num_gpus: int, where: str = "run") -> Cluster:
+    """``preset`` resized to exactly ``num_gpus``: whole nodes when they divide it; fewer GPUs
+    than a node: one node of ``num_gpus`` (the job's share of one NVLink domain); otherwise the
+    fewest nodes that hold them, equally filled (256 GB200 = 4 NVL72 racks of 64 GPUs)."""
+    per_node = preset.gpus_per_node
+    if num_gpus % per_node == 0:
+        return with_nodes(preset, num_gpus // per_node, where)
+    nodes = math.ceil(num_gpus / per_node)
+    if num_gpus % nodes:
+        raise ValueError(f"{where}: {num_gpus} GPUs do not fill {preset.name} nodes evenly")
+    used = num_gpus // nodes
+    nics = min(preset.nics_per_node or used, used)
+    return with_nodes(replace(preset, gpus_per_node=used, nics_per_node=nics), nodes, where)
+
+
 def build_cluster(entry: Mapping[str, Any]) -> Cluster:
     c = entry["cluster"]
     gpu = _text(c.get("gpu"))
@@ -169,11 +184,7 @@ def build_cluster(entry: Mapping[str, Any]) -> Cluster:
     if "H100" in gpu and "96GB" in gpu:
         return load_cluster(str(BENCH_CLUSTERS / "grand-teton-h100-96g.yaml"), nodes=nodes)
     if "GB200" in gpu or "NVL72" in intra:
-        rack = load_cluster("dgx-gb200-nvl72")
-        n = c["num_gpus"]
-        if n <= rack.gpus_per_node:  # a sub-rack job: one NVLink domain of n GPUs
-            return with_nodes(replace(rack, gpus_per_node=n, nics_per_node=n), 1, entry["id"])
-        return load_cluster("dgx-gb200-nvl72", nodes=math.ceil(n / rack.gpus_per_node))
+        return cluster_for_gpus(load_cluster("dgx-gb200-nvl72"), c["num_gpus"], entry["id"])
     preset = None
     for needle, name in (("B300", "dgx-b300"), ("B200", "dgx-b200"), ("H200", "dgx-h200"),
                          ("H100", "dgx-h100"), ("MI300X", "mi300x")):
@@ -184,12 +195,7 @@ def build_cluster(entry: Mapping[str, Any]) -> Cluster:
         preset = "dgx-a100-80g" if "80" in gpu else "dgx-a100-40g"
     if preset is None:
         raise ValueError(f"no cluster description for GPU {gpu!r}")
-    node = load_cluster(preset)
-    n = c["num_gpus"]
-    if n < node.gpus_per_node:  # part of one node: the run's GPUs on that node's NVLink
-        return with_nodes(replace(node, gpus_per_node=n,
-                                  nics_per_node=min(node.nics_per_node or n, n)), 1, entry["id"])
-    return load_cluster(preset, nodes=nodes)
+    return cluster_for_gpus(load_cluster(preset), c["num_gpus"], entry["id"])
 
 
 def dtype_of(precision: str) -> str | None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions
+from planner.moe import MoeOptions
 from planner.strategy import LayerOption, LayerPlacement, Layout, Recompute
 from planner.cost.model import Evaluation, MemoryBreakdown, evaluate
 from planner.errors import ExitCode, PlannerError, invalid
@@ -170,6 +171,7 @@ def plan_config(doc: dict[str, Any]) -> ParallelConfig:
     """The ParallelConfig of the plan's ``parallelism`` section (not validated here)."""
     p = doc["parallelism"]
     return ParallelConfig(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p["cp"], ep=p["ep"],
+                          etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"],
                           global_batch=p["global_batch"], seq_len=p["seq_len"], sp=p["sp"],
                           zero_stage=p["zero_stage"], micro_batch=p["micro_batch"],
                           virtual_stages=p["virtual_stages"], dtype=p["dtype"])
@@ -188,7 +190,9 @@ def plan_options(doc: dict[str, Any]) -> RuntimeOptions:
     if r["runtime"] not in RUNTIME_STATE_BYTES:
         raise invalid(f"$.runtime.runtime: unknown runtime {r['runtime']!r}; this shardplan "
                       f"knows {', '.join(sorted(RUNTIME_STATE_BYTES))}")
-    return RuntimeOptions(**r)
+    moe = r.get("moe")
+    fields = {k: v for k, v in r.items() if k != "moe"}
+    return RuntimeOptions(**fields, **({"moe": MoeOptions(**moe)} if moe else {}))
 
 
 def evaluate_plan(doc: dict[str, Any], *, model: ModelGraph | None = None,
@@ -245,6 +249,12 @@ def structure_problems(doc: dict[str, Any], model: ModelGraph, cluster: Cluster)
                            ("model.seq_len", inputs["model"]["seq_len"], p["seq_len"])):
         if got != want:
             out.append(Problem("inputs", f"inputs.{key} is {got!r} but parallelism says {want!r}"))
+    if "edp" in p:  # the expert mesh folds the stage's GPUs: etp x ep x edp = tp x cp x dp
+        etp = p.get("etp", tp)
+        if etp * p["ep"] * p["edp"] != tp * cp * dp:
+            out.append(Problem("degrees", f"expert mesh etp x ep x edp = {etp} x {p['ep']} x "
+                                          f"{p['edp']} = {etp * p['ep'] * p['edp']} but a stage "
+                                          f"has tp x cp x dp = {tp * cp * dp} GPUs"))
     expected_schedule = "interleaved-1f1b" if p["virtual_stages"] > 1 else "1f1b"
     if p["schedule"] != expected_schedule:
         out.append(Problem("config", f"schedule {p['schedule']!r} does not match virtual_stages "

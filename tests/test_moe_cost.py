@@ -205,3 +205,41 @@ def test_published_deepseek_v3_layout_is_evaluated():
                          zero_stage=1, dtype="fp8")
     ev = evaluate(ds, h800, cfg, uniform(ds, cfg, Recompute.FULL))
     assert ev.fits and cfg.mesh.expert_dp == 2
+
+
+# -- command line and plan file ----------------------------------------------------------------
+
+def _cli(capsys, *args: str):
+    import json
+
+    from cli.main import main
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return done.value.code, (json.loads(out) if out.strip().startswith("{") else None), err
+
+
+def test_evaluate_takes_ep_and_etp_and_reports_the_expert_mesh(capsys):
+    code, doc, err = _cli(capsys, "evaluate", "-m", "qwen3-30b-a3b", "-c", "dgx-h100", "--nodes", "2",
+                          "--global-batch", "64", "--tp", "2", "--pp", "1", "--ep", "16",
+                          "--etp", "1", "--moe-imbalance", "1.2", "--json")
+    assert code == 0, err
+    p = doc["parallelism"]
+    assert (p["tp"], p["dp"], p["ep"], p["etp"], p["edp"]) == (2, 8, 16, 1, 1)
+    assert doc["runtime"]["moe"]["imbalance"] == 1.2
+    code, _, err = _cli(capsys, "evaluate", "-m", "qwen3-30b-a3b", "-c", "dgx-h100", "--nodes", "2",
+                        "--global-batch", "64", "--tp", "2", "--pp", "1", "--ep", "16",
+                        "--etp", "2")
+    assert code == 2 and "etp x ep" in err
+
+
+def test_plan_writes_the_expert_mesh_and_check_reads_it_back(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code, _, err = _cli(capsys, "plan", "-m", "tiny-moe", "-c", "tiny", "--global-batch", "16",
+                        "--pin", "pp=1", "-o", str(out))
+    assert code == 0, err
+    import json
+    p = json.loads(out.read_text())["parallelism"]
+    assert p["etp"] * p["ep"] * p["edp"] == p["tp"] * p["cp"] * p["dp"]
+    code, _, err = _cli(capsys, "check", str(out))
+    assert code == 0, err

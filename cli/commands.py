@@ -6,7 +6,8 @@ import math
 import click
 
 from cli.main import cli, emit_json
-from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, Recompute, RuntimeOptions, resolve_dp
+from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions, resolve_dp
+from planner.strategy import Recompute
 from planner.strategy import LayerOption, default_placement
 
 

@@ -111,8 +111,9 @@ class Plan:
         for key in _CONFIG_KEYS:
             doc["parallelism"][key] = getattr(self.config, key)
         for key in _RUNTIME_KEYS:
-            if key in doc["runtime"] or getattr(self.runtime, key) != getattr(RuntimeOptions(), key):
-                doc["runtime"][key] = getattr(self.runtime, key)
+            value = getattr(self.runtime, key)
+            if key in doc["runtime"] or value != getattr(RuntimeOptions(), key):
+                doc["runtime"][key] = value
         ordered = sorted(doc["layers"], key=lambda layer: layer["index"])
         for entry, stage, option in zip(ordered, self.placement.stage, self.placement.options):
             entry["stage"] = stage

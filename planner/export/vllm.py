@@ -13,7 +13,6 @@ degree other than tp x dp) gets its own.
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
 from planner.plan_types import Plan
 from planner.export.base import ExportResult, blocks_per_rank

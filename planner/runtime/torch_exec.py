@@ -64,7 +64,8 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel,
                                                parallelize_module)
 
-from planner.config import LayerPlacement, ParallelConfig, RuntimeOptions
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.strategy import LayerPlacement
 from planner.mesh import DIMS, Mesh
 from planner.plan_types import Plan
 from planner.errors import ErrorKind, PlannerError, invalid
@@ -349,7 +350,7 @@ def _run_rank(rank: int, job: dict) -> dict:
     c = job["config"]
     graph = model_from_dict(job["model"])
     layout = Mesh(pp=c["pp"], dp=c["dp"], cp=c["cp"], tp=c["tp"])
-    pp, dp, cp, tp = layout.pp, layout.dp, layout.cp, layout.tp
+    pp, dp, tp = layout.pp, layout.dp, layout.tp
     mesh = init_device_mesh("cpu", layout.shape, mesh_dim_names=MESH_DIMS)
     coords = dict(zip(MESH_DIMS, mesh.get_coordinate()))
     m = c["global_batch"] // (c["micro_batch"] * dp)

@@ -62,17 +62,8 @@ def test_graph_is_real():
     assert GRAPH.has_edge("cli.commands", "planner.solve.search")
 
 
-def pending_cli_registration(cycle: set[str]) -> bool:
-    """cli.main <-> the command modules that register on it: explicit registration (importing
-    cli.main gives the whole command group) is issue 16's, in cli/ (another helper's files);
-    this allowance goes when it lands. It covers only cycles made of cli modules through
-    cli.main."""
-    return "cli.main" in cycle and all(m.startswith("cli.") for m in cycle)
-
-
 def test_no_module_cycles():
     cycles = [sorted(c) for c in nx.strongly_connected_components(GRAPH) if len(c) > 1]
-    cycles = [c for c in cycles if not pending_cli_registration(set(c))]
     assert not cycles, f"import cycles: {cycles}"
 
 

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from planner import cpsat
 from planner.cost.terms import NO_COMM, Affine, LayerTerms
 from planner.solve.costs import StageProblem
 from planner.strategy import NO_OPTION, LayerPlacement, interleaved_rank
@@ -349,7 +350,7 @@ def solve_stages(problem: StageProblem, *, hint: LayerPlacement | None = None,
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = max(max_time_s, 0.01)
     solver.parameters.max_deterministic_time = deterministic_time
-    code = solver.solve(builder.model)
+    code = cpsat.solve(solver, builder.model)  # the process signal policy, not CP-SAT's
     status = _STATUS.get(code, "UNKNOWN")
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return InnerResult(status, builder.placement(solver),

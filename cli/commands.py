@@ -7,8 +7,8 @@ from cli import signals
 from cli.app import emit_json, emit_text
 from cli.moe_options import moe_option, moe_options_from
 from cli.params import FiniteFloat, pin_pairs
-from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, Recompute, RuntimeOptions, resolve_dp
-from planner.strategy import LayerOption, default_placement
+from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions, resolve_dp
+from planner.strategy import LayerOption, Recompute, default_placement
 
 
 def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None):

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 
-from clusters.topology import Link
+from planner.topology import Link
 from planner.cost import comm
 from planner.ir import Mlp
 from planner.moe import MoeOptions

@@ -92,8 +92,12 @@ def export(plan: Plan) -> ExportResult:
         "context_parallel_degree": cp,
         "expert_parallel_degree": ep,
     }
-    if ep > 1:
-        parallelism["expert_tensor_parallel_degree"] = tp  # the plan splits experts over tp too
+    if ep > 1:  # the plan's expert mesh (planner.mesh): etp x ep x edp
+        etp = plan.mesh.expert_tp
+        parallelism["expert_tensor_parallel_degree"] = etp
+        if etp not in (1, tp):
+            warnings.append(f"expert tensor parallelism {etp}: torchtitan takes "
+                            f"expert_tensor_parallel_degree 1 or tp ({tp}) only")
     if tp > 1 and not p["sp"]:
         warnings.append("sequence parallelism: the plan has it off, but TOML-era torchtitan "
                         "always applies it with TP, which stores less activation memory than "

@@ -83,21 +83,26 @@ def check(plan_path, model, cluster, nodes, allow_stale, as_json):
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--strict", is_flag=True,
               help="Exit 1 when the runtime cannot express the plan exactly (any warning).")
-def export(plan_path, fmt, output, force, strict):
+@click.option("--target-version", default=None, metavar="V",
+              help="Runtime version to write for, where its format changed (torchtitan: 0.3 "
+                   "command line, default; 0.2.2 TOML job tables).")
+def export(plan_path, fmt, output, force, strict, target_version):
     """Translate a saved plan into a runtime's configuration; differences go to stderr."""
     from planner.errors import ErrorKind, PlannerError
     from planner.export import export_plan
     from planner.plan_io import load_plan
 
-    result = export_plan(load_plan(plan_path), fmt)
+    result = export_plan(load_plan(plan_path), fmt, target_version)
     from cli.render import console, print_warnings
 
     print_warnings(result.warnings)
+    print_warnings(result.notes, prefix="note")
     if output is not None:
         from planner.plan import write_text
 
         write_text(result.text, output, force=force)
-        console.print(f"{fmt} configuration written to {output}", highlight=False)
+        console.print(f"{fmt} configuration written to {output}", highlight=False,
+                      markup=False)
     else:
         click.echo(result.text, nl=False)
     if strict and result.warnings:

@@ -164,8 +164,14 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None,
 # -- plan files: show, check, export (cli/plan_commands.py) ----------------------------------
 
 def print_warnings(warnings: Iterable[str], prefix: str = "warning") -> None:
+    """Warnings carry runtime and user text (``[float8]``, file names): printed with rich
+    markup off, so brackets print as written."""
+    from rich.text import Text
+
     for warning in warnings:
-        console.print(f"[yellow]{prefix}[/]: {warning}", highlight=False, soft_wrap=True)
+        line = Text(f"{prefix}", style="yellow")
+        line.append(f": {warning}")
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def print_plan_file(doc: dict[str, Any], path: str) -> None:

@@ -5,6 +5,11 @@ Consumes a validated plan document (:func:`planner.plan_io.load_plan`); produces
 plan). One module per runtime; :data:`FORMATS` is the registry the CLI offers.
 
     export_plan(doc, "megatron") -> ExportResult
+    export_plan(doc, "torchtitan", target_version="0.2.2") -> ExportResult
+
+Formats whose file changed between runtime versions take ``target_version`` (default: the
+newest supported); the others have one form and accept only their own version label.
+Every string an exporter writes goes through :mod:`planner.export.quoting`.
 """
 from __future__ import annotations
 
@@ -20,24 +25,36 @@ from planner.export.base import ExportResult
 class Format:
     name: str
     description: str
-    run: Callable[[dict[str, Any]], ExportResult]
+    run: Callable[..., ExportResult]
+    versions: tuple[str, ...] = ()  # supported target versions, newest first; () = one form
+    resolve: Callable[[str | None], str] | None = None  # version label -> supported version
 
 
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("megatron", "Megatron-LM arguments (bash array)", megatron.export),
-    Format("torchtitan", "torchtitan job tables (TOML) + CLI overrides", torchtitan.export),
+    Format("torchtitan", "torchtitan command line (0.3) or job tables (TOML, <= 0.2.2)",
+           torchtitan.export, torchtitan.VERSIONS, torchtitan.resolve_version),
     Format("deepspeed", "DeepSpeed config JSON", deepspeed.export),
     Format("vllm", "vLLM engine arguments (one line)", vllm.export),
     Format("json", "the plan itself, pretty-printed", json.export),
 )}
 
 
-def export_plan(doc: dict[str, Any], fmt: str) -> ExportResult:
-    """Translate a validated plan document into ``fmt`` (a key of :data:`FORMATS`)."""
+def export_plan(doc: dict[str, Any], fmt: str, target_version: str | None = None
+                ) -> ExportResult:
+    """Translate a validated plan document into ``fmt`` (a key of :data:`FORMATS`), for
+    ``target_version`` of the runtime where its format changed between versions."""
     entry = FORMATS.get(fmt)
     if entry is None:
         raise invalid(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
     _refuse_malformed(doc)
+    if entry.resolve is not None:
+        return entry.run(doc, entry.resolve(target_version))
+    if target_version is not None:
+        raise invalid(f"the {fmt} export has one form and takes no --target-version",
+                      "formats with versions: " + ", ".join(
+                          f"{f.name} ({', '.join(f.versions)})" for f in FORMATS.values()
+                          if f.versions))
     return entry.run(doc)
 
 

@@ -92,6 +92,13 @@ def _export_cli(doc: dict[str, Any]) -> ExportResult:
         ("--parallelism.enable_sequence_parallel" if s.sp or s.tp == 1 else
          "--parallelism.no-enable-sequence-parallel",),
         ("--parallelism.pipeline_parallel_degree", s.pp),
+    ]
+    if s.pp > 1:  # the split takes one word per part: the next flag ends it
+        rows += [("--parallelism.pipeline_parallel_schedule", s.schedule),
+                 ("--parallelism.pipeline_parallel_microbatch_size", s.pp_micro_batch),
+                 ("--parallelism.module_fqns_per_model_part",
+                  *(",".join(part) for part in s.parts))]
+    rows += [
         ("--parallelism.context_parallel_degree", s.cp),
         ("--parallelism.expert_parallel_degree", s.ep),
         ("--training.local_batch_size", s.local_batch),
@@ -101,11 +108,6 @@ def _export_cli(doc: dict[str, Any]) -> ExportResult:
     ]
     if s.pp > 1 or s.ep > 1:
         rows.append(("--training.disable_cuda_graphs",))
-    if s.pp > 1:
-        rows += [("--parallelism.pipeline_parallel_schedule", s.schedule),
-                 ("--parallelism.pipeline_parallel_microbatch_size", s.pp_micro_batch),
-                 ("--parallelism.module_fqns_per_model_part",
-                  *(",".join(part) for part in s.parts))]
     if s.ep > 1 and s.tp > 1:
         warnings.append(f"expert tensor parallelism: torchtitan 0.3 has none (its expert mesh "
                         f"is efsdp x ep); the plan splits each expert over tp {s.tp}, "

@@ -225,7 +225,7 @@ def render(rows: list[Row]) -> str:
                 continue
             lines.append(
                 f"| {row.case.model} | {row.gpus:,} | {row.uniform_configs:,} | "
-                f"{row.uniform_s:.1f} | {describe(u)} | {u.config.recompute.value} | "
+                f"{row.uniform_s:.1f} | {describe(u)} | {u.placement.options[-2].recompute.value} | "
                 f"{u.step_time_s:.3f} | {u.mfu:.1%} | {row.best.step_time_s:.3f} | "
                 f"{row.gain:+.2%} |")
     return "\n".join(lines) + "\n"

@@ -7,6 +7,7 @@ import click
 
 from cli.main import cli, emit_json
 from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, Recompute, RuntimeOptions, resolve_dp
+from planner.strategy import LayerOption, default_placement
 
 
 def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None):
@@ -91,9 +92,11 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, m
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, global_batch=global_batch,
         seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
         zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
-        recompute=Recompute(recompute), dtype=dtype)
+        dtype=dtype)
     options = RuntimeOptions(runtime=runtime, attention_kernel=attention_kernel)
-    result = evaluation_dict(run(graph, hw, config, options=options))
+    config.validate(graph, hw)
+    placement = default_placement(graph, config, LayerOption(Recompute(recompute)))
+    result = evaluation_dict(run(graph, hw, config, placement, options=options))
     if as_json:
         emit_json(result)
     else:

@@ -182,25 +182,28 @@ def gpu_from_mapping(data: Any, where: str, path_of: Callable[[str], str]) -> Gp
     return Gpu(**kwargs)
 
 
-def resolve_gpu(data: dict[str, Any], where: str, gpu_presets: Mapping[str, dict[str, Any]]) -> Gpu:
-    """The cluster's ``gpu`` (a preset name or a mapping) with ``gpu_overrides`` applied."""
+def resolve_gpu(data: dict[str, Any], where: str, gpu_presets: Mapping[str, dict[str, Any]],
+                prefix: str = "") -> Gpu:
+    """The cluster's (or pool's, under ``prefix``) ``gpu`` -- a preset name or a mapping --
+    with ``gpu_overrides`` applied."""
     spec = data["gpu"]
     overrides = data.get("gpu_overrides")
+    at = lambda key: _join(prefix, key)  # noqa: E731
     if isinstance(spec, dict):
         if overrides is not None:
-            raise _fail(where, "gpu_overrides", "only applies when 'gpu' names a preset; "
-                                                "put the values in the 'gpu' mapping instead")
-        return gpu_from_mapping(spec, where, lambda key: f"gpu.{key}")
+            raise _fail(where, at("gpu_overrides"), "only applies when 'gpu' names a preset; "
+                                                    "put the values in the 'gpu' mapping instead")
+        return gpu_from_mapping(spec, where, lambda key: at(f"gpu.{key}"))
     if not isinstance(spec, str):
-        raise _fail(where, "gpu", f"expected a GPU preset name or a mapping of GPU fields, got "
-                                  f"{_type_name(spec)} {_show(spec)}")
+        raise _fail(where, at("gpu"), f"expected a GPU preset name or a mapping of GPU fields, "
+                                      f"got {_type_name(spec)} {_show(spec)}")
     preset_name = spec.strip().lower()
     if preset_name not in gpu_presets:
-        raise unknown_preset("GPU", spec, sorted(gpu_presets), where=where, field="gpu")
+        raise unknown_preset("GPU", spec, sorted(gpu_presets), where=where, field=at("gpu"))
     merged = dict(gpu_presets[preset_name])
     if overrides is None:
-        return gpu_from_mapping(merged, where, lambda key: f"gpu({preset_name}).{key}")
-    check_keys(overrides, where, "gpu_overrides", (), GPU_REQUIRED + GPU_OPTIONAL)
+        return gpu_from_mapping(merged, where, lambda key: at(f"gpu({preset_name}).{key}"))
+    check_keys(overrides, where, at("gpu_overrides"), (), GPU_REQUIRED + GPU_OPTIONAL)
     for key, value in overrides.items():
         if key == "peak_tflops" and isinstance(value, dict):
             merged[key] = {**merged[key], **value}  # override single dtypes
@@ -208,7 +211,7 @@ def resolve_gpu(data: dict[str, Any], where: str, gpu_presets: Mapping[str, dict
             merged[key] = value
     return gpu_from_mapping(
         merged, where,
-        lambda key: f"gpu_overrides.{key}" if key in overrides else f"gpu({preset_name}).{key}")
+        lambda key: at(f"gpu_overrides.{key}" if key in overrides else f"gpu({preset_name}).{key}"))
 
 
 def unknown_preset(what: str, name: Any, valid: list[str], **details: Any) -> PlannerError:
@@ -228,59 +231,75 @@ def unknown_preset(what: str, name: Any, valid: list[str], **details: Any) -> Pl
 
 def cluster_from_mapping(data: Any, where: str, gpu_presets: Mapping[str, dict[str, Any]],
                          nodes: int | None = None) -> Cluster:
-    """Build a Cluster from a parsed cluster document; ``nodes`` overrides ``num_nodes``."""
+    """Build a Cluster from a parsed one-pool cluster document; ``nodes`` overrides
+    ``num_nodes``. (Documents with ``pools:`` are read by :mod:`clusters.pools`.)"""
     check_keys(data, where, "", CLUSTER_REQUIRED, CLUSTER_OPTIONAL)
-    version = data["shardplan_cluster"]
-    if isinstance(version, bool) or version != SCHEMA_VERSION:
-        raise _fail(where, "shardplan_cluster", f"unsupported schema version {_show(version)}; "
-                                                f"this shardplan reads version {SCHEMA_VERSION}")
+    check_version(data, where)
     name = text(data["name"], where, "name")
-    gpu = resolve_gpu(data, where, gpu_presets)
-    gpus_per_node = int(number(data["gpus_per_node"], where, "gpus_per_node", minimum=0,
-                               maximum=MAX_GPUS_PER_NODE, integer=True))
-    num_nodes = int(number(data["num_nodes"], where, "num_nodes", minimum=0,
-                           maximum=MAX_NODES, integer=True))
-    nics = int(number(data.get("nics_per_node", 0), where, "nics_per_node", minimum=0,
-                      maximum=MAX_GPUS_PER_NODE, allow_min=True, integer=True))
-    if nics > gpus_per_node:
-        raise _fail(where, "nics_per_node",
-                    f"{nics} NICs for {gpus_per_node} GPUs per node: at most one NIC per GPU is "
-                    f"modelled", "Give one NIC with the combined bandwidth per GPU instead.")
-    su_nodes = int(number(data.get("scalable_unit_nodes", 32), where, "scalable_unit_nodes",
-                          minimum=0, maximum=MAX_NODES, integer=True))
-    oversub = number(data.get("spine_oversubscription", 1.0), where, "spine_oversubscription",
-                     minimum=1, maximum=MAX_OVERSUBSCRIPTION, allow_min=True)
-    spine_latency = number(data.get("spine_latency_us", 0.5), where, "spine_latency_us",
-                           minimum=0, maximum=MAX_LATENCY_US, allow_min=True)
-    topology = data.get("intra_node_topology", "switch")
-    if topology not in INTRA_NODE_TOPOLOGIES:
-        raise _fail(where, "intra_node_topology", f"must be one of "
-                                                  f"{', '.join(INTRA_NODE_TOPOLOGIES)}, got "
-                                                  f"{_show(topology)}")
-    if topology == "full_mesh" and gpus_per_node < 2:
-        raise _fail(where, "intra_node_topology", "full_mesh needs at least 2 GPUs per node")
-    tiers = _tiers(data["tiers"], where)
-    description = text(data.get("description", ""), where, "description", allow_empty=True)
-    source = text(data.get("source", ""), where, "source", allow_empty=True)
-    cluster = Cluster(name=name, gpu=gpu, gpus_per_node=gpus_per_node, num_nodes=num_nodes,
-                      tiers=tiers, nics_per_node=nics, source=source, description=description,
-                      scalable_unit_nodes=su_nodes, spine_oversubscription=oversub,
-                      spine_latency_us=spine_latency, intra_node_topology=topology)
+    cluster = fabric_from_mapping(data, where, gpu_presets, name)
+    num_nodes = cluster.num_nodes
     return with_nodes(cluster, num_nodes if nodes is None else nodes, where,
                       "nodes" if nodes is not None else "num_nodes")
 
 
-def _tiers(value: Any, where: str) -> tuple[NetworkTier, ...]:
+def check_version(data: dict[str, Any], where: str) -> None:
+    version = data["shardplan_cluster"]
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        raise _fail(where, "shardplan_cluster", f"unsupported schema version {_show(version)}; "
+                                                f"this shardplan reads version {SCHEMA_VERSION}")
+
+
+def fabric_from_mapping(data: dict[str, Any], where: str, gpu_presets: Mapping[str, dict[str, Any]],
+                        name: str, prefix: str = "") -> Cluster:
+    """The GPU, node shape, tiers and fabric fields of a cluster document, or of one pool
+    (field paths under ``prefix``, e.g. ``pools[1]``); keys already checked by the caller.
+    ``domain_gpus`` of the tiers is filled in by :func:`with_nodes`."""
+    at = lambda key: _join(prefix, key)  # noqa: E731
+    gpu = resolve_gpu(data, where, gpu_presets, prefix)
+    gpus_per_node = int(number(data["gpus_per_node"], where, at("gpus_per_node"), minimum=0,
+                               maximum=MAX_GPUS_PER_NODE, integer=True))
+    num_nodes = int(number(data["num_nodes"], where, at("num_nodes"), minimum=0,
+                           maximum=MAX_NODES, integer=True))
+    nics = int(number(data.get("nics_per_node", 0), where, at("nics_per_node"), minimum=0,
+                      maximum=MAX_GPUS_PER_NODE, allow_min=True, integer=True))
+    if nics > gpus_per_node:
+        raise _fail(where, at("nics_per_node"),
+                    f"{nics} NICs for {gpus_per_node} GPUs per node: at most one NIC per GPU is "
+                    f"modelled", "Give one NIC with the combined bandwidth per GPU instead.")
+    su_nodes = int(number(data.get("scalable_unit_nodes", 32), where, at("scalable_unit_nodes"),
+                          minimum=0, maximum=MAX_NODES, integer=True))
+    oversub = number(data.get("spine_oversubscription", 1.0), where,
+                     at("spine_oversubscription"), minimum=1, maximum=MAX_OVERSUBSCRIPTION,
+                     allow_min=True)
+    spine_latency = number(data.get("spine_latency_us", 0.5), where, at("spine_latency_us"),
+                           minimum=0, maximum=MAX_LATENCY_US, allow_min=True)
+    topology = data.get("intra_node_topology", "switch")
+    if topology not in INTRA_NODE_TOPOLOGIES:
+        raise _fail(where, at("intra_node_topology"),
+                    f"must be one of {', '.join(INTRA_NODE_TOPOLOGIES)}, got {_show(topology)}")
+    if topology == "full_mesh" and gpus_per_node < 2:
+        raise _fail(where, at("intra_node_topology"), "full_mesh needs at least 2 GPUs per node")
+    tiers = _tiers(data["tiers"], where, prefix)
+    description = text(data.get("description", ""), where, at("description"), allow_empty=True)
+    source = text(data.get("source", ""), where, at("source"), allow_empty=True)
+    return Cluster(name=name, gpu=gpu, gpus_per_node=gpus_per_node, num_nodes=num_nodes,
+                   tiers=tiers, nics_per_node=nics, source=source, description=description,
+                   scalable_unit_nodes=su_nodes, spine_oversubscription=oversub,
+                   spine_latency_us=spine_latency, intra_node_topology=topology)
+
+
+def _tiers(value: Any, where: str, prefix: str = "") -> tuple[NetworkTier, ...]:
+    at = lambda key: _join(prefix, key)  # noqa: E731
     if not isinstance(value, list):
-        raise _fail(where, "tiers", f"expected a list of 1 or 2 tiers (intra-node, then "
-                                    f"inter-node), got {_type_name(value)} {_show(value)}")
+        raise _fail(where, at("tiers"), f"expected a list of 1 or 2 tiers (intra-node, then "
+                                        f"inter-node), got {_type_name(value)} {_show(value)}")
     if not 1 <= len(value) <= 2:
-        raise _fail(where, "tiers", f"expected 1 or 2 tiers (intra-node, then inter-node), got "
-                                    f"{len(value)}",
+        raise _fail(where, at("tiers"), f"expected 1 or 2 tiers (intra-node, then inter-node), "
+                                        f"got {len(value)}",
                     "Describe the spine with scalable_unit_nodes / spine_oversubscription.")
     tiers = []
     for index, item in enumerate(value):
-        path = f"tiers[{index}]"
+        path = at(f"tiers[{index}]")
         check_keys(item, where, path, TIER_REQUIRED, TIER_OPTIONAL)
         tiers.append(NetworkTier(
             name=text(item["name"], where, f"{path}.name"),
@@ -293,7 +312,7 @@ def _tiers(value: Any, where: str) -> tuple[NetworkTier, ...]:
             efficiency=number(item.get("efficiency", 1.0), where, f"{path}.efficiency",
                               minimum=0, maximum=1)))
     if len(tiers) == 2 and tiers[0].name == tiers[1].name:
-        raise _fail(where, "tiers[1].name", f"duplicates tiers[0].name {tiers[0].name!r}")
+        raise _fail(where, at("tiers[1].name"), f"duplicates tiers[0].name {tiers[0].name!r}")
     return tuple(tiers)
 
 

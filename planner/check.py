@@ -24,8 +24,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from planner.config import (RUNTIME_STATE_BYTES, LayerPlacement, ParallelConfig, Recompute,
-                            RuntimeOptions)
+from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions
+from planner.strategy import LayerOption, LayerPlacement, Layout, Recompute
 from planner.cost.model import Evaluation, MemoryBreakdown, evaluate
 from planner.errors import ExitCode, PlannerError, invalid
 from planner.hardware import GIB, Cluster
@@ -169,19 +169,18 @@ def embedded_cluster(doc: dict[str, Any]) -> Cluster:
 def plan_config(doc: dict[str, Any]) -> ParallelConfig:
     """The ParallelConfig of the plan's ``parallelism`` section (not validated here)."""
     p = doc["parallelism"]
-    block_recompute = {layer["recompute"] for layer in doc["layers"] if layer["kind"] == "block"}
-    recompute = Recompute(block_recompute.pop()) if len(block_recompute) == 1 else Recompute.NONE
     return ParallelConfig(tp=p["tp"], pp=p["pp"], dp=p["dp"], cp=p["cp"], ep=p["ep"],
                           global_batch=p["global_batch"], seq_len=p["seq_len"], sp=p["sp"],
                           zero_stage=p["zero_stage"], micro_batch=p["micro_batch"],
-                          virtual_stages=p["virtual_stages"], recompute=recompute,
-                          dtype=p["dtype"])
+                          virtual_stages=p["virtual_stages"], dtype=p["dtype"])
 
 
 def plan_placement(doc: dict[str, Any]) -> LayerPlacement:
     layers = sorted(doc["layers"], key=lambda layer: layer["index"])
     return LayerPlacement(tuple(layer["stage"] for layer in layers),
-                          tuple(Recompute(layer["recompute"]) for layer in layers))
+                          tuple(LayerOption(Recompute(layer["recompute"]),
+                                            Layout(layer.get("layout", "mesh")))
+                                for layer in layers))
 
 
 def plan_options(doc: dict[str, Any]) -> RuntimeOptions:
@@ -359,11 +358,11 @@ def _remedies(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
     blocks = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK]
 
     def with_recompute(targets: list[int], value: Recompute, only_from: tuple[Recompute, ...]):
-        recompute = list(placement.recompute)
+        options = list(placement.options)
         for i in targets:
-            if recompute[i] in only_from:
-                recompute[i] = value
-        return LayerPlacement(placement.stage, tuple(recompute))
+            if options[i].recompute in only_from:
+                options[i] = replace(options[i], recompute=value)
+        return LayerPlacement(placement.stage, tuple(options))
 
     candidates: list[tuple[str, str, ParallelConfig, LayerPlacement]] = []
     for s in over:

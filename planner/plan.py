@@ -66,8 +66,8 @@ def content_hash(value: Any) -> str:
 
 def layers_list(ev: Evaluation) -> list[dict[str, Any]]:
     return [{"index": i, "name": layer.name, "kind": layer.kind.value,
-             "stage": ev.placement.stage[i], "recompute": ev.placement.recompute[i].value,
-             "params": layer.params}
+             "stage": ev.placement.stage[i], "recompute": ev.placement.options[i].recompute.value,
+             "layout": ev.placement.options[i].layout.value, "params": layer.params}
             for i, layer in enumerate(ev.model.layers)]
 
 

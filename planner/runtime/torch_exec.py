@@ -139,17 +139,14 @@ def plan_inputs(doc: dict) -> PlanInputs:
         cluster = cluster_from_dict(doc["inputs"]["cluster"]["ir"], "$.inputs.cluster.ir")
         par = doc["parallelism"]
         layers = doc["layers"]
-        recompute = par.get("recompute", "none")
         config = ParallelConfig(
             tp=par["tp"], pp=par["pp"], dp=par["dp"], cp=par.get("cp", 1), ep=par.get("ep", 1),
             global_batch=par["global_batch"], seq_len=par["seq_len"],
             sp=bool(par.get("sp", False)), zero_stage=par.get("zero_stage", 0),
             micro_batch=par.get("micro_batch", 1), virtual_stages=par.get("virtual_stages", 1),
-            recompute=Recompute(recompute) if recompute in {r.value for r in Recompute}
-            else Recompute.NONE,  # "per-layer": the placement below says
             dtype=par.get("dtype", "bf16"))
-        placement = LayerPlacement(tuple(int(x["stage"]) for x in layers),
-                                   tuple(Recompute(x["recompute"]) for x in layers))
+        placement = LayerPlacement.of((int(x["stage"]) for x in layers),
+                                      (x["recompute"] for x in layers))
     except (KeyError, TypeError, ValueError) as error:
         raise invalid(f"plan document: missing or invalid {error} (inputs.model.ir, "
                       "inputs.cluster.ir, parallelism and layers are needed)",
@@ -899,13 +896,14 @@ def predicted_stored_activations(inputs: PlanInputs, options: RuntimeOptions) ->
     cost model's activations without the transient working set of the layer in backward),
     which is what the saved-tensor measurement sees."""
     from planner.cost.memory import in_flight_micro_batches
-    from planner.cost.model import layer_cost, make_context
+    from planner.cost.context import make_context
+    from planner.cost.terms import layer_terms
 
     c, model, placement = inputs.config, inputs.model, inputs.placement
     ctx = make_context(model, inputs.cluster, c, options)
     out = []
     for stage in range(c.pp):
-        per_micro_batch = sum(layer_cost(ctx, model.layers[i], placement.recompute[i])
+        per_micro_batch = sum(layer_terms(ctx, model.layers[i], placement.options[i])
                               .act_stored_bytes for i in placement.layers_of_stage(stage))
         out.append(in_flight_micro_batches(stage, c.pp, c.num_micro_batches, c.virtual_stages)
                    * per_micro_batch)

@@ -316,16 +316,81 @@ def _worker_torchtitan(cases: list[dict]) -> list[dict]:
     return out
 
 
-WORKERS = {"deepspeed": _worker_deepspeed, "torchtitan": _worker_torchtitan}
+def model_args(doc: dict[str, Any]) -> list[str]:
+    """The model-shape arguments Megatron needs besides the exported parallel ones (the plan
+    does not fix them; the bench takes them from the plan's embedded model)."""
+    ir = doc["inputs"]["model"]["ir"]
+    block = next(x for x in ir["layers"] if x["kind"] == "block")
+    att, mlp = block["attention"], block["mlp"]
+    args = ["--hidden-size", str(ir["hidden"]), "--num-attention-heads", str(att["num_heads"]),
+            "--ffn-hidden-size", str(mlp["ffn_hidden"]),
+            "--max-position-embeddings", str(max(ir["max_seq_len"] or 0,
+                                                 doc["parallelism"]["seq_len"])),
+            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(ir["vocab"]),
+            "--mock-data", "--train-iters", "1", "--lr", "1e-4", "--position-embedding-type",
+            "rope"]
+    if att["num_kv_heads"] != att["num_heads"]:
+        args += ["--group-query-attention", "--num-query-groups", str(att["num_kv_heads"])]
+    if mlp["num_experts"] > 1:
+        args += ["--num-experts", str(mlp["num_experts"]), "--moe-router-topk",
+                 str(mlp["top_k"])]
+    return args
 
 
-def run_worker(runtime: str, cases: list[dict], timeout_s: float = 600) -> list[dict]:
+def _worker_megatron(cases: list[dict]) -> list[dict]:
+    """Megatron-LM's parse_args + validate_args + micro-batch calculator + layer offsets,
+    with WORLD_SIZE/RANK of the plan and the GPU-capability query answering for its GPU."""
+    import contextlib
+    import importlib.metadata
+    import io
+
+    import megatron.training.arguments as arguments
+    from megatron.core.num_microbatches_calculator import (get_num_microbatches,
+                                                           init_num_microbatches_calculator,
+                                                           unset_num_microbatches_calculator)
+
+    out = []
+    for case in cases:
+        os.environ.update(case["env"], WORLD_SIZE=str(case["world"]), RANK="0", LOCAL_RANK="0")
+        arguments.get_device_arch_version = lambda arch=case["arch"]: arch
+        sys.argv = ["pretrain_gpt.py", *case["model_args"], *case["args"]]
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
+                args = arguments.parse_args()
+                arguments.validate_args(args)
+                init_num_microbatches_calculator(0, None, args.global_batch_size,
+                                                 args.micro_batch_size, args.data_parallel_size)
+                micro_batches = get_num_microbatches()
+                unset_num_microbatches_calculator()
+            vpp = args.virtual_pipeline_model_parallel_size or 1
+            out.append({"accepted": True, "derived": {
+                "tp": args.tensor_model_parallel_size, "pp": args.pipeline_model_parallel_size,
+                "cp": args.context_parallel_size, "ep": args.expert_model_parallel_size,
+                "dp": args.data_parallel_size, "micro_batch": args.micro_batch_size,
+                "global_batch": args.global_batch_size, "num_micro_batches": micro_batches,
+                "virtual_stages": vpp, "sp": bool(args.sequence_parallel)}})
+        except BaseException as error:
+            out.append({"accepted": False, "message": f"{type(error).__name__}: {error} "
+                                                      f"{said.getvalue()[-800:]}".strip()})
+        for key in case["env"]:
+            os.environ.pop(key, None)
+    out.append({"version": importlib.metadata.version("megatron-core")})
+    return out
+
+
+WORKERS = {"deepspeed": _worker_deepspeed, "torchtitan": _worker_torchtitan,
+           "megatron": _worker_megatron}
+
+
+def run_worker(runtime: str, cases: list[dict], timeout_s: float = 600,
+               python: str | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "cases.json"
         path.write_text(json.dumps(cases))
         env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get(
             "PYTHONPATH", ""), "DS_BUILD_OPS": "0"}
-        done = subprocess.run([sys.executable, "-m", "bench.export_runtimes", "--worker",
+        done = subprocess.run([python or sys.executable, "-m", "bench.export_runtimes", "--worker",
                                runtime, str(path)], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=timeout_s)
         result = Path(folder) / "result.json"
@@ -356,7 +421,9 @@ REFERENCE_KEYS = {"megatron": ("tp", "pp", "cp", "ep", "dp", "micro_batch", "glo
                                        "layers_per_chunk", "seq_len", "recompute")}
 
 
-def run_cases(plans: dict[str, dict]) -> list[Case]:
+def run_cases(plans: dict[str, dict], megatron_python: str | None = None) -> list[Case]:
+    """The 75 cases; ``megatron_python``: a Python >= 3.12 with megatron-core installed, whose
+    real parser then replaces the Megatron reference."""
     from bench.runtime_reference import Rejected
     from planner.export import export_plan
 
@@ -387,10 +454,29 @@ def run_cases(plans: dict[str, dict]) -> list[Case]:
                 case.mismatches = compare(plans[n], r["derived"], keys,
                                           exports[(n, fmt, version)].warnings)
             cases.append(case)
+    if megatron_python:
+        from planner.export.megatron import parse_args_file
+
+        inputs = [{"args": parse_args_file(exports[(n, "megatron", None)].text),
+                   "env": _env_of(exports[(n, "megatron", None)].text),
+                   "model_args": model_args(plans[n]), "world": plan_facts(plans[n])["world"],
+                   "arch": _arch(plans[n])} for n in plans]
+        results = run_worker("megatron", inputs, python=megatron_python)
+        label = f"megatron-core {results[-1]['version']} (real)"
+        for n, r in zip(plans, results[:-1]):
+            case = Case(n, "megatron", None, parser=label, accepted=r["accepted"],
+                        message=r.get("message", ""))
+            if r["accepted"]:
+                case.mismatches = compare(plans[n], r["derived"], (
+                    "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch",
+                    "num_micro_batches", "virtual_stages", "sp"))
+            cases.append(case)
     refs = {("megatron", None): ("megatron", megatron_reference),
             ("torchtitan", "0.2.2"): ("torchtitan 0.2.2", toml_022_reference),
             ("vllm", None): ("vllm", vllm_reference)}
     for (fmt, version), (key, check) in refs.items():
+        if fmt == "megatron" and megatron_python:
+            continue
         for n, doc in plans.items():
             case = Case(n, fmt, version, parser=f"{key} reference")
             try:
@@ -420,6 +506,9 @@ def corpus() -> dict[str, dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--megatron-python", metavar="PYTHON", default=None,
+                        help="a Python >= 3.12 with megatron-core (and torch) installed: check "
+                             "the Megatron exports with its real parse_args/validate_args")
     parser.add_argument("--worker", nargs=2, metavar=("RUNTIME", "CASES"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -427,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         results = WORKERS[runtime](json.loads(Path(path).read_text()))
         (Path(path).parent / "result.json").write_text(json.dumps(results))
         return 0
-    cases = run_cases(corpus())
+    cases = run_cases(corpus(), megatron_python=args.megatron_python)
     if args.json:
         print(json.dumps([asdict(c) | {"ok": c.ok} for c in cases], indent=2))
     else:

@@ -118,20 +118,22 @@ def toml_value(value: Any, what: str = "value") -> str:
     raise TypeError(f"no TOML form for {type(value).__name__}")
 
 
+def check_strings(item: Any, where: str = "$") -> None:
+    """Refuse (exit 2) any string in a JSON-like value that no file can hold as text."""
+    if isinstance(item, str):
+        _check_text(item, where)
+    elif isinstance(item, dict):
+        for key, sub in item.items():
+            check_strings(key, where)
+            check_strings(sub, f"{where}.{key}")
+    elif isinstance(item, (list, tuple)):
+        for sub in item:
+            check_strings(sub, where)
+
+
 def json_text(value: Any, *, indent: int | None = 2) -> str:
     """JSON text (sorted keys, ASCII only, finite numbers) that ``json.loads`` reads back."""
-    def walk(item: Any, where: str) -> None:
-        if isinstance(item, str):
-            _check_text(item, where)
-        elif isinstance(item, dict):
-            for key, sub in item.items():
-                walk(key, where)
-                walk(sub, f"{where}.{key}")
-        elif isinstance(item, (list, tuple)):
-            for sub in item:
-                walk(sub, where)
-
-    walk(value, "value")
+    check_strings(value)
     try:
         return json.dumps(value, indent=indent, sort_keys=True, allow_nan=False,
                           ensure_ascii=True)

@@ -426,12 +426,13 @@ def run_cases(plans: dict[str, dict], megatron_python: str | None = None) -> lis
     real parser then replaces the Megatron reference."""
     from bench.runtime_reference import Rejected
     from planner.export import export_plan
+    from planner.plan_types import Plan
 
     exports = {}
     for name, doc in plans.items():
         for fmt, version in (("megatron", None), ("torchtitan", "0.2.2"), ("torchtitan", "0.3"),
                              ("deepspeed", None), ("vllm", None)):
-            exports[(name, fmt, version)] = export_plan(doc, fmt, version)
+            exports[(name, fmt, version)] = export_plan(Plan.from_dict(doc), fmt, version)
     cases: list[Case] = []
     real = {"deepspeed": ("deepspeed", None), "torchtitan": ("torchtitan", "0.3")}
     for runtime, (fmt, version) in real.items():

@@ -45,7 +45,8 @@ sys.path.insert(0, str(ROOT))
 from clusters import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
 from models.catalog import is_preset  # noqa: E402
-from planner.config import ParallelConfig, Recompute, RuntimeOptions  # noqa: E402
+from planner.config import ParallelConfig, RuntimeOptions  # noqa: E402
+from planner.strategy import Recompute  # noqa: E402
 from planner.strategy import uniform  # noqa: E402
 from planner.cost.model import evaluate, model_flops_per_step  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from planner.ir import Attention, Layer, LayerKind, Mlp, ModelGraph
+from planner.errors import invalid
+from planner.safe_input import control_character
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,11 @@ def assemble(*, name: str, family: str, embedding: EmbeddingShape,
              max_seq_len: int | None, source: str,
              metadata: Sequence[tuple[str, str]] = ()) -> ModelGraph:
     """Build the ModelGraph: embedding, blocks in order, head."""
+    bad = control_character(name)
+    if bad is not None:  # the name goes into plans, exported shell and TOML files, terminals
+        raise invalid(f"{source}: the model name {name!r} contains the control character {bad}",
+                      "give the model a name without control characters (the 'name' key, or "
+                      "the file name of a config.json)")
     cache: dict[BlockShape, Layer] = {}
     layers = [embedding_layer(embedding)]
     for block_name, shape in blocks:

@@ -15,14 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 
 from planner.errors import invalid
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
 from planner.mesh import Mesh
-from planner.strategy import (LayerOption, LayerPlacement, Recompute,  # noqa: F401 (re-exported)
-                              default_placement, interleaved_rank)
 from planner.workload import TrainingWorkload
 
 

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from planner.errors import PlannerError
 from planner.export import export_plan
+from planner.plan_types import Plan
 from planner.export.quoting import comment, parse_bash_array_file, shell_word, toml_string
 from test_plan_helpers import build_plan
 
@@ -56,9 +57,9 @@ def _with(doc: dict, field: tuple[str, str], value: str) -> dict:
 def _check(base: dict, field: tuple[str, str], value: str) -> None:
     doc = _with(base, field, value)
     for fmt, version in FORMATS:
-        clean = export_plan(base, fmt, version).text
+        clean = export_plan(Plan.from_dict(base), fmt, version).text
         try:
-            text = export_plan(doc, fmt, version).text
+            text = export_plan(Plan.from_dict(doc), fmt, version).text
         except PlannerError as error:  # refused strings must be refused clearly
             assert "\x00" in value or any(0xD800 <= ord(c) <= 0xDFFF for c in value), error
             continue
@@ -88,7 +89,7 @@ def test_random_strings(base, value, field):
 def test_sourcing_runs_nothing(base, tmp_path, fmt, version):
     """Source the file as docs/ci.md tells the training job to: nothing injected runs."""
     name = "x\ntouch PWNED1\n$(touch PWNED2)`touch PWNED3`'; touch PWNED4 #"
-    result = export_plan(_with(base, ("model", "name"), name), fmt, version)
+    result = export_plan(Plan.from_dict(_with(base, ("model", "name"), name)), fmt, version)
     path = tmp_path / "args.sh"
     path.write_text(result.text)
     array = "MEGATRON_PARALLEL_ARGS" if fmt == "megatron" else "TORCHTITAN_ARGS"
@@ -109,4 +110,4 @@ def test_quoting_round_trips(value):
 
 def test_lone_surrogates_are_refused(base):
     with pytest.raises(PlannerError, match="surrogate"):
-        export_plan(_with(base, ("model", "name"), "a\ud800b"), "megatron")
+        export_plan(Plan.from_dict(_with(base, ("model", "name"), "a\ud800b")), "megatron")

@@ -18,6 +18,7 @@ from bench.export_runtimes import Case, compare, megatron_reference, run_cases, 
 from bench.runtime_reference import Rejected
 from export_corpus import CORPUS, EXPORTS, corpus_plan
 from planner.export import export_plan
+from planner.plan_types import Plan
 
 HAVE = {name: importlib.util.find_spec(name) is not None for name in ("deepspeed", "torchtitan")}
 REAL = {"deepspeed": ("deepspeed", None), "torchtitan": ("torchtitan", "0.3")}
@@ -52,7 +53,7 @@ def test_every_case_is_counted(cases):
 
 def _megatron_args(plan: str) -> tuple[dict, str]:
     doc = corpus_plan(plan)
-    return doc, export_plan(doc, "megatron").text
+    return doc, export_plan(Plan.from_dict(doc), "megatron").text
 
 
 def test_megatron_reference_needs_cuda_device_max_connections():
@@ -85,7 +86,7 @@ def test_deepspeed_refuses_the_old_batch_arithmetic():
     """Issue 15: batch over the whole world for tp/pp > 1 is refused by DeepSpeedConfig; the
     export's note (mpu / topology) is what makes it hold."""
     doc = corpus_plan("zero1-tp2-pp2")
-    result = export_plan(doc, "deepspeed")
+    result = export_plan(Plan.from_dict(doc), "deepspeed")
     world = 8
     no_note = {"text": result.text, "notes": [], "world": world}
     with_note = {"text": result.text, "notes": list(result.notes), "world": world}
@@ -99,7 +100,7 @@ def test_torchtitan_refuses_the_old_overrides():
     """Issue 15: `--parallelism.enable_sequence_parallel true` and pp > 1 without
     `--training.disable_cuda_graphs` are refused by torchtitan 0.3's parser."""
     doc = corpus_plan("zero1-tp2-pp2")
-    text = export_plan(doc, "torchtitan").text
+    text = export_plan(Plan.from_dict(doc), "torchtitan").text
     old_bool = text.replace("  --parallelism.enable_sequence_parallel\n",
                             "  --parallelism.enable_sequence_parallel true\n")
     graphs = text.replace("  --training.disable_cuda_graphs\n", "")

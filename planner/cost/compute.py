@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.config import Recompute, RuntimeOptions
+from planner.config import RuntimeOptions
+from planner.strategy import Recompute
 from planner.hardware import Gpu
 from planner.ir import Attention, Layer, LayerKind, Mlp
 
@@ -91,7 +92,7 @@ class LayerCompute:
 
     @property
     def attn_core_s(self) -> float:
-        """Forward plus backward seconds of the attention core (what ring attention hides behind)."""
+        """Forward plus backward seconds of the attention core (ring attention hides behind it)."""
         return self.attn_core_fwd_s + self.attn_core_bwd_s
 
     def recompute_s(self, recompute: Recompute) -> float:

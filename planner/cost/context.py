@@ -3,16 +3,17 @@ options), with the per-GPU :class:`~planner.cost.compute.Shard` and the link eac
 spans.
 
 Consumes a ModelGraph, a Cluster, a ParallelConfig and RuntimeOptions; produces a
-:class:`CostContext` that :mod:`planner.cost.terms` turns into cost terms. Which ranks form a
+:class:`CostContext` that :mod:`planner.cost.terms` turns into cost terms
+(``config_terms(ctx)``, ``layer_terms(ctx, layer, option)``). Which ranks form a
 group (and so which link it spans) is read from :class:`planner.mesh.Mesh`: its strides are the
 one statement of the rank layout.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
-from clusters.topology import Link, group_link
+from planner.topology import Link, group_link
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.compute import Shard
 from planner.hardware import Cluster
@@ -46,13 +47,6 @@ class CostContext:
     def shard_degree(self) -> int:
         """Ranks sharing ZeRO states of dense parameters (Megatron shards over dp x cp)."""
         return self.mesh.shard_degree
-
-    @cached_property
-    def terms(self):
-        """The configuration's :class:`~planner.cost.terms.ConfigTerms` (computed once)."""
-        from planner.cost.terms import config_terms
-
-        return config_terms(self)
 
 
 def make_context(model: ModelGraph, cluster: Cluster, config: ParallelConfig,

@@ -165,6 +165,12 @@ SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "b
 
 
 def config_terms(ctx: CostContext) -> ConfigTerms:
+    """The configuration's terms (computed once per context)."""
+    return _config_terms(ctx)
+
+
+@lru_cache(maxsize=4096)
+def _config_terms(ctx: CostContext) -> ConfigTerms:
     c, mesh, opts = ctx.config, ctx.mesh, ctx.options
     state = opts.state_bytes
     zero = c.zero_stage
@@ -286,7 +292,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     n, n_expert = mesh.shard_degree, mesh.expert_shard_degree
     dense_states = zero_state_bytes(dense, n, zero, state)
     expert_states = zero_state_bytes(expert, n_expert, zero, state)
-    t = ctx.terms
+    t = config_terms(ctx)
     grad_dense, grad_expert = dense * state.grad_reduce_bytes, expert * state.grad_reduce_bytes
     w_dense, w_expert = dense * state.weights, expert * state.weights
     zero_traffic = (t.zero_reduce_dense.slope_s_per_byte * grad_dense

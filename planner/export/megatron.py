@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.plan_types import Plan
 from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
                                  headline, memory_note, recompute_counts)
 from planner.export.quoting import bash_array_file, parse_bash_array_file
@@ -120,7 +121,8 @@ def _recompute(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
                     f"--recompute-num-layers {n}: " + "; ".join(reasons))
 
 
-def export(doc: dict[str, Any]) -> ExportResult:
+def export(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
     p, runtime = doc["parallelism"], doc["runtime"]
     warnings: list[str] = []
     args: list[tuple[str, Any] | tuple[str]] = [
@@ -152,7 +154,7 @@ def export(doc: dict[str, Any]) -> ExportResult:
         warnings.append(
             f"ZeRO-{zero}: Megatron's data parallelism has no ZeRO-{zero}; exported "
             f"--use-distributed-optimizer, which shards only the optimizer states (ZeRO-1)"
-            + memory_note(doc, zero_stage=1) + ". Megatron-FSDP (--use-megatron-fsdp "
+            + memory_note(plan, zero_stage=1) + ". Megatron-FSDP (--use-megatron-fsdp "
             f"--data-parallel-sharding-strategy "
             f"{'optim_grads' if zero == 2 else 'optim_grads_params'}) is the sharded "
             f"alternative; it needs its own checkpoint format and is not emitted")
@@ -179,7 +181,7 @@ def export(doc: dict[str, Any]) -> ExportResult:
     if runtime["runtime"] != "megatron":
         warnings.append(f"runtime: the plan's memory assumed the {runtime['runtime']!r} "
                         f"optimizer-state layout; Megatron's differs"
-                        + memory_note(doc, runtime_runtime="megatron"))
+                        + memory_note(plan, runtime_runtime="megatron"))
     # validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for tp or cp > 1 before Blackwell
     # (megatron/training/arguments.py); it does no harm on newer GPUs
     env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if p["tp"] > 1 or p["cp"] > 1 else ""

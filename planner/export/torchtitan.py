@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 from planner.errors import invalid
+from planner.plan_types import Plan
 from planner.export.base import ExportResult, describe_recompute, headline, memory_note
 from planner.export.quoting import bash_array_file, comment, toml_key, toml_value
 from planner.export.torchtitan_settings import (block_recompute, checkpoint_every,
@@ -36,11 +37,11 @@ ARRAY = "TORCHTITAN_ARGS"
 VERSIONS = ("0.3", "0.2.2")  # newest first: the default is VERSIONS[0]
 
 
-def export(doc: dict[str, Any], version: str | None = None) -> ExportResult:
+def export(plan: Plan, version: str | None = None) -> ExportResult:
     version = resolve_version(version)
     if version == "0.3":
-        return _export_cli(doc)
-    return _export_toml(doc)
+        return _export_cli(plan)
+    return _export_toml(plan)
 
 
 def resolve_version(version: str | None) -> str:
@@ -71,8 +72,9 @@ def _ordinal(n: int) -> str:
     return {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
 
 
-def _export_cli(doc: dict[str, Any]) -> ExportResult:
-    s = settings(doc)
+def _export_cli(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
+    s = settings(plan)
     p = doc["parallelism"]
     warnings, notes = list(s.warnings), []
     rows: list[tuple[Any, ...]] = []
@@ -152,8 +154,9 @@ def _cli_recompute(doc: dict[str, Any], warnings: list[str]) -> str:
     return "full"
 
 
-def _export_toml(doc: dict[str, Any]) -> ExportResult:
-    s = settings(doc)
+def _export_toml(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
+    s = settings(plan)
     p = doc["parallelism"]
     warnings = list(s.warnings)
     parallelism: dict[str, Any] = {
@@ -171,7 +174,7 @@ def _export_toml(doc: dict[str, Any]) -> ExportResult:
     if s.tp > 1 and not s.sp:
         warnings.append("sequence parallelism: the plan has it off, but torchtitan <= 0.2.2 "
                         "always applies it with TP, which stores less activation memory than "
-                        "planned" + memory_note(doc, sp=True) + "; torchtitan 0.3 can turn it "
+                        "planned" + memory_note(plan, sp=True) + "; torchtitan 0.3 can turn it "
                         "off (--target-version 0.3)")
     if s.async_tp:
         warnings.append("enable_async_tensor_parallel needs [compile] enable = true in the job "

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.export.base import chunks, memory_note, recompute_counts
+from planner.plan_types import Plan
 
 MODULE_NAMES = ("tok_embeddings", "layers.{}", "norm", "output")
 
@@ -66,7 +67,8 @@ def model_parts(doc: dict[str, Any]) -> list[list[str]]:
     return parts
 
 
-def settings(doc: dict[str, Any]) -> Settings:
+def settings(plan: Plan) -> Settings:
+    doc = plan.to_dict()
     p, runtime = doc["parallelism"], doc["runtime"]
     warnings: list[str] = []
     tp, pp, dp, cp, ep, v = p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p["virtual_stages"]
@@ -77,7 +79,7 @@ def settings(doc: dict[str, Any]) -> Settings:
     elif zero == 1 and dp * cp > 1:
         warnings.append("ZeRO-1: torchtitan's FSDP2 cannot shard optimizer states alone; "
                         "exported FSDP with fsdp_reshard_after_forward \"never\" (ZeRO-2: "
-                        "gradients sharded too)" + memory_note(doc, zero_stage=2))
+                        "gradients sharded too)" + memory_note(plan, zero_stage=2))
     elif zero == 0 and dp > 1:
         if tp == pp == cp == 1:
             replicate, shard = dp, 1
@@ -85,7 +87,7 @@ def settings(doc: dict[str, Any]) -> Settings:
             warnings.append("ZeRO-0: torchtitan's DDP (data_parallel_replicate_degree) does not "
                             "combine with tensor, pipeline or context parallelism; exported FSDP "
                             "with fsdp_reshard_after_forward \"never\" (ZeRO-2)"
-                            + memory_note(doc, zero_stage=2))
+                            + memory_note(plan, zero_stage=2))
     per_rank = p["global_batch"] // dp
     out = Settings(replicate=replicate, shard=shard, reshard=reshard, tp=tp, sp=bool(p["sp"]),
                    pp=pp, cp=cp, ep=ep,

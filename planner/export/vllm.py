@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.plan_types import Plan
 from planner.export.base import ExportResult, blocks_per_rank
 from planner.export.quoting import shell_word
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
 
 
-def export(doc: dict[str, Any]) -> ExportResult:
+def export(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
     p = doc["parallelism"]
     warnings: list[str] = []
     tp, pp, dp, cp, ep = p["tp"], p["pp"], p["dp"], p["cp"], p["ep"]

@@ -3,7 +3,7 @@ block's :class:`~planner.strategy.LayerOption` (layout and recomputation) with C
 the cost model's step time under each stage's memory limit.
 
 Consumes a :class:`~planner.solve.costs.StageProblem`; produces an :class:`InnerResult` (a
-:class:`~planner.config.LayerPlacement`, objective and bound in seconds, CP-SAT status).
+:class:`~planner.strategy.LayerPlacement`, objective and bound in seconds, CP-SAT status).
 
 Why not one boolean per (layer, stage, option): that model does not scale (96 layers x 16 stages
 x 3 options finds no good solution in a minute). Identical blocks make a stage's decision a few
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
+from planner import cpsat
 from planner.cost.terms import NO_COMM, Affine, LayerTerms
 from planner.solve.costs import StageProblem
 from planner.strategy import NO_OPTION, LayerPlacement, interleaved_rank
@@ -349,7 +350,7 @@ def solve_stages(problem: StageProblem, *, hint: LayerPlacement | None = None,
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = max(max_time_s, 0.01)
     solver.parameters.max_deterministic_time = deterministic_time
-    code = solver.solve(builder.model)
+    code = cpsat.solve(solver, builder.model)  # the process signal policy, not CP-SAT's
     status = _STATUS.get(code, "UNKNOWN")
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return InnerResult(status, builder.placement(solver),

@@ -84,10 +84,10 @@ def test_torchtitan_gets_the_expert_degrees(etp):
     config = ParallelConfig(tp=2, pp=1, dp=8, ep=8 if etp == 1 else 4, etp=etp, sp=True,
                             global_batch=64, seq_len=4096, zero_stage=3)
     plan = moe_plan("qwen3-30b-a3b", "dgx-h100", 2, config)
-    result = export_plan(plan, "torchtitan")
-    text = result.text
-    doc = tomllib.loads(text)
-    par = doc["parallelism"]
+    old = export_plan(plan, "torchtitan", target_version="0.2.2")  # TOML job file
+    par = tomllib.loads(old.text)["parallelism"]
     assert par["expert_parallel_degree"] == config.ep
     assert par["expert_tensor_parallel_degree"] == etp
-    assert not any("expert tensor" in w for w in result.warnings)
+    new = export_plan(plan, "torchtitan")  # 0.3: expert mesh efsdp x ep, no ETP
+    assert f"--parallelism.expert_parallel_degree {config.ep}" in " ".join(new.text.split())
+    assert any("expert tensor parallelism" in w for w in new.warnings) == (etp > 1)

@@ -91,3 +91,21 @@ def test_torchtitan_gets_the_expert_degrees(etp):
     new = export_plan(plan, "torchtitan")  # 0.3: expert mesh efsdp x ep, no ETP
     assert f"--parallelism.expert_parallel_degree {config.ep}" in " ".join(new.text.split())
     assert any("expert tensor parallelism" in w for w in new.warnings) == (etp > 1)
+
+
+def test_megatron_reference_parser_accepts_the_moe_exports():
+    """Megatron-LM's options and validation rules (bench/runtime_reference.py) take them."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.runtime_reference import Rejected, megatron
+
+    plan = moe_plan("deepseek-v3", "hgx-h800", 256, DEEPSEEK,
+                    RuntimeOptions(moe=MoeOptions(dispatcher="deepep")))
+    args = parse_args_file(export_plan(plan, "megatron").text)
+    got = megatron(args, world_size=2048, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"},
+                   device_arch=9)
+    assert (got["pp"], got["ep"], got["dp"], got["zero_stage"]) == (16, 64, 128, 1)
+    with pytest.raises(Rejected):  # the expert mesh must fold into the world
+        megatron(args + ["--expert-tensor-parallel-size", "64"], world_size=2048,
+                 env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, device_arch=9)

@@ -42,7 +42,9 @@ def parallelism_dict(ev: Evaluation) -> dict[str, Any]:
     c = ev.config
     recompute = sorted({r.value for r, layer in zip(ev.placement.recompute, ev.model.layers)
                         if layer.kind.value == "block"})
-    return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "ep": c.ep, "sp": c.sp,
+    mesh = c.mesh
+    return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "ep": c.ep,
+            "etp": mesh.expert_tp, "edp": mesh.expert_dp, "sp": c.sp,
             "zero_stage": c.zero_stage, "micro_batch": c.micro_batch,
             "global_batch": c.global_batch, "seq_len": c.seq_len,
             "num_micro_batches": c.num_micro_batches, "virtual_stages": c.virtual_stages,
@@ -100,7 +102,9 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
                     "micro_batch_overhead_s": o.micro_batch_overhead_s,
                     "elementwise_factor": o.elementwise_factor,
                     "fp8_gemm_factor": o.fp8_gemm_factor,
-                    "fp8_saved_inputs": o.fp8_saved_inputs},
+                    "fp8_saved_inputs": o.fp8_saved_inputs,
+                    "moe": {"imbalance": o.moe.imbalance, "capacity_factor": o.moe.capacity_factor,
+                            "dispatcher": o.moe.dispatcher, "a2a_overlap": o.moe.a2a_overlap}},
         "stages": stages_list(ev),
         "predicted": predicted_dict(ev),
     })

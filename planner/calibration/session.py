@@ -9,7 +9,7 @@ reads. :func:`prediction_intervals` gives the ``predicted.*_interval`` fields of
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.calibration.apply import calibrate
@@ -32,7 +32,8 @@ class Setup:
 
 def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf16",
                   attention_kernel: str = "flash", calibration: str | Path | None = None,
-                  compiled: bool = False) -> Setup:
+                  compiled: bool = False, moe=None) -> Setup:
+    """``moe``: MoE routing / dispatch options (planner.moe.MoeOptions) of the runtime."""
     prof, layout = resolve_runtime(runtime, dtype)
     cal = load(calibration) if calibration is not None else shipped()
     if cal is not None and cal.runtime is not None and cal.runtime != prof.name:
@@ -43,6 +44,8 @@ def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf1
     options = RuntimeOptions(runtime=layout, profile=prof.name, attention_kernel=attention_kernel,
                              overlap_grad_reduce=overlap,
                              overlap_param_gather=prof.param_gather_overlap and overlap)
+    if moe is not None:
+        options = replace(options, moe=moe)
     cluster, options = calibrate(cluster, options, cal.constants if cal else None, compiled)
     return Setup(cluster, options, prof, cal)
 

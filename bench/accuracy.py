@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import math
 import statistics
 import sys
 from dataclasses import dataclass
@@ -34,7 +33,8 @@ from planner.calibration.bands import Band, BandTable, band  # noqa: E402
 from planner.calibration.constants import Constants  # noqa: E402
 from planner.calibration.predict import Prediction, predict  # noqa: E402
 from planner.calibration.regimes import REGIME_TITLES, band_labels  # noqa: E402
-from planner.calibration.runs import CalibrationRun, load_runs  # noqa: E402
+from clusters.calibration_runs import load_runs  # noqa: E402
+from planner.calibration.runs import CalibrationRun  # noqa: E402
 from planner.calibration.store import shipped  # noqa: E402
 from planner.config import RUNTIME_STATE_BYTES  # noqa: E402
 from planner.cost.memory import zero_state_bytes  # noqa: E402

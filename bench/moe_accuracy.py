@@ -114,7 +114,7 @@ def build_cluster(entry: dict):
     except PlannerError as error:
         raise LookupError(f"no cluster preset {preset!r} ({error.kind.value})") from None
     # NVL72 racks: a job on 256 GPUs uses 4 racks of 64 (planner/calibration/runs.py)
-    from planner.calibration.runs import cluster_for_gpus
+    from clusters.calibration_runs import cluster_for_gpus
     return cluster_for_gpus(one, c["num_gpus"], entry["id"])
 
 

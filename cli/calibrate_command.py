@@ -29,7 +29,7 @@ from cli.app import emit_json
 def calibrate(runs_path, output, runtime, max_evaluations, no_leave_one_out, force, as_json):
     """Fit efficiency / overlap constants of one runtime profile to your measured runs."""
     from planner.calibration.store import dump
-    from planner.calibration.user import calibrate_file
+    from clusters.calibration_runs import calibrate_file
     from planner.errors import invalid
 
     out = Path(output)

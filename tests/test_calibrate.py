@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.calibration.constants import Constants  # noqa: E402
 from planner.calibration.predict import predict  # noqa: E402
-from planner.calibration.runs import load_runs  # noqa: E402
+from clusters.calibration_runs import load_runs  # noqa: E402
 from planner.calibration.store import load, parse  # noqa: E402
 from planner.calibration.user import calibrate_runs  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402

@@ -1,7 +1,9 @@
-"""Measured training runs (the calibration-file schema) turned into cost-model inputs.
+"""Measured training runs (the calibration-file schema) as cost-model inputs.
 
-Consumes one parsed calibration file (``published_runs.yaml`` schema: ``entries`` with
-``model``, ``cluster``, ``training``, ``results``); produces :class:`CalibrationRun` records
+Consumes one entry of a calibration file (``published_runs.yaml`` schema: ``entries`` with
+``model``, ``cluster``, ``training``, ``results``) and its built model and cluster
+(:mod:`clusters.calibration_runs` builds those, since planner/ imports no importer); produces
+:class:`CalibrationRun` records
 (model, cluster, configuration, runtime profile, what was measured and in which unit) and the
 list of entries that cannot be evaluated, with the reason. Used by ``bench/accuracy.py``, the
 fit of the shipped defaults (``bench/calibrate_defaults.py``) and ``shardplan calibrate``.
@@ -35,23 +37,16 @@ unpublished field with the runtime's documented default (listed in ``assumptions
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from clusters import load_cluster
-from clusters.schema import with_nodes
-from models.native import build_native
 from planner.calibration.regimes import Regime, regime_of
 from planner.config import ParallelConfig, RuntimeOptions
-from planner.errors import PlannerError
 from planner.hardware import GB, GIB, Cluster
 from planner.ir import ModelGraph
 from planner.profiles import RuntimeProfile, profile_for_framework
 from planner.strategy import Recompute
 
-BENCH_CLUSTERS = Path(__file__).resolve().parents[2] / "bench" / "clusters"
 
 
 @dataclass(frozen=True)
@@ -114,88 +109,6 @@ def seq_len_of(entry: Mapping[str, Any]) -> int:
     if not seq:
         raise ValueError("no sequence length (model.seq_len or training.seq_len)")
     return int(seq)
-
-
-def build_model(entry: Mapping[str, Any], base: Path | None = None) -> ModelGraph:
-    spec = model_spec(entry)
-    if spec is not None:
-        from models import load_model
-        looks_like_path = "/" in spec or spec.endswith((".json", ".yaml", ".yml"))
-        if base is not None and looks_like_path and not Path(spec).is_absolute():
-            spec = str(base / spec)
-        return load_model(spec, seq_len=seq_len_of(entry))
-    m = entry["model"]
-    name = _text(m.get("name"))
-    notes = (_text(m.get("arch_notes")) + " " + _text(entry.get("notes"))).lower()
-    lowered = name.lower()
-    spec: dict[str, Any] = {
-        "shardplan_model": 1, "name": name or entry["id"], "num_layers": m["layers"],
-        "hidden_size": m["hidden"], "num_heads": m["heads"] or m["hidden"] // 128,
-        "ffn_hidden_size": m.get("ffn_hidden") or 4 * m["hidden"], "vocab_size": m["vocab"],
-        "seq_len": m["seq_len"], "max_seq_len": m["seq_len"],
-    }
-    if "llama" in lowered:
-        spec.update(gated_mlp=True, norm="rmsnorm", bias=False, position_embedding="rope",
-                    tied_embeddings=False)
-    elif lowered.startswith("mpt"):
-        spec.update(gated_mlp=False, norm="layernorm", bias=False, position_embedding="none",
-                    tied_embeddings=True)
-    else:
-        position = "learned"
-        if "alibi" in notes:
-            position = "none"
-        if "rotary" in notes or "rope" in notes:
-            position = "rope"
-        spec.update(gated_mlp=False, norm="layernorm", bias=True, position_embedding=position,
-                    tied_embeddings="untied" not in notes)
-    if m.get("kv_heads"):
-        spec["num_kv_heads"] = m["kv_heads"]
-    if m.get("head_dim"):
-        spec["head_dim"] = m["head_dim"]
-    return build_native(spec, where=entry["id"], source=f"calibration:{entry['id']}")
-
-
-def cluster_for_gpus(preset: Cluster, num_gpus: int, where: str = "run") -> Cluster:
-    """``preset`` resized to exactly ``num_gpus``: whole nodes when they divide it; fewer GPUs
-    than a node: one node of ``num_gpus`` (the job's share of one NVLink domain); otherwise the
-    fewest nodes that hold them, equally filled (256 GB200 = 4 NVL72 racks of 64 GPUs)."""
-    per_node = preset.gpus_per_node
-    if num_gpus % per_node == 0:
-        return with_nodes(preset, num_gpus // per_node, where)
-    nodes = math.ceil(num_gpus / per_node)
-    if num_gpus % nodes:
-        raise ValueError(f"{where}: {num_gpus} GPUs do not fill {preset.name} nodes evenly")
-    used = num_gpus // nodes
-    nics = min(preset.nics_per_node or used, used)
-    return with_nodes(replace(preset, gpus_per_node=used, nics_per_node=nics), nodes, where)
-
-
-def build_cluster(entry: Mapping[str, Any]) -> Cluster:
-    c = entry["cluster"]
-    gpu = _text(c.get("gpu"))
-    per_node = c.get("gpus_per_node") or 8
-    nodes = c.get("num_nodes") or max(1, math.ceil(c["num_gpus"] / per_node))
-    inter = _text(c.get("inter_node_interconnect"))
-    intra = _text(c.get("intra_node_interconnect"))
-    if "Omni-Path" in inter:
-        return load_cluster(str(BENCH_CLUSTERS / "jean-zay-a100-80g.yaml"), nodes=nodes)
-    if "ConnectX-6 HCAs" in inter and "40GB" in gpu:
-        return load_cluster(str(BENCH_CLUSTERS / "neox-hgx-a100-40g.yaml"), nodes=nodes)
-    if "H100" in gpu and "96GB" in gpu:
-        return load_cluster(str(BENCH_CLUSTERS / "grand-teton-h100-96g.yaml"), nodes=nodes)
-    if "GB200" in gpu or "NVL72" in intra:
-        return cluster_for_gpus(load_cluster("dgx-gb200-nvl72"), c["num_gpus"], entry["id"])
-    preset = None
-    for needle, name in (("B300", "dgx-b300"), ("B200", "dgx-b200"), ("H200", "dgx-h200"),
-                         ("H100", "dgx-h100"), ("MI300X", "mi300x")):
-        if needle in gpu:
-            preset = name
-            break
-    if preset is None and "A100" in gpu:
-        preset = "dgx-a100-80g" if "80" in gpu else "dgx-a100-40g"
-    if preset is None:
-        raise ValueError(f"no cluster description for GPU {gpu!r}")
-    return cluster_for_gpus(load_cluster(preset), c["num_gpus"], entry["id"])
 
 
 def dtype_of(precision: str) -> str | None:
@@ -306,9 +219,10 @@ def skip_reason(entry: Mapping[str, Any]) -> str | None:
     return None
 
 
-def run_of(entry: Mapping[str, Any], base: Path | None = None) -> CalibrationRun:
+def run_of(entry: Mapping[str, Any], model: ModelGraph, cluster: Cluster) -> CalibrationRun:
+    """The run of ``entry`` on its built ``model`` and ``cluster`` (clusters/calibration_runs.py
+    builds them from the entry)."""
     t = entry["training"]
-    model = build_model(entry, base)
     m = entry["model"] if isinstance(entry["model"], Mapping) and model_spec(entry) is None else {
         "layers": model.num_blocks, "hidden": model.hidden, "heads": None, "ffn_hidden": None,
         "vocab": model.vocab, "seq_len": seq_len_of(entry)}
@@ -348,7 +262,6 @@ def run_of(entry: Mapping[str, Any], base: Path | None = None) -> CalibrationRun
     options = RuntimeOptions(runtime=prof.state_layout_for(dtype), profile=prof.name,
                              attention_kernel="eager" if eager else "flash",
                              overlap_grad_reduce=overlap, overlap_param_gather=overlap)
-    cluster = build_cluster(entry)
     shape = (m["layers"], m["hidden"], m.get("heads"), m.get("ffn_hidden"), m["vocab"],
              m["seq_len"])
     source = _text((entry.get("source") or {}).get("title")) or entry["id"]
@@ -362,20 +275,3 @@ def run_of(entry: Mapping[str, Any], base: Path | None = None) -> CalibrationRun
         compiled="compile" in framework.lower())
 
 
-def load_runs(entries: list[Mapping[str, Any]], base: Path | None = None
-              ) -> tuple[list[CalibrationRun], list[tuple[str, str]]]:
-    """Every evaluable entry as a run, and (id, reason) for the others; ``base`` resolves
-    relative model paths (the runs file's directory)."""
-    runs, skipped = [], []
-    for entry in entries:
-        reason = skip_reason(entry)
-        if reason is None:
-            try:
-                run = run_of(entry, base)
-                run.config.validate(run.model, run.cluster)
-                runs.append(run)
-                continue
-            except (PlannerError, ValueError, KeyError) as exc:
-                reason = f"inconsistent published configuration: {exc}"
-        skipped.append((entry["id"], reason))
-    return runs, skipped

@@ -76,8 +76,9 @@ def parse(data: Any, where: str) -> CalibrationProfile:
 
 
 def load(path: str | Path) -> CalibrationProfile:
-    from clusters.safe_yaml import read_yaml_file
-    return parse(read_yaml_file(Path(path), "calibration profile"), str(path))
+    from planner.safe_input import parse_yaml, read_text
+    text = read_text(Path(path), "calibration profile")
+    return parse(parse_yaml(text, str(path)) if text.strip() else None, str(path))
 
 
 @lru_cache(maxsize=1)

@@ -12,20 +12,16 @@ the others keep their starting values.
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 from planner.calibration.constants import PARAMS, Constants
 from planner.calibration.fit import fit, residual_bands
 from planner.calibration.predict import predict
-from planner.calibration.runs import CalibrationRun, load_runs
-from planner.calibration.store import CalibrationProfile, shipped
+from planner.calibration.runs import CalibrationRun
+from planner.calibration.store import CalibrationProfile
 from planner.errors import invalid
-from planner.profiles import profile
-from planner.safe_input import parse_yaml, read_text
 
 
 @dataclass(frozen=True)
@@ -57,18 +53,6 @@ class CalibrationReport:
     @property
     def median_after(self) -> float:
         return statistics.median(abs(r.error_after) for r in self.runs)
-
-
-def read_runs(path: str | Path) -> tuple[list[Mapping[str, Any]], Path]:
-    path = Path(path)
-    data = parse_yaml(read_text(path, "runs file"), str(path))
-    if not isinstance(data, Mapping) or not isinstance(data.get("entries"), list):
-        raise invalid(f"{path}: expected a mapping with an 'entries' list (the schema of "
-                      "bench/data/published_runs.yaml)")
-    for i, entry in enumerate(data["entries"]):
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("id"), str):
-            raise invalid(f"{path}: entries[{i}]: expected a mapping with a string 'id'")
-    return data["entries"], path.parent
 
 
 def informative(runs: Sequence[CalibrationRun]) -> list[str]:
@@ -117,33 +101,3 @@ def calibrate_runs(runs: Sequence[CalibrationRun], runtime: str, start: Constant
                  abs(r.error_after) for r in reports), 4)})
     return CalibrationReport(prof, tuple(reports), tuple(skipped))
 
-
-def calibrate_file(path: str | Path, runtime: str | None = None, *,
-                   max_evaluations: int = 60, leave_one_out: bool = True,
-                   start: Constants | None = None) -> CalibrationReport:
-    """Fit the runs of ``path`` (those of ``runtime`` when given; else all must share one)."""
-    entries, base = read_runs(path)
-    runs, skipped = load_runs(entries, base)
-    if runtime is not None:
-        name = profile(runtime).name
-        other = [r for r in runs if r.profile.name != name]
-        skipped = list(skipped) + [(r.id, f"runtime {r.profile.name}, not {name}") for r in other]
-        runs = [r for r in runs if r.profile.name == name]
-    else:
-        names = sorted({r.profile.name for r in runs})
-        if len(names) > 1:
-            raise invalid(f"{path}: runs of several runtimes ({', '.join(names)})",
-                          "pass --runtime to calibrate one of them")
-        name = names[0] if names else "megatron"
-    if not runs:
-        raise invalid(f"{path}: no usable run" + (f" of runtime {name}" if runtime else ""),
-                      "; ".join(f"{i}: {why}" for i, why in skipped[:5]) or None)
-    if start is None:
-        base_profile = shipped()
-        start = base_profile.constants if base_profile else Constants()
-    return calibrate_runs(runs, name, start, max_evaluations=max_evaluations,
-                          leave_one_out=leave_one_out, skipped=skipped)
-
-
-def finite(x: float) -> bool:
-    return math.isfinite(x)

@@ -82,6 +82,13 @@ class RuntimeProfile:
     fp8_saved_inputs: bool  # FP8 runs keep the GEMM inputs for backward in FP8 (TE)
     allocator: str  # how its memory is read and cached (see memory model)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    searched_zero_stages: tuple[int, ...] | None = None  # default: all of zero_stages
+
+    @property
+    def search_zero_stages(self) -> tuple[int, ...]:
+        """The stages the search tries unpinned (a pin may choose any of ``zero_stages``)."""
+        return self.searched_zero_stages if self.searched_zero_stages is not None \
+            else self.zero_stages
 
     def allows_zero(self, stage: int) -> bool:
         return stage in self.zero_stages
@@ -107,10 +114,10 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
     "megatron": RuntimeProfile(
         name="megatron", title="Megatron-LM / Megatron-Core / NeMo",
         frameworks=("Megatron-LM", "Megatron-Core", "NeMo", "Megatron-Bridge"),
-        # Megatron-FSDP (ZeRO-2/3, --use-megatron-fsdp) is evaluated but not searched: the
-        # Megatron exporter emits DDP / the distributed optimizer, so a searched plan must be
-        # one of those to run without a fallback.
-        zero_stages=(0, 1),
+        # Megatron-FSDP (ZeRO-2/3, --use-megatron-fsdp) runs when pinned but is not searched:
+        # the Megatron exporter emits DDP / the distributed optimizer, so a searched plan must
+        # be one of those to run without a fallback.
+        zero_stages=(0, 1, 2, 3), searched_zero_stages=(0, 1),
         sharding_names=MappingProxyType({
             0: "DDP (no --use-distributed-optimizer)", 1: "--use-distributed-optimizer",
             2: "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads",

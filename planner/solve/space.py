@@ -173,7 +173,7 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
         pins.check_runtime(runtime)
         tp_default = tp_default if runtime.tp else [1]
         cp_default = cp_default if runtime.cp else [1]
-        zero_default = [z for z in zero_default if runtime.allows_zero(z)]
+        zero_default = [z for z in zero_default if z in runtime.search_zero_stages]
     for tp in _choices(pins.tp, tp_default):
         for cp in _choices(pins.cp, cp_default):
             if n % (tp * cp):

@@ -209,6 +209,9 @@ class RuntimeOptions:
     elementwise_factor: float = 1.0  # element-wise HBM traffic vs fused kernels (eager > 1)
     fp8_gemm_factor: float = 1.0  # FP8 GEMM efficiency relative to 16-bit (of the FP8 peak)
     fp8_saved_inputs: bool = False  # GEMM inputs kept for backward in FP8 (Transformer Engine)
+    # calibrated efficiencies of the GPU's generation (None: the GPU preset's own values)
+    matmul_efficiency: float | None = None
+    attention_efficiency: float | None = None
     moe: MoeOptions = MoeOptions()  # routing and token dispatch of MoE layers (planner/moe.py)
 
     @property

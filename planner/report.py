@@ -103,6 +103,8 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
                     "elementwise_factor": o.elementwise_factor,
                     "fp8_gemm_factor": o.fp8_gemm_factor,
                     "fp8_saved_inputs": o.fp8_saved_inputs,
+                    "matmul_efficiency": o.matmul_efficiency,
+                    "attention_efficiency": o.attention_efficiency,
                     "moe": {"imbalance": o.moe.imbalance, "capacity_factor": o.moe.capacity_factor,
                             "dispatcher": o.moe.dispatcher, "a2a_overlap": o.moe.a2a_overlap}},
         "stages": stages_list(ev),

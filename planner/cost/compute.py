@@ -23,7 +23,7 @@ Model (pure functions, no state):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from planner.config import RuntimeOptions
@@ -298,7 +298,12 @@ def elementwise_bytes(layer: Layer, shard: Shard, options: RuntimeOptions) -> fl
 
 
 def layer_compute(layer: Layer, shard: Shard, gpu: Gpu, options: RuntimeOptions) -> LayerCompute:
-    """Forward and backward seconds of ``layer`` for one micro-batch on one GPU."""
+    """Forward and backward seconds of ``layer`` for one micro-batch on one GPU. Calibrated
+    efficiencies in ``options`` (planner/calibration) replace the GPU preset's."""
+    if options.matmul_efficiency is not None or options.attention_efficiency is not None:
+        gpu = replace(gpu, matmul_efficiency=options.matmul_efficiency or gpu.matmul_efficiency,
+                      attention_efficiency=options.attention_efficiency
+                      or gpu.attention_efficiency)
     return _layer_compute(layer, shard, gpu, options.attention_kernel, options.dropout,
                           options.elementwise_factor, options.fp8_gemm_factor)
 

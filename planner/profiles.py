@@ -195,9 +195,11 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         notes=("flat parameters, fp32 master sharded, bf16 compute (mixed_precision PURE/DEFAULT)",)),
 })
 
-# Old --runtime values named optimizer-state layouts; each maps to the profile that uses it.
+# Old --runtime values named optimizer-state layouts; each keeps its layout and maps to the
+# profile that uses it (torch-fp32, the CPU verification runtime of planner/runtime, and the
+# ZeRO paper's layout keep the default profile's search space, as before).
 LEGACY_LAYOUTS = MappingProxyType({
-    "deepspeed-bf16": "deepspeed", "torch-fp32": "fsdp", "zero-paper": "fsdp",
+    "deepspeed-bf16": "deepspeed", "torch-fp32": "megatron", "zero-paper": "megatron",
 })
 DEFAULT_RUNTIME = "megatron"
 

@@ -20,7 +20,7 @@ def test_profiles_and_legacy_names():
     assert resolve_runtime("deepspeed-bf16") == (PROFILES["deepspeed"], "deepspeed-bf16")
     assert resolve_runtime("deepspeed", "fp16")[1] == "deepspeed"
     assert resolve_runtime("megatron")[1] == "megatron"
-    assert profile("zero-paper").name == "fsdp"
+    assert profile("zero-paper").name == "megatron"  # keeps the default search space
     with pytest.raises(PlannerError, match="unknown runtime"):
         profile("colossalai")
     assert profile_for_framework("Megatron-DeepSpeed").name == "deepspeed"

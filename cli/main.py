@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> None:
     from cli import commands  # noqa: F401  (registers the commands)
     from cli import verify_command  # noqa: F401  (registers `shardplan verify`)
     from cli import plan_commands  # noqa: F401  (schema, show, check, export)
+    from cli import serve_commands
+
+    serve_commands.install(cli)  # plan/evaluate --workload serve
 
     args = list(sys.argv[1:] if argv is None else argv)
     as_json = _wants_json(args)

@@ -37,6 +37,10 @@ def show(plan_path, as_json):
         from planner.plan import dumps
 
         click.echo(dumps(doc), nl=False)
+    elif doc.get("workload") == "serve":
+        from cli.serve_commands import print_serving
+
+        print_serving(doc)
     else:
         from cli.render import print_plan_file
 

@@ -498,7 +498,14 @@ def check_file(path: str | os.PathLike, *, model_spec: str | None = None,
 
     doc = load_plan(path)
     model = cluster = None
-    if model_spec is not None:
+    from planner.serve.plan import is_serve_plan
+
+    serve = is_serve_plan(doc)
+    if model_spec is not None and serve:
+        from models import load_model
+
+        model = load_model(model_spec)
+    elif model_spec is not None:
         from models import load_model
 
         model = load_model(model_spec, seq_len=doc["parallelism"]["seq_len"])
@@ -512,6 +519,12 @@ def check_file(path: str | os.PathLike, *, model_spec: str | None = None,
         cluster = with_nodes(embedded_cluster(doc), nodes, "--nodes")
     cluster_source = cluster_spec if cluster_spec is not None else (
         f"embedded, --nodes {nodes}" if nodes is not None else None)
+    if serve:  # an inference plan (planner/serve/plan.py)
+        from planner.serve.plan import check_serve_plan
+
+        return check_serve_plan(doc, model=model, cluster=cluster, model_source=model_spec,
+                                cluster_source=cluster_source, allow_stale=allow_stale,
+                                plan_path=os.fspath(path))
     return check_plan(doc, model=model, cluster=cluster, model_source=model_spec,
                       cluster_source=cluster_source, allow_stale=allow_stale,
                       plan_path=os.fspath(path))

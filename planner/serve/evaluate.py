@@ -101,11 +101,14 @@ class ServingEvaluation:
 
     def predicted(self) -> dict:
         """The ``predicted`` block of ``evaluate --json`` (names fixed by the CLI contract)."""
+        def finite(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
         return {"output_tokens_per_s_per_gpu": self.output_tokens_per_s_per_gpu,
                 "output_tokens_per_s_per_user": self.output_tokens_per_s_per_user,
                 "output_tokens_per_s": self.output_tokens_per_s,
-                "ttft_ms": self.ttft_s * 1e3, "tpot_ms": self.tpot_s * 1e3,
-                "max_concurrency": self.max_concurrency, "concurrency": self.concurrency,
+                "ttft_ms": finite(self.ttft_s * 1e3), "tpot_ms": finite(self.tpot_s * 1e3),
+                "max_concurrency": self.max_concurrency, "concurrency": finite(self.concurrency),
                 "kv_cache_gib": self.kv_cache_gib, "kv_transfer_ms": self.kv_transfer_s * 1e3,
                 "fits": self.fits, "meets_targets": self.meets_targets(),
                 "num_gpus": self.num_gpus}
@@ -248,8 +251,8 @@ def _not_fitting(model, cluster, workload, config, rt, memory, capacity, problem
                              math.inf, 0.0, 0.0, 0, False, tuple(problems))
 
 
-def kv_transfer_s(model, cluster, workload, prefill: WorkerConfig, decode: WorkerConfig,
-                  prompts: int, prefill_gpus_total: int) -> float:
+def kv_transfer_s(model, cluster, workload, prefill: WorkerConfig, prompts: int,
+                  deployment_gpus: int) -> float:
     """Seconds to move ``prompts`` prompts' KV cache from a prefill worker to a decode worker:
     each prefill GPU sends its share over the link between the pools (NVLink when both pools
     fit in one node, else the network tier, as a two-rank group crossing nodes)."""
@@ -257,8 +260,7 @@ def kv_transfer_s(model, cluster, workload, prefill: WorkerConfig, decode: Worke
 
     per_gpu = kv_bytes_per_token(model, prefill, workload.kv_cache_dtype) * workload.isl * prompts
     gpn = cluster.gpus_per_node
-    total = prefill_gpus_total + decode.gpus
-    if total <= gpn or cluster.num_nodes == 1:
+    if deployment_gpus <= gpn or cluster.num_nodes == 1:
         link = group_link(cluster, 2, 1)
     else:
         link = group_link(cluster, 2, gpn)
@@ -290,7 +292,7 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
                           decode_seqs=0, context=0, prefill_tokens=tokens / chunks,
                           prefill_isl=isl, prefill_requests=k / chunks)
     t_prefill = chunks * it_p.total_s
-    t_kv = kv_transfer_s(model, cluster, workload, P, D, k, P.gpus)
+    t_kv = kv_transfer_s(model, cluster, workload, P, k, config.num_gpus)
     prefill_rate_cap = n_p * k / t_prefill  # requests/s
 
     def decode_at(c_total: float):

@@ -6,7 +6,8 @@ calibration file) turned into serving-planner inputs, by rules that read each en
   as a native Llama-style model from the entry's shapes (layers, hidden, heads, KV heads, head
   dim, FFN, vocab);
 * cluster: the GPU's DGX-style preset (8 GPUs a node, NVLink + InfiniBand), enough nodes for
-  the entry's GPUs; memory and dense peaks (bf16 / fp8 / fp4) as the entry states them;
+  the entry's GPUs; memory (vendor capacity, binary-sized as in ``gpus.yaml``) and dense peaks
+  (bf16 / fp8 / fp4) as the entry states them;
 * precision: the entry's weights precision (``not stated`` = bf16); KV cache fp8 when the
   weights are fp8/fp4 and the entry names no KV dtype (ModelOpt fp8/NVFP4 checkpoints and
   aiconfigurator's fp8 modes quantise the KV cache), else bf16;
@@ -104,7 +105,8 @@ def _cluster(entry: dict) -> Cluster:
                        ("fp8", "peak_dense_tflops_fp8"), ("fp4", "peak_dense_tflops_fp4")):
         if c.get(field):
             peaks[key] = float(c[field])
-    gpu = replace(gpu, name=c["gpu"], memory_gib=float(c["gpu_memory_gb"]) * 1e9 / 2**30
+    # "80 GB" is the HBM capacity, binary-sized like the presets' memory_gib (gpus.yaml)
+    gpu = replace(gpu, name=c["gpu"], memory_gib=float(c["gpu_memory_gb"])
                   if c.get("gpu_memory_gb") else gpu.memory_gib, peak_tflops=peaks)
     return replace(cluster, gpu=gpu)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from planner.errors import invalid
-from planner.export import deepspeed, json, megatron, torchtitan, vllm
+from planner.export import deepspeed, json, megatron, sglang, torchtitan, trtllm, vllm
 from planner.export.base import ExportResult
 
 
@@ -29,6 +29,9 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("deepspeed", "DeepSpeed config JSON", deepspeed.export),
     Format("vllm", "vLLM engine arguments (one line)", vllm.export),
     Format("json", "the plan itself, pretty-printed", json.export),
+    Format("sglang", "SGLang launch_server arguments (serving plans)", sglang.export),
+    Format("trtllm", "trtllm-serve commands + extra_llm_api_options YAML (serving plans)",
+           trtllm.export),
 )}
 
 
@@ -37,7 +40,8 @@ def export_plan(doc: dict[str, Any], fmt: str) -> ExportResult:
     entry = FORMATS.get(fmt)
     if entry is None:
         raise invalid(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
-    _refuse_malformed(doc)
+    if doc.get("workload") != "serve":  # serving plans have no stages to check
+        _refuse_malformed(doc)
     return entry.run(doc)
 
 

@@ -21,6 +21,10 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
 
 
 def export(doc: dict[str, Any]) -> ExportResult:
+    if doc.get("workload") == "serve":  # a serving plan: planner/export/vllm_serve.py
+        from planner.export import vllm_serve
+
+        return vllm_serve.export(doc)
     p = doc["parallelism"]
     warnings: list[str] = []
     tp, pp, dp, cp, ep = p["tp"], p["pp"], p["dp"], p["cp"], p["ep"]

@@ -205,8 +205,13 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
         own = chunks * step(b, min(isl, chunk)).total_s
         marginal = max(step(b, isl).total_s - step(b, 0.0).total_s, 0.0)
         waiting = max(c - b, 0.0)
-        slot_wait = waiting * osl * tpot / b
-        ttft = own + calib.prefill_queue_fraction * max(min(c, b) - 1, 0) * marginal + slot_wait
+        slot_wait = waiting * osl * it.total_s / b
+        # steady state: arrivals at b / (osl x step) per second, each needing `marginal` of
+        # prefill: M/D/1 waiting at that utilisation, plus half an iteration to join the batch
+        rho = min(b / (osl * it.total_s) * marginal, 0.95)
+        steady = it.total_s / 2 + rho / (2 * (1 - rho)) * marginal
+        burst = calib.prefill_queue_fraction * max(min(c, b) - 1, 0) * marginal
+        ttft = own + steady + burst + slot_wait
         return b, ttft, tpot, it
 
     replicas = config.replicas

@@ -162,10 +162,21 @@ def serving_memory(model: ModelGraph, gpu: Gpu, worker: WorkerConfig, dtype: str
                    context: int | None = None, memory_fraction: float | None = None
                    ) -> ServingMemory:
     fraction = rt.memory_fraction if memory_fraction is None else memory_fraction
-    capacity = gpu.memory_gib * GIB * fraction
     weights = weight_bytes_per_gpu(model, worker, dtype)
     act = activation_bytes(model, worker, max_num_tokens, max_batch)
     reserve = (gpu.reserve_gib + rt.cuda_graph_gib) * GIB
-    budget = capacity - weights - act - reserve
+    total = gpu.memory_gib * GIB
+    if rt.kv_rule == "free":  # a share of what weights and buffers leave free
+        capacity = total
+        free = total - weights - act - reserve
+        budget = free * fraction if free > 0 else free
+    elif rt.kv_rule == "static":  # the fraction holds weights + KV; buffers live in the rest
+        capacity = total * fraction
+        budget = capacity - weights
+        if total - capacity < act + reserve:  # the rest must hold the buffers
+            budget -= act + reserve - (total - capacity)
+    else:  # the fraction bounds every allocation of the engine
+        capacity = total * fraction
+        budget = capacity - weights - act - reserve
     return ServingMemory(weights, act, reserve, budget,
                          kv_bytes_per_token(model, worker, kv_dtype, context), capacity)

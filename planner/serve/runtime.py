@@ -34,9 +34,13 @@ CALIBRATED = {
 class ServingRuntime:
     """What one runtime does by default.
 
-    ``memory_fraction``: share of GPU memory the engine may use for weights + KV cache
-    (vLLM ``--gpu-memory-utilization`` 0.9; SGLang ``--mem-fraction-static`` 0.9; TensorRT-LLM
-    gives KV ``free_gpu_memory_fraction`` 0.9 of what is free after weights).
+    ``memory_fraction`` and ``kv_rule``: what the fraction covers.
+    ``"all"``: vLLM ``--gpu-memory-utilization`` (0.9) bounds everything the engine allocates,
+    so KV = fraction x memory - weights - activations - reserve; ``"static"``: SGLang
+    ``--mem-fraction-static`` (0.9) bounds weights + KV pool (activations, CUDA graphs and the
+    CUDA context live in the rest), KV = fraction x memory - weights; ``"free"``: TensorRT-LLM
+    ``kv_cache_config.free_gpu_memory_fraction`` (0.9) is a share of what weights and buffers
+    leave free, KV = fraction x (memory - weights - activations - reserve).
     ``kv_block_tokens``: tokens per paged-KV block (vLLM ``--block-size`` 16, SGLang
     ``--page-size`` 1, TensorRT-LLM ``tokens_per_block`` 32).
     ``cuda_graph_gib``: memory captured CUDA graphs and their pools hold.
@@ -52,13 +56,13 @@ class ServingRuntime:
     reserve_full_sequence: bool
     max_batch: int
     max_num_tokens: int
-    chunked_prefill: bool = True
+    kv_rule: str = "all"
 
 
 RUNTIMES = {
-    "vllm": ServingRuntime("vllm", 0.90, 16, 1.0, False, 1024, 8192),
-    "sglang": ServingRuntime("sglang", 0.90, 1, 1.0, False, 1024, 8192),
-    "trtllm": ServingRuntime("trtllm", 0.90, 32, 1.0, True, 2048, 8192),
+    "vllm": ServingRuntime("vllm", 0.90, 16, 1.0, False, 1024, 8192, "all"),
+    "sglang": ServingRuntime("sglang", 0.90, 1, 1.0, False, 1024, 8192, "static"),
+    "trtllm": ServingRuntime("trtllm", 0.90, 32, 1.0, True, 2048, 8192, "free"),
 }
 DEFAULT_RUNTIME = "vllm"
 

@@ -27,13 +27,14 @@ from inference import METRICS, evaluate_all, summary  # noqa: E402
 from planner.serve.phases import Calibration  # noqa: E402
 from planner.serve.runtime import CALIBRATED  # noqa: E402
 
-# name: (lower, upper) -- physical ranges
+RUNTIMES = ("sglang", "trtllm", "vllm")
+# name: (lower, upper) -- physical ranges; "name.runtime" is one runtime's scheduler constant
 BOUNDS = {
     "decode_hbm_efficiency": (0.55, 0.90),  # STREAM-like kernels reach 80-90 % of HBM peak
     "prefill_efficiency": (0.6, 1.3),  # x the training GEMM/attention efficiency (<= ~90 % peak)
     "step_overhead_s": (0.0, 0.01),  # scheduler + sampling per iteration: 0-10 ms
-    "prefill_queue_fraction": (0.0, 1.0),
-    "prefill_interference": (0.0, 1.0),
+    **{f"prefill_queue_fraction.{r}": (0.0, 1.0) for r in RUNTIMES},
+    **{f"prefill_interference.{r}": (0.0, 1.0) for r in RUNTIMES},
 }
 NAMES = list(BOUNDS)
 MISSING_PENALTY = math.log(10.0)  # an entry predicted not to fit counts as a 10x miss
@@ -43,14 +44,37 @@ MISSING_PENALTY = math.log(10.0)  # an entry predicted not to fit counts as a 10
 # throughput (offline runs) and TPOT; the prefill queueing fraction, which only moves TTFT, on
 # TTFT alone, with the cost constants held.
 STAGES = (
-    (("decode_hbm_efficiency", "prefill_efficiency", "step_overhead_s", "prefill_interference"),
+    (("decode_hbm_efficiency", "prefill_efficiency", "step_overhead_s",
+      *(f"prefill_interference.{r}" for r in RUNTIMES)),
      ("output_tokens_per_s_per_gpu", "tpot_ms")),
-    (("prefill_queue_fraction",), ("ttft_ms",)),
+    (tuple(f"prefill_queue_fraction.{r}" for r in RUNTIMES), ("ttft_ms",)),
 )
 
 
+def nested(flat: dict) -> dict:
+    """{"a.vllm": x} -> {"a": {"vllm": x}} (the shape of CALIBRATED)."""
+    out: dict = {}
+    for key, value in flat.items():
+        if "." in key:
+            name, rt = key.split(".", 1)
+            out.setdefault(name, {})[rt] = value
+        else:
+            out[key] = value
+    return out
+
+
+def flat_calibrated() -> dict:
+    out = {}
+    for key, value in CALIBRATED.items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{rt}": v for rt, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
 def residuals(values: dict, metrics) -> np.ndarray:
-    calib = Calibration.from_mapping(values)
+    calib = Calibration.from_mapping(nested(values))
     out = []
     for row in evaluate_all(calib):
         if row.evaluation is None:
@@ -66,7 +90,7 @@ def residuals(values: dict, metrics) -> np.ndarray:
 
 
 def fit() -> tuple[dict, int]:
-    values = {n: CALIBRATED[n] for n in NAMES}
+    values = {n: flat_calibrated()[n] for n in NAMES}
     evaluations = 0
     for names, metrics in STAGES:
         lo = np.array([BOUNDS[n][0] for n in names])
@@ -86,10 +110,10 @@ def fit() -> tuple[dict, int]:
 def main() -> int:
     start = time.perf_counter()
     values, evaluations = fit()
-    s = summary(evaluate_all(Calibration.from_mapping(values)))
+    s = summary(evaluate_all(Calibration.from_mapping(nested(values))))
     print(f"fitted in {time.perf_counter() - start:.0f} s ({evaluations} evaluations)")
-    for name, value in values.items():
-        print(f"    {name!r}: {value},")
+    for name, value in nested(values).items():
+        print(f"    {name!r}: {value!r},")
     for metric in METRICS:
         m = s[metric]
         print(f"{metric}: median |error| {m['median_abs']:.3f}, max {m['max_abs']:.3f} "

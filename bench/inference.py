@@ -103,19 +103,24 @@ def rank_groups(rows: list[Row]) -> dict[tuple, list[Row]]:
 
 
 def rank_agreement(rows: list[Row]) -> dict:
-    agree, details = 0, []
+    """Groups whose every member the model evaluates: is the predicted best the measured
+    best? (A member predicted not to fit ranks last; groups with a member the runtimes'
+    rules refuse, e.g. tp not dividing the heads, are listed but not scored.)"""
+    agree, scored_groups, details = 0, 0, []
     for key, members in sorted(rank_groups(rows).items()):
         best_measured = max(members, key=lambda r: r.ranked_value())
-        scored = [r for r in members if r.predicted("output_tokens_per_s_per_gpu") is not None]
-        best_predicted = max(scored, key=lambda r: r.predicted("output_tokens_per_s_per_gpu"),
-                             default=None)
+        if any(r.evaluation is None for r in members):
+            details.append((key, len(members), best_measured.case.id, "not scored: " +
+                            next(r.skipped for r in members if r.evaluation is None), None))
+            continue
+        best_predicted = max(members, key=lambda r: (
+            r.predicted("output_tokens_per_s_per_gpu") or 0.0))
         ok = best_predicted is best_measured
         agree += ok
-        details.append((key, len(members), best_measured.case.id,
-                        best_predicted.case.id if best_predicted else "-", ok))
-    n = len(details)
-    return {"groups": n, "agree": agree, "fraction": agree / n if n else None,
-            "details": details}
+        scored_groups += 1
+        details.append((key, len(members), best_measured.case.id, best_predicted.case.id, ok))
+    return {"groups": scored_groups, "agree": agree,
+            "fraction": agree / scored_groups if scored_groups else None, "details": details}
 
 
 def search_times(rows: list[Row]) -> list[tuple[str, float, str]]:
@@ -226,8 +231,9 @@ def rank_table(s: dict) -> str:
     lines = ["| group (model, GPU, framework, version, dtype, isl, osl) | configs | measured "
              "best | predicted best | agree |", "|---|---|---|---|---|"]
     for key, n, measured, predicted, ok in s["rank"]["details"]:
+        verdict = "-" if ok is None else ("yes" if ok else "no")
         lines.append(f"| {', '.join(map(str, key))} | {n} | {measured} | {predicted} | "
-                     f"{'yes' if ok else 'no'} |")
+                     f"{verdict} |")
     return "\n".join(lines)
 
 

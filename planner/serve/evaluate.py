@@ -28,9 +28,12 @@ from dataclasses import dataclass, field
 
 from clusters.topology import group_link
 from planner.cost import comm
-from planner.errors import invalid
+from functools import lru_cache
+
+from planner.errors import PlannerError, invalid
 from planner.hardware import Cluster
-from planner.ir import ModelGraph
+from planner.ir import LayerKind, ModelGraph
+from planner.serve._cache import Ident
 from planner.serve.memory import ServingMemory, serving_memory
 from planner.serve.phases import Calibration, IterationTime, iteration_time
 from planner.serve.runtime import CALIBRATED, DEFAULT_RUNTIME, ServingRuntime, runtime
@@ -117,29 +120,45 @@ class ServingEvaluation:
 def validate_worker(model: ModelGraph, worker: WorkerConfig, what: str = "worker") -> None:
     """Degrees the runtimes accept: tp divides the heads, and the KV heads divide tp or tp
     divides them; ep divides the experts; pp at most the blocks."""
-    blocks = list(model.blocks())
+    error = _worker_error(Ident(model), worker)
+    if error:
+        raise invalid(f"{what}: {error}")
+
+
+@lru_cache(maxsize=65536)
+def _worker_error(model_key, worker: WorkerConfig) -> str | None:
+    try:
+        _validate_worker(model_key.obj, worker)
+    except PlannerError as error:
+        return error.message
+    return None
+
+
+def _validate_worker(model: ModelGraph, worker: WorkerConfig, what: str = "worker") -> None:
+    blocks = [cls.layer for cls in model.layer_classes() if cls.layer.kind is LayerKind.BLOCK]
+    num_blocks = model.num_blocks
     for layer in blocks:
         att = layer.attention
         if att is not None:
             if att.num_heads % worker.tp:
-                raise invalid(f"{what}: tp={worker.tp} does not divide the {att.num_heads} "
+                raise invalid(f"tp={worker.tp} does not divide the {att.num_heads} "
                               f"attention heads")
             kv = att.num_kv_heads
             if not att.is_mla and kv % worker.tp and worker.tp % kv:
-                raise invalid(f"{what}: tp={worker.tp} and the {kv} KV heads: one must divide "
+                raise invalid(f"tp={worker.tp} and the {kv} KV heads: one must divide "
                               f"the other")
         mlp = layer.mlp
         if mlp is not None and mlp.is_moe:
             if mlp.num_experts % worker.ep:
-                raise invalid(f"{what}: ep={worker.ep} does not divide the {mlp.num_experts} "
+                raise invalid(f"ep={worker.ep} does not divide the {mlp.num_experts} "
                               f"experts")
             if mlp.ffn_hidden % worker.moe_tp:
-                raise invalid(f"{what}: expert tensor parallelism {worker.moe_tp} does not "
+                raise invalid(f"expert tensor parallelism {worker.moe_tp} does not "
                               f"divide the expert width {mlp.ffn_hidden}")
     if not model.is_moe and worker.ep > 1:
-        raise invalid(f"{what}: ep={worker.ep} needs a mixture-of-experts model")
-    if worker.pp > len(blocks):
-        raise invalid(f"{what}: pp={worker.pp} is more than the {len(blocks)} blocks")
+        raise invalid(f"ep={worker.ep} needs a mixture-of-experts model")
+    if worker.pp > num_blocks:
+        raise invalid(f"pp={worker.pp} is more than the {num_blocks} blocks")
 
 
 def _pool_memory(model, cluster, workload, worker, rt, config, max_batch):
@@ -199,7 +218,7 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
         b = min(c, max_batch)
         it = step(b, b * isl / osl)
         pure = step(b, 0.0).total_s
-        tpot = pure + calib.prefill_interference * (it.total_s - pure)
+        tpot = pure + calib.interference(rt.name) * (it.total_s - pure)
         chunk = max(config.max_num_tokens - math.ceil(b), 1)
         chunks = math.ceil(isl / chunk)
         own = chunks * step(b, min(isl, chunk)).total_s
@@ -210,7 +229,7 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
         # prefill: M/D/1 waiting at that utilisation, plus half an iteration to join the batch
         rho = min(b / (osl * it.total_s) * marginal, 0.95)
         steady = it.total_s / 2 + rho / (2 * (1 - rho)) * marginal
-        burst = calib.prefill_queue_fraction * max(min(c, b) - 1, 0) * marginal
+        burst = calib.queue_fraction(rt.name) * max(min(c, b) - 1, 0) * marginal
         ttft = own + steady + burst + slot_wait
         return b, ttft, tpot, it
 
@@ -328,7 +347,7 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
         if c is not None:
             rate = min(conc / (ttft + (osl - 1) * tpot), prefill_rate_cap, decode_rate_cap)
         rho = min(rate / prefill_rate_cap, 0.999)
-        burst = calib.prefill_queue_fraction * max(min(conc, n_d * max_batch) / n_p - k, 0) / k
+        burst = calib.queue_fraction(rt.name) * max(min(conc, n_d * max_batch) / n_p - k, 0) / k
         new_ttft = t_prefill * (1 + burst + rho / (2 * (1 - rho))) + t_kv
         if abs(new_ttft - ttft) <= 1e-6 * ttft:
             ttft = new_ttft

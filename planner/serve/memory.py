@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.cost.memory import layer_params_on_gpu
 from planner.hardware import GIB, Gpu
 from planner.ir import Attention, LayerKind, ModelGraph
+from planner.serve._cache import Ident
 from planner.serve.runtime import ServingRuntime
 from planner.serve.workload import KV_BYTES, WEIGHT_BYTES, WorkerConfig
 
@@ -159,11 +161,19 @@ def activation_bytes(model: ModelGraph, worker: WorkerConfig, max_num_tokens: in
 
 def serving_memory(model: ModelGraph, gpu: Gpu, worker: WorkerConfig, dtype: str, kv_dtype: str,
                    rt: ServingRuntime, max_num_tokens: int, max_batch: int,
-                   context: int | None = None, memory_fraction: float | None = None
+                   context: float | None = None, memory_fraction: float | None = None
                    ) -> ServingMemory:
+    return _serving_memory(Ident(model), gpu, worker, dtype, kv_dtype, rt, max_num_tokens,
+                           max_batch, context, memory_fraction)
+
+
+@lru_cache(maxsize=65536)
+def _serving_memory(model_key, gpu, worker, dtype, kv_dtype, rt, max_num_tokens, max_batch,
+                    context, memory_fraction) -> ServingMemory:
+    model = model_key.obj
     fraction = rt.memory_fraction if memory_fraction is None else memory_fraction
-    weights = weight_bytes_per_gpu(model, worker, dtype)
-    act = activation_bytes(model, worker, max_num_tokens, max_batch)
+    weights = _weights(model_key, worker, dtype)
+    act = _activation(model_key, worker, max_num_tokens, max_batch)
     reserve = (gpu.reserve_gib + rt.cuda_graph_gib) * GIB
     total = gpu.memory_gib * GIB
     if rt.kv_rule == "free":  # a share of what weights and buffers leave free
@@ -179,4 +189,19 @@ def serving_memory(model: ModelGraph, gpu: Gpu, worker: WorkerConfig, dtype: str
         capacity = total * fraction
         budget = capacity - weights - act - reserve
     return ServingMemory(weights, act, reserve, budget,
-                         kv_bytes_per_token(model, worker, kv_dtype, context), capacity)
+                         _kv_per_token(model_key, worker, kv_dtype, context), capacity)
+
+
+@lru_cache(maxsize=65536)
+def _weights(model_key, worker, dtype):
+    return weight_bytes_per_gpu(model_key.obj, worker, dtype)
+
+
+@lru_cache(maxsize=65536)
+def _activation(model_key, worker, max_num_tokens, max_batch):
+    return activation_bytes(model_key.obj, worker, max_num_tokens, max_batch)
+
+
+@lru_cache(maxsize=65536)
+def _kv_per_token(model_key, worker, kv_dtype, context):
+    return kv_bytes_per_token(model_key.obj, worker, kv_dtype, context)

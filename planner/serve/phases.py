@@ -46,6 +46,7 @@ from planner.cost.compute import (HBM_EFFICIENCY, KERNEL_LAUNCH_S, Shard, _mlp_g
                                   elementwise_bytes, gemm_time_s, layer_compute)
 from planner.hardware import Cluster, Gpu
 from planner.ir import Attention, Layer, LayerKind, ModelGraph
+from planner.serve._cache import Ident
 from planner.serve.memory import ACT_BYTES, kv_elements_per_token
 from planner.serve.workload import KV_BYTES, WorkerConfig
 
@@ -73,15 +74,36 @@ class IterationTime:
 
 @dataclass(frozen=True)
 class Calibration:
+    """The calibrated constants (planner/serve/runtime.py CALIBRATED): three of the iteration
+    cost, and two of each runtime's scheduler, as ``(runtime, value)`` pairs."""
+
     decode_hbm_efficiency: float
     prefill_efficiency: float
     step_overhead_s: float
-    prefill_queue_fraction: float
-    prefill_interference: float
+    prefill_queue_fraction: tuple[tuple[str, float], ...]
+    prefill_interference: tuple[tuple[str, float], ...]
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, float]) -> "Calibration":
-        return cls(**{k: float(values[k]) for k in cls.__dataclass_fields__})
+    def from_mapping(cls, values: Mapping[str, object]) -> "Calibration":
+        def per_runtime(key: str) -> tuple[tuple[str, float], ...]:
+            value = values[key]
+            if isinstance(value, Mapping):
+                return tuple(sorted((k, float(v)) for k, v in value.items()))
+            return (("*", float(value)),)
+        return cls(float(values["decode_hbm_efficiency"]), float(values["prefill_efficiency"]),
+                   float(values["step_overhead_s"]), per_runtime("prefill_queue_fraction"),
+                   per_runtime("prefill_interference"))
+
+    @staticmethod
+    def _pick(pairs: tuple[tuple[str, float], ...], runtime: str) -> float:
+        table = dict(pairs)
+        return table.get(runtime, table.get("*", 0.0))
+
+    def queue_fraction(self, runtime: str) -> float:
+        return self._pick(self.prefill_queue_fraction, runtime)
+
+    def interference(self, runtime: str) -> float:
+        return self._pick(self.prefill_interference, runtime)
 
 
 @lru_cache(maxsize=256)
@@ -174,14 +196,15 @@ def iteration_time(model: ModelGraph, cluster: Cluster, worker: WorkerConfig, dt
     """One iteration of a worker (all stages): ``decode_seqs`` running sequences at an average
     ``context`` tokens each, plus ``prefill_tokens`` tokens of prompts of ``prefill_isl``
     tokens (``prefill_requests`` of them finish their prompt and sample a first token)."""
-    return _iteration_time(model, cluster, worker, dtype, kv_dtype, calib, float(decode_seqs),
-                           float(context), float(prefill_tokens), float(prefill_isl),
-                           float(prefill_requests))
+    return _iteration_time(Ident(model), Ident(cluster), worker, dtype, kv_dtype, calib,
+                           float(decode_seqs), float(context), float(prefill_tokens),
+                           float(prefill_isl), float(prefill_requests))
 
 
 @lru_cache(maxsize=65536)
-def _iteration_time(model, cluster, worker, dtype, kv_dtype, calib, decode_seqs, context,
+def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, decode_seqs, context,
                     prefill_tokens, prefill_isl, prefill_requests) -> IterationTime:
+    model, cluster = model_key.obj, cluster_key.obj
     gpu = serving_gpu(cluster.gpu, calib.decode_hbm_efficiency, calib.prefill_efficiency)
     hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY  # = raw x decode efficiency
     gemm_dtype = _compute_dtype(dtype, gpu)

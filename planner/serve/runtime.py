@@ -13,20 +13,20 @@ from dataclasses import dataclass
 # Fitted by bench/fit_inference.py (see docs/inference.md); each within its physical range.
 CALIBRATED = {
     # fraction of HBM bandwidth that decode reaches streaming weights and KV cache (paged
-    # attention and small-M GEMMs reach 60-85 % of STREAM bandwidth)
-    "decode_hbm_efficiency": 0.80,
-    # prefill GEMM and attention efficiency relative to the training cost model's (serving
-    # kernels are fused, fp8/fp4 GEMMs reach a lower fraction of their higher peak)
-    "prefill_efficiency": 1.0,
-    # fixed time per engine iteration: scheduler, sampling, host-device sync, CUDA-graph replay
-    "step_overhead_s": 0.002,
-    # fraction of the concurrent requests whose prefill a new request waits for (0: arrivals
-    # spread evenly; 1: fixed-length closed-loop clients stay synchronised in bursts)
-    "prefill_queue_fraction": 0.5,
-    # share of the other requests' prefill work that lands between a request's output tokens
-    # (1: steady state, every iteration carries its average share; 0: prefills are batched
-    # apart from decode, as with synchronised fixed-length clients)
-    "prefill_interference": 1.0,
+    # attention and small-M GEMMs reach 60-90 % of STREAM bandwidth)
+    "decode_hbm_efficiency": 0.90,
+    # prefill GEMM and attention efficiency relative to the training cost model's
+    "prefill_efficiency": 0.914,
+    # fixed time per engine iteration (scheduler, sampling, host sync) beyond the kernels
+    "step_overhead_s": 0.0,
+    # per runtime (its scheduler): fraction of the other concurrent requests whose prefill a
+    # new request waits for (0: arrivals spread evenly; 1: fixed-length closed-loop clients
+    # arrive in synchronised bursts)
+    "prefill_queue_fraction": {"sglang": 0.289, "trtllm": 0.328, "vllm": 0.0711},
+    # per runtime: share of the other requests' prefill work that lands between a request's
+    # output tokens (1: every iteration carries its average share, chunked prefill mixed into
+    # decode; lower: prefills batched apart or deferred)
+    "prefill_interference": {"sglang": 0.851, "trtllm": 0.627, "vllm": 0.272},
 }
 
 

@@ -2,15 +2,19 @@
 targets, or (no targets, no load given) the Pareto frontier of tokens/s per GPU against
 tokens/s per user.
 
-Exhaustive and exact over the discrete space, with two monotonicity facts that make it fast:
+Exhaustive over the discrete space, with two monotonicity facts that make it fast:
 
 * a worker's TTFT and TPOT grow with the number of sequences it runs, and so does its
   throughput per GPU; so for each worker layout the best batch under the targets is the largest
-  feasible one, found by bisection over ``1 .. capacity`` (checked against plain enumeration in
-  ``tests/test_serve_search.py``);
-* disaggregated: a pair of prefill / decode layouts can never beat
-  ``min(decode rate, prefill rate)`` per GPU at the best pool ratio (computed without queueing),
-  so pairs whose bound is below the best found are skipped (branch and bound: exact).
+  feasible one, found by bisection over ``1 .. capacity`` (checked against plain enumeration of
+  every batch in ``tests/test_serve_model.py``: within 1 %, since wave quantization of the GEMM
+  roofline makes throughput non-monotone at the scale of single sequences);
+* disaggregated: dominated layouts are dropped per pool (same GPUs, slower prefill and more KV
+  bytes to send; or fewer completed requests/s at a larger batch); a pair of prefill / decode
+  layouts can never beat the harmonic combination of their per-GPU rates (computed without
+  queueing), so pairs below the best found are skipped (branch and bound); the decode batch is
+  the largest meeting TPOT, and the prefill pool the fewest workers meeting TTFT (TTFT falls as
+  workers are added: bisection).
 
 Space: worker layouts ``tp x pp x attention_dp`` GPUs (``tp`` dividing the heads, KV heads
 dividing or divided by ``tp``; for MoE models every ``ep`` dividing the experts and
@@ -196,12 +200,20 @@ def pareto_frontier(points: list[ServingEvaluation]) -> list[ServingEvaluation]:
 def _disaggregated(model, cluster, workload, rt_name, layouts, n, result, top_k, calibration):
     rt = runtime(rt_name)
     isl, osl = workload.isl, workload.osl
+    # layouts whose weights leave room for KV at all (either pool needs one)
+    from planner.serve.memory import serving_memory
+    fitting = [w for w in layouts if serving_memory(
+        model, cluster.gpu, w, workload.dtype, workload.kv_cache_dtype, rt, rt.max_num_tokens,
+        1).kv_budget_bytes > 0]
+    if not fitting:
+        return
+    smallest = min(fitting, key=lambda w: (w.gpus, w))
     # decode pools: best batch per layout under TPOT (one worker; TTFT is the prefill's)
     decode_options = []
-    for d in layouts:
-        if d.gpus >= n:
+    for d in fitting:
+        p_any = smallest
+        if d.gpus + p_any.gpus > n:
             continue
-        p_any = min(layouts, key=lambda w: w.gpus)
         base = ServingConfig("disaggregated", prefill=p_any, decode=d, prefill_workers=1,
                              decode_workers=1, batch=rt.max_batch,
                              max_num_tokens=rt.max_num_tokens)
@@ -224,10 +236,10 @@ def _disaggregated(model, cluster, workload, rt_name, layouts, n, result, top_k,
         rate = b / (ev.tpot_s * osl)  # requests/s one decode worker completes
         decode_options.append((rate * osl / d.gpus, d, b, rate))
     prefill_options = []
-    for p in layouts:
-        if p.gpus >= n:
+    for p in fitting:
+        if p.gpus + smallest.gpus > n:
             continue
-        base = ServingConfig("disaggregated", prefill=p, decode=p, prefill_workers=1,
+        base = ServingConfig("disaggregated", prefill=p, decode=smallest, prefill_workers=1,
                              decode_workers=1, batch=1, max_num_tokens=rt.max_num_tokens)
         ev = _eval(model, cluster, replace(workload, concurrency=1, ttft_ms=None, tpot_ms=None),
                    base, rt_name, result, calibration)
@@ -236,37 +248,77 @@ def _disaggregated(model, cluster, workload, rt_name, layouts, n, result, top_k,
         t_pf = ev.pools[0].iteration.total_s * math.ceil(isl / rt.max_num_tokens)
         if workload.ttft_ms is not None and t_pf * 1e3 > workload.ttft_ms:
             continue  # even an idle prefill worker misses TTFT
-        prefill_options.append((osl / t_pf / p.gpus, p, 1.0 / t_pf))
+        from planner.serve.memory import kv_bytes_per_token
+        kv = kv_bytes_per_token(model, p, workload.kv_cache_dtype)
+        prefill_options.append((osl / t_pf / p.gpus, p, 1.0 / t_pf, kv))
+    # Dominated layouts out (exact for this model): a prefill layout is beaten by one on as many
+    # GPUs that prefills faster and sends no more KV bytes per GPU; a decode layout by one on as
+    # many GPUs that completes more requests/s with no larger batch (a larger batch means more
+    # requests in flight, hence more prefill queueing).
+    decode_options = _pareto(decode_options, lambda o: (o[1].gpus,), lambda o: (-o[3], o[2]))
+    prefill_options = _pareto(prefill_options, lambda o: (o[1].gpus,), lambda o: (-o[2], o[3]))
+    result.pruned += result.layouts * 2 - len(decode_options) - len(prefill_options)
     decode_options.sort(key=lambda o: (-o[0], o[1]))
     prefill_options.sort(key=lambda o: (-o[0], o[1]))
     candidates: list[ServingEvaluation] = []
     best = -1.0
     for d_rate_gpu, d, b, d_rate in decode_options:
-        for p_rate_gpu, p, p_rate in prefill_options:
+        for p_rate_gpu, p, p_rate, _kv in prefill_options:
             # upper bound at the ideal ratio: harmonic combination of the two per-GPU rates
             bound = 1.0 / (1.0 / d_rate_gpu + 1.0 / p_rate_gpu)
             if bound <= best:
                 result.pruned += 1
                 continue
             for n_d in range(1, (n - p.gpus) // d.gpus + 1):
-                # enough prefill workers for the decode pool's request rate, then one more
+                # at least the prefill workers the decode pool's request rate needs; more only
+                # lower TTFT (and tokens/s per GPU), so the first that meets TTFT is the best
                 need = max(1, math.ceil(n_d * d_rate / p_rate))
-                for n_p in sorted({need, need + 1}):
-                    if n_p * p.gpus + n_d * d.gpus > n:
-                        continue
-                    cfg = ServingConfig("disaggregated", prefill=p, decode=d, prefill_workers=n_p,
-                                        decode_workers=n_d, batch=b,
-                                        max_num_tokens=rt.max_num_tokens)
-                    conc = workload.concurrency if workload.concurrency is not None else b * n_d
-                    ev = _eval(model, cluster, replace(workload, concurrency=conc)
-                               if workload.request_rate_per_s is None else workload, cfg, rt_name,
-                               result, calibration)
-                    if ev.meets_targets():
-                        candidates.append(ev)
-                        best = max(best, ev.output_tokens_per_s_per_gpu)
+                top = (n - n_d * d.gpus) // p.gpus
+                if top < need:
+                    continue
+                conc = workload.concurrency if workload.concurrency is not None else b * n_d
+                wl = replace(workload, concurrency=conc) \
+                    if workload.request_rate_per_s is None else workload
+                evals: dict[int, ServingEvaluation] = {}
+
+                def at(n_p: int, p=p, d=d, n_d=n_d, b=b, wl=wl, evals=evals):
+                    if n_p not in evals:
+                        cfg = ServingConfig("disaggregated", prefill=p, decode=d,
+                                            prefill_workers=n_p, decode_workers=n_d, batch=b,
+                                            max_num_tokens=rt.max_num_tokens)
+                        evals[n_p] = _eval(model, cluster, wl, cfg, rt_name, result, calibration)
+                    return evals[n_p]
+
+                # TTFT falls as prefill workers are added: bisect for the fewest meeting it
+                if not at(top).meets_targets():
+                    continue
+                lo, hi = need, top
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if at(mid).meets_targets():
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                ev = at(lo)
+                candidates.append(ev)
+                best = max(best, ev.output_tokens_per_s_per_gpu)
     _finish(result, candidates, top_k, False)
     if result.best is None and not candidates:
         return
+
+
+def _pareto(options: list, group, score) -> list:
+    """Options not dominated within their group: ``score`` tuples, lower is better in every
+    component."""
+    out = []
+    for o in options:
+        so = score(o)
+        dominated = any(group(q) == group(o) and q is not o and
+                        all(a <= b for a, b in zip(score(q), so)) and score(q) != so
+                        for q in options)
+        if not dominated:
+            out.append(o)
+    return out
 
 
 def no_plan_error(workload: ServingWorkload) -> PlannerError:

@@ -16,17 +16,9 @@ WORKLOADS = ("train", "serve")
 
 
 def _emit_json(document) -> None:
-    try:
-        from cli.app import emit_json
-    except ImportError:  # older layout: the group lives in cli.main
-        from cli.main import emit_json
+    from cli.app import emit_json
+
     emit_json(document)
-
-
-def _console():
-    from cli.render import console
-
-    return console
 
 
 def _common(f):
@@ -170,8 +162,8 @@ def _worker(tp, pp, ep, attention_dp):
 @_common
 @click.option("--top-k", type=click.IntRange(min=0, max=50), default=3, show_default=True,
               help="Also report this many runners-up.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Write the plan file here.")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Write the plan file here (- for standard output).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--timings", is_flag=True,
               help="Record the search's wall-clock time in the plan.")
@@ -183,40 +175,49 @@ def serve_plan(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_
     from planner.serve.plan import make_serve_plan
     from planner.serve.search import no_plan_error, search_serving
 
+    from cli import signals
+    from cli.app import emit_text
+    from planner.plan import dumps, write_plan
+    from planner.writer import check_target
+
+    to_stdout = as_json or output == "-"
+    if output == "-":
+        output = None
+    if output is not None:
+        check_target(output, force=force)  # refused now, not after the search
     graph, hw, wl = _inputs(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms,
                             tpot_ms, mode, dtype, kv_dtype)
     result = search_serving(graph, hw, wl, runtime_name, top_k=top_k)
     if result.best is None:
         raise no_plan_error(wl)
     solver = result.record()
-    if not timings:
+    if not timings:  # same inputs, same bytes
         del solver["solve_time_s"]
     doc = make_serve_plan(result.best, model_spec=model, cluster_spec=cluster, nodes=nodes,
                           solver=solver, alternatives=result.alternatives,
                           frontier=result.frontier)
     if output is not None:
-        from planner.plan import write_plan
-
-        write_plan(doc, output, force=force)
-    if as_json:
-        from planner.plan import dumps
-
-        click.echo(dumps(doc), nl=False)
-    else:
+        write_plan(doc, output, force=force, critical=signals.deferred,
+                   on_commit=signals.finish)
+    if to_stdout:
+        emit_text(dumps(doc))
+    if not as_json:
         print_serving(doc, written_to=output, solve_time_s=result.solve_time_s)
 
 
 def print_serving(doc: dict, written_to: str | None = None,
                   solve_time_s: float | None = None) -> None:
-    """Tables for people (stderr): deployment, pools, predicted numbers, frontier."""
+    """Tables for people (stderr): workers, predicted numbers, frontier."""
     from rich.table import Table
 
-    console = _console()
+    from cli.console import console, line
+
     inf, p = doc["inference"], doc["predicted"]
     w = inf["workload"]
-    console.print(f"[bold]{doc['model']['name']}[/] on {doc['cluster']['name']} "
-                  f"({doc['cluster']['gpu']}), {inf['runtime']}, {w['mode']}, isl {w['isl']} / "
-                  f"osl {w['osl']}, {w['dtype']} weights, {w['kv_dtype']} KV", highlight=False)
+    console.print(line((doc["model"]["name"], "bold"), f" on {doc['cluster']['name']} "
+                       f"({doc['cluster']['gpu']}), {inf['runtime']}, {w['mode']}, isl "
+                       f"{w['isl']} / osl {w['osl']}, {w['dtype']} weights, {w['kv_dtype']} KV"),
+                  soft_wrap=True)
     table = Table(title="Workers")
     for column in ("role", "workers", "tp", "pp", "ep", "attn dp", "GPUs", "batch",
                    "max batch", "weights GiB", "KV GiB", "step ms"):
@@ -228,29 +229,32 @@ def print_serving(doc: dict, written_to: str | None = None,
                       str(pool["batch"]), str(pool["max_batch"]), f"{mem['weights_gib']:.1f}",
                       f"{mem['kv_cache_gib']:.1f}", f"{pool['iteration']['total_s'] * 1e3:.2f}")
     console.print(table)
-    verdict = "[green]fits[/]" if p["fits"] else "[red]does not fit[/]"
-    console.print(f"{verdict}: {p['output_tokens_per_s_per_gpu']:.1f} output tok/s/GPU, "
-                  f"{p['output_tokens_per_s_per_user']:.1f} tok/s/user, TTFT "
-                  f"{p['ttft_ms']:.1f} ms, TPOT {p['tpot_ms']:.2f} ms, max concurrency "
-                  f"{p['max_concurrency']}, KV cache {p['kv_cache_gib']:.1f} GiB/GPU",
-                  highlight=False)
+    verdict = ("fits", "green") if p["fits"] else ("does not fit", "red")
+    ttft = "-" if p["ttft_ms"] is None else f"{p['ttft_ms']:.1f}"
+    tpot = "-" if p["tpot_ms"] is None else f"{p['tpot_ms']:.2f}"
+    console.print(line(verdict, f": {p['output_tokens_per_s_per_gpu']:.1f} output tok/s/GPU, "
+                       f"{p['output_tokens_per_s_per_user']:.1f} tok/s/user, TTFT {ttft} ms, "
+                       f"TPOT {tpot} ms, max concurrency {p['max_concurrency']}, KV cache "
+                       f"{p['kv_cache_gib']:.1f} GiB/GPU"), soft_wrap=True)
     for problem in inf.get("problems") or []:
-        console.print(f"[red]problem[/]: {problem}", highlight=False)
+        console.print(line(("problem", "red"), ": ", problem), soft_wrap=True)
     frontier = inf.get("frontier") or []
     if frontier:
         t = Table(title="Pareto frontier (tok/s/GPU vs tok/s/user)")
-        for column in ("deployment", "batch", "tok/s/user", "tok/s/GPU", "TTFT ms", "TPOT ms"):
+        for column in ("deployment", "concurrency", "tok/s/user", "tok/s/GPU", "TTFT ms",
+                       "TPOT ms"):
             t.add_column(column, justify="right")
         for point in frontier:
             d, q = point["deployment"], point["predicted"]
-            t.add_row(_label(d), str(d["batch"]), f"{q['output_tokens_per_s_per_user']:.1f}",
+            t.add_row(_label(d), f"{q['concurrency']:g}",
+                      f"{q['output_tokens_per_s_per_user']:.1f}",
                       f"{q['output_tokens_per_s_per_gpu']:.1f}", f"{q['ttft_ms']:.1f}",
                       f"{q['tpot_ms']:.2f}")
         console.print(t)
     if solve_time_s is not None:
-        console.print(f"searched in {solve_time_s:.2f} s", highlight=False)
+        console.print(line(f"searched in {solve_time_s:.2f} s"))
     if written_to:
-        console.print(f"plan written to {written_to}", highlight=False)
+        console.print(line("plan written to ", written_to), soft_wrap=True)
 
 
 def _label(d: dict) -> str:

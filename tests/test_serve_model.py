@@ -190,14 +190,6 @@ def test_llama70b_8xh100_target_search_is_fast(llama70, h100):
     assert best.ttft_s <= 0.5 and best.tpot_s <= 0.030
 
 
-def _run(args):
-    from click.testing import CliRunner
-    from cli.main import main
-    runner = CliRunner()
-    return runner.invoke(lambda: main(args), [], catch_exceptions=False) if False else \
-        _invoke(args)
-
-
 def _invoke(args):
     import subprocess
     import sys

@@ -12,10 +12,10 @@ With ``--enable-dp-attention`` SGLang's ``--tp-size`` counts all ranks of the wo
 """
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from planner.export.base import ExportResult
+from planner.export.quoting import comment, shell_word
 from planner.export.serving import header, model_warning, worker_specs
 
 QUANTIZATION = {"fp8": "fp8", "fp4": "modelopt_fp4"}
@@ -47,5 +47,13 @@ def export(doc: dict[str, Any]) -> ExportResult:
     total = sum(s.count * s.gpus for s in specs)
     lines = []
     for spec in specs:
-        lines += [header(spec, total), " ".join(shlex.quote(a) for a in worker_args(spec))]
+        words = " ".join(shell_word(a) for a in worker_args(spec))
+        lines += [comment(header(spec, total)), words]
     return ExportResult("sglang", "\n".join(lines) + "\n", (model_warning(specs[0]),), ".sh")
+
+
+def export_training(plan) -> ExportResult:
+    """A training plan has no serving deployment to export."""
+    from planner.export.serving import refuse_training
+
+    refuse_training("sglang")

@@ -13,12 +13,12 @@ stream: per worker a mapping with its ``command`` (the shell line, shlex-quoted)
 """
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 import yaml
 
 from planner.export.base import ExportResult
+from planner.export.quoting import shell_word
 from planner.export.serving import model_warning, worker_specs
 
 KV = {"bf16": "auto", "fp8": "fp8"}
@@ -57,7 +57,14 @@ def export(doc: dict[str, Any]) -> ExportResult:
                             f"precision from the checkpoint; serve a ModelOpt {spec.dtype.upper()} "
                             f"checkpoint of {spec.model}")
         workers.append({"role": spec.role, "count": spec.count, "gpus_per_worker": spec.gpus,
-                        "command": " ".join(shlex.quote(a) for a in command(spec, name)),
+                        "command": " ".join(shell_word(a) for a in command(spec, name)),
                         "options_file": name, "extra_llm_api_options": options(spec)})
     text = yaml.safe_dump({"trtllm_workers": workers}, sort_keys=True)
     return ExportResult("trtllm", text, tuple(warnings), ".yaml")
+
+
+def export_training(plan) -> ExportResult:
+    """A training plan has no serving deployment to export."""
+    from planner.export.serving import refuse_training
+
+    refuse_training("trtllm")

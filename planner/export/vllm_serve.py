@@ -15,10 +15,10 @@ servers (one line per worker, repeated ``count`` times behind a load balancer).
 from __future__ import annotations
 
 import json
-import shlex
 from typing import Any
 
 from planner.export.base import ExportResult
+from planner.export.quoting import comment, shell_word
 from planner.export.serving import header, model_warning, worker_specs
 
 QUANTIZATION = {"fp8": "fp8", "fp4": "modelopt_fp4"}
@@ -61,5 +61,5 @@ def export(doc: dict[str, Any]) -> ExportResult:
             warnings.append(f"expert parallelism: vLLM's --enable-expert-parallel spreads the "
                             f"experts over tp x dp = {spec.tp * spec.attention_dp} GPUs; the "
                             f"plan's ep is {spec.ep}")
-        lines += [header(spec, total), " ".join(shlex.quote(a) for a in args)]
+        lines += [comment(header(spec, total)), " ".join(shell_word(a) for a in args)]
     return ExportResult("vllm", "\n".join(lines) + "\n", tuple(warnings), ".sh")

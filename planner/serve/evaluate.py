@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from clusters.topology import group_link
+from planner.topology import group_link
 from planner.cost import comm
 from functools import lru_cache
 

@@ -11,7 +11,7 @@ Reuses the training cost model's leaf terms, never a copy of them:
   quarter the bytes.
 * Collectives: :mod:`planner.cost.comm` (alpha-beta ring/tree all-reduce for TP, all-to-all for
   expert parallelism with data-parallel attention, point-to-point between pipeline stages) over
-  the links :func:`clusters.topology.group_link` derives from the cluster's topology.
+  the links :func:`planner.topology.group_link` derives from the cluster's topology.
 
 Serving-specific terms written here:
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Mapping
 
-from clusters.topology import group_link
+from planner.topology import group_link
 from planner.config import RuntimeOptions
 from planner.cost import comm
 from planner.cost.compute import (HBM_EFFICIENCY, KERNEL_LAUNCH_S, Shard, _mlp_gemms,

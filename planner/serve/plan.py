@@ -140,12 +140,14 @@ def check_serve_plan(doc: dict, *, model: ModelGraph | None = None,
                      cluster: Cluster | None = None, model_source: str | None = None,
                      cluster_source: str | None = None, allow_stale: bool = False,
                      plan_path: str | None = None) -> ServeCheckReport:
-    from planner.check import embedded_cluster, embedded_model
     from planner.plan import content_hash
+    from planner.serialize import cluster_from_dict, model_from_dict
 
     embedded = {"model": model is None, "cluster": cluster is None}
-    model = model if model is not None else embedded_model(doc)
-    cluster = cluster if cluster is not None else embedded_cluster(doc)
+    model = model if model is not None else model_from_dict(doc["inputs"]["model"]["ir"],
+                                                            "$.inputs.model.ir")
+    cluster = cluster if cluster is not None else cluster_from_dict(
+        doc["inputs"]["cluster"]["ir"], "$.inputs.cluster.ir")
     problems: list[dict] = []
     inputs = {}
     for role, value, source in (("model", model, model_source),
@@ -193,3 +195,41 @@ def check_serve_plan(doc: dict, *, model: ModelGraph | None = None,
                                  f"the plan's targets"})
     capacity = cluster.gpu.memory_gib
     return ServeCheckReport(plan_path, inputs, tuple(problems), peak, capacity, evaluation)
+
+
+def load_any_plan(path):
+    """A plan file: a serving plan as its (validated) document, a training plan as a
+    :class:`~planner.plan_types.Plan`."""
+    from planner.plan_io import load_plan
+    from planner.plan_types import Plan
+
+    doc = load_plan(path)
+    return doc if is_serve_plan(doc) else Plan.from_dict(doc)
+
+
+def check_serve_file(doc: dict, plan_path, model_spec: str | None, cluster_spec: str | None,
+                     nodes: int | None, allow_stale: bool) -> ServeCheckReport:
+    """``check`` of a serving plan; ``model_spec`` / ``cluster_spec`` / ``nodes`` load the
+    inputs anew (as ``plan`` would) instead of the embedded ones."""
+    import os
+
+    model = cluster = None
+    if model_spec is not None:
+        from models import load_model
+
+        model = load_model(model_spec)
+    if cluster_spec is not None:
+        from clusters import load_cluster
+
+        cluster = load_cluster(cluster_spec, nodes=nodes)
+    elif nodes is not None:
+        from clusters.schema import with_nodes
+        from planner.serialize import cluster_from_dict
+
+        cluster = with_nodes(cluster_from_dict(doc["inputs"]["cluster"]["ir"],
+                                               "$.inputs.cluster.ir"), nodes, "--nodes")
+    source = cluster_spec if cluster_spec is not None else (
+        f"embedded, --nodes {nodes}" if nodes is not None else None)
+    return check_serve_plan(doc, model=model, cluster=cluster, model_source=model_spec,
+                            cluster_source=source, allow_stale=allow_stale,
+                            plan_path=os.fspath(plan_path))

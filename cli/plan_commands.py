@@ -65,7 +65,8 @@ def check(plan_path, model, cluster, nodes, allow_stale, as_json):
     from planner.check import check_plan
     from planner.plan_types import Plan
 
-    from planner.serve.plan import check_serve_file, load_any_plan
+    from cli.serve_commands import check_serve_file
+    from planner.serve.plan import load_any_plan
 
     plan = load_any_plan(plan_path)
     if not isinstance(plan, Plan):  # a serving plan (planner/serve/plan.py)

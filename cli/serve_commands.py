@@ -268,6 +268,36 @@ def _label(d: dict) -> str:
             f"{d['decode']['workers']}x {one(d['decode'])}")
 
 
+def check_serve_file(doc: dict, plan_path, model_spec: str | None, cluster_spec: str | None,
+                     nodes: int | None, allow_stale: bool):
+    """``check`` of a serving plan; ``model_spec`` / ``cluster_spec`` / ``nodes`` load the
+    inputs anew (as ``plan`` would) instead of the embedded ones."""
+    import os
+
+    model = cluster = None
+    if model_spec is not None:
+        from models import load_model
+
+        model = load_model(model_spec)
+    if cluster_spec is not None:
+        from clusters import load_cluster
+
+        cluster = load_cluster(cluster_spec, nodes=nodes)
+    elif nodes is not None:
+        from clusters.schema import with_nodes
+        from planner.serialize import cluster_from_dict
+
+        cluster = with_nodes(cluster_from_dict(doc["inputs"]["cluster"]["ir"],
+                                               "$.inputs.cluster.ir"), nodes, "--nodes")
+    source = cluster_spec if cluster_spec is not None else (
+        f"embedded, --nodes {nodes}" if nodes is not None else None)
+    from planner.serve.plan import check_serve_plan
+
+    return check_serve_plan(doc, model=model, cluster=cluster, model_source=model_spec,
+                            cluster_source=source, allow_stale=allow_stale,
+                            plan_path=os.fspath(plan_path))
+
+
 def _selected(args: list[str]) -> str | None:
     for i, arg in enumerate(args):
         if arg == "--workload" and i + 1 < len(args):

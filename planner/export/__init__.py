@@ -51,8 +51,8 @@ def export_plan(plan: Plan | Mapping[str, Any], fmt: str,
     entry = FORMATS.get(fmt)
     if entry is None:
         raise invalid(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
-    if not isinstance(plan, Plan):  # a serving plan document (planner/export/serving.py)
-        from planner.export.serving import export_serving
+    if not isinstance(plan, Plan):  # a serving plan document (planner/export/serve_formats.py)
+        from planner.export.serve_formats import export_serving
 
         return export_serving(plan, fmt, target_version)
     _refuse_malformed(plan)

@@ -72,26 +72,6 @@ def model_warning(spec: WorkerSpec) -> str:
             f"({spec.dtype} weights, {spec.kv_dtype} KV cache)")
 
 
-def export_serving(doc: dict[str, Any], fmt: str, target_version: str | None = None):
-    """Export a serving plan document: ``vllm``, ``sglang``, ``trtllm`` or ``json``."""
-    from planner.export import sglang, trtllm, vllm_serve
-    from planner.export.base import ExportResult
-
-    if target_version is not None:
-        raise invalid(f"the {fmt} serving export has one form and takes no --target-version")
-    if fmt == "json":
-        from planner.export.quoting import check_strings
-        from planner.plan import dumps
-
-        check_strings(doc)
-        return ExportResult("json", dumps(doc), (), ".json")
-    runs = {"vllm": vllm_serve.export, "sglang": sglang.export, "trtllm": trtllm.export}
-    if fmt not in runs:
-        raise invalid(f"the {fmt} export is for training plans; this is a serving plan",
-                      "serving plans export to vllm, sglang, trtllm or json")
-    return runs[fmt](doc)
-
-
 def refuse_training(fmt: str):
     raise invalid(f"the {fmt} export needs a serving plan; this is a training plan",
                   "make one with `shardplan plan --workload serve ... -o PLAN`")

@@ -205,31 +205,3 @@ def load_any_plan(path):
 
     doc = load_plan(path)
     return doc if is_serve_plan(doc) else Plan.from_dict(doc)
-
-
-def check_serve_file(doc: dict, plan_path, model_spec: str | None, cluster_spec: str | None,
-                     nodes: int | None, allow_stale: bool) -> ServeCheckReport:
-    """``check`` of a serving plan; ``model_spec`` / ``cluster_spec`` / ``nodes`` load the
-    inputs anew (as ``plan`` would) instead of the embedded ones."""
-    import os
-
-    model = cluster = None
-    if model_spec is not None:
-        from models import load_model
-
-        model = load_model(model_spec)
-    if cluster_spec is not None:
-        from clusters import load_cluster
-
-        cluster = load_cluster(cluster_spec, nodes=nodes)
-    elif nodes is not None:
-        from clusters.schema import with_nodes
-        from planner.serialize import cluster_from_dict
-
-        cluster = with_nodes(cluster_from_dict(doc["inputs"]["cluster"]["ir"],
-                                               "$.inputs.cluster.ir"), nodes, "--nodes")
-    source = cluster_spec if cluster_spec is not None else (
-        f"embedded, --nodes {nodes}" if nodes is not None else None)
-    return check_serve_plan(doc, model=model, cluster=cluster, model_source=model_spec,
-                            cluster_source=source, allow_stale=allow_stale,
-                            plan_path=os.fspath(plan_path))

@@ -1,7 +1,7 @@
 """DeepSpeed config JSON for a plan.
 
 Consumes a validated plan document; produces a ``ds_config.json``. Keys from
-/work/shared/reference/ecosystem.md B3 (deepspeed.ai/docs/config-json, AutoTP training docs,
+deepspeed.ai/docs/config-json (deepspeed.ai/docs/config-json, AutoTP training docs,
 ``deepspeed/runtime/config.py``): ``train_batch_size`` = ``train_micro_batch_size_per_gpu`` x
 ``gradient_accumulation_steps`` x data-parallel ranks (world / (tp x pp)), so the three batch
 keys equal the plan's global batch, micro-batch and number of micro-batches;

@@ -5,7 +5,7 @@ Consumes a validated plan document; produces a bash file defining an array
 a ``pretrain_gpt.py`` command line next to the model-shape, data and optimizer arguments, which
 the plan does not fix.
 
-Flag names from /work/shared/reference/ecosystem.md B1 (Megatron-LM HEAD d98e8a64, flags seen in
+Flag names from Megatron-LM arguments.py and examples (Megatron-LM HEAD d98e8a64, flags seen in
 its examples/ and tests/functional_tests/): parallel sizes, ``--sequence-parallel``,
 ``--num-virtual-stages-per-pipeline-rank`` (works with even and uneven splits;
 ``--virtual-pipeline-model-parallel-size`` has no CLI flag), ``--decoder-first/last-pipeline-

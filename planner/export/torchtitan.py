@@ -4,7 +4,7 @@ Consumes a validated plan document; produces a TOML fragment with the ``[trainin
 ``[parallelism]`` and ``[activation_checkpoint]`` tables of a torchtitan job file (TOML era, up
 to v0.2.2, ``torchtitan/config/job_config.py``), merged into the user's job file, and in its
 header the equivalent ``--parallelism.*`` overrides, which torchtitan >= 0.3 (Python config
-registry, tyro CLI) accepts too. Key names from /work/shared/reference/ecosystem.md B2.
+registry, tyro CLI) accepts too. Key names from torchtitan job_config.py.
 
 Mapping:
 

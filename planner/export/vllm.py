@@ -1,7 +1,7 @@
 """vLLM engine arguments for serving a model with a plan's tensor / pipeline / data degrees.
 
 Consumes a validated plan document; produces one line of engine arguments for ``vllm serve
-MODEL ...``. Names from /work/shared/reference/ecosystem.md B4 (vllm ``engine/arg_utils.py``):
+MODEL ...``. Names from vLLM engine/arg_utils.py (vllm ``engine/arg_utils.py``):
 ``--tensor-parallel-size``, ``--pipeline-parallel-size``, ``--data-parallel-size``,
 ``--enable-expert-parallel``; plus vLLM's long-standing ``--max-model-len`` and ``--dtype``.
 

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from planner.errors import ErrorKind, PlannerError, invalid
+from planner.safe_input import control_character
 from planner.hardware import Cluster, Gpu, NetworkTier
 
 SCHEMA_VERSION = 1
@@ -34,6 +35,10 @@ MAX_SMS = 1_000_000
 MAX_LATENCY_US = 1_000_000
 MAX_OVERSUBSCRIPTION = 1_000
 MAX_TEXT = 2_000
+# Lower bounds on rates and sizes: far below any real part (1 MB/s, 1 GFLOP/s, 1 MiB, 0.1%
+# efficiency), and far enough above the float limits (1e-300, 5e-324 pass a "> 0" check) that
+# every time and byte count derived from them stays finite.
+MIN_RATE = 1e-3  # GB/s, TFLOP/s, GiB, efficiency
 
 GPU_REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbytes_per_s", "peak_tflops", "num_sms")
 GPU_OPTIONAL = ("vendor", "matmul_efficiency", "attention_efficiency", "reserve_gib",
@@ -106,7 +111,12 @@ def number(value: Any, where: str, path: str, *, minimum: float, maximum: float,
         raise _fail(where, path, f"must be a finite number, got {_show(value)}")
     low_ok = value >= minimum if allow_min else value > minimum
     if not low_ok:
-        if allow_min:
+        if allow_min and minimum > 0 and value > 0:  # MIN_RATE: positive but absurdly small
+            raise _fail(where, path, f"{_show(value)} is implausibly small (limit {minimum:g}); "
+                                     f"check the unit named in the key")
+        if allow_min and minimum > 0:
+            bound = "positive"
+        elif allow_min:
             bound = f">= {minimum:g}"
         elif integer and minimum == 0:
             bound = ">= 1"
@@ -126,6 +136,10 @@ def text(value: Any, where: str, path: str, *, allow_empty: bool = False) -> str
         raise _fail(where, path, "must not be empty")
     if len(value) > MAX_TEXT:
         raise _fail(where, path, f"is {len(value)} characters long (limit {MAX_TEXT})")
+    bad = control_character(value, allow_newlines=not path.endswith("name"))
+    if bad is not None:
+        raise _fail(where, path, f"contains the control character {bad}; names and text "
+                                 f"fields are written into plans and exported configurations")
     return value
 
 
@@ -152,15 +166,16 @@ def gpu_from_mapping(data: Any, where: str, path_of: Callable[[str], str]) -> Gp
     check_keys(peak, where, peak_path, (), PEAK_TFLOPS_KEYS)
     if not any(k in peak for k in ("bf16", "fp16")):
         raise _fail(where, peak_path, "needs at least one of 'bf16', 'fp16' (dense TFLOP/s)")
-    tflops = {k: number(v, where, f"{peak_path}.{k}", minimum=0, maximum=MAX_TFLOPS)
+    tflops = {k: number(v, where, f"{peak_path}.{k}", minimum=MIN_RATE, maximum=MAX_TFLOPS,
+                        allow_min=True)
               for k, v in peak.items()}
     kwargs: dict[str, Any] = dict(
         name=text(data["name"], where, path_of("name")),
         memory_gib=number(data["memory_gib"], where, path_of("memory_gib"),
-                          minimum=0, maximum=MAX_MEMORY_GIB),
+                          minimum=MIN_RATE, maximum=MAX_MEMORY_GIB, allow_min=True),
         hbm_bandwidth_gbytes_per_s=number(
             data["hbm_bandwidth_gbytes_per_s"], where, path_of("hbm_bandwidth_gbytes_per_s"),
-            minimum=0, maximum=MAX_BANDWIDTH_GBYTES_PER_S),
+            minimum=MIN_RATE, maximum=MAX_BANDWIDTH_GBYTES_PER_S, allow_min=True),
         peak_tflops=MappingProxyType(dict(sorted(tflops.items()))),
         num_sms=int(number(data["num_sms"], where, path_of("num_sms"), minimum=0,
                            maximum=MAX_SMS, integer=True)),
@@ -169,13 +184,15 @@ def gpu_from_mapping(data: Any, where: str, path_of: Callable[[str], str]) -> Gp
         kwargs["vendor"] = text(data["vendor"], where, path_of("vendor"))
     if "attention_efficiency" in data:
         kwargs["attention_efficiency"] = number(data["attention_efficiency"], where,
-                                                path_of("attention_efficiency"), minimum=0, maximum=1)
+                                                path_of("attention_efficiency"), minimum=MIN_RATE,
+                                                maximum=1, allow_min=True)
     if "reserve_gib" in data:
         kwargs["reserve_gib"] = number(data["reserve_gib"], where, path_of("reserve_gib"),
                                        minimum=0, maximum=1e3)
     if "matmul_efficiency" in data:
         kwargs["matmul_efficiency"] = number(data["matmul_efficiency"], where,
-                                             path_of("matmul_efficiency"), minimum=0, maximum=1)
+                                             path_of("matmul_efficiency"), minimum=MIN_RATE,
+                                                maximum=1, allow_min=True)
     for key in ("description", "source"):
         if key in data:
             text(data[key], where, path_of(key), allow_empty=True)
@@ -305,12 +322,12 @@ def _tiers(value: Any, where: str, prefix: str = "") -> tuple[NetworkTier, ...]:
             name=text(item["name"], where, f"{path}.name"),
             domain_gpus=1,  # set by with_nodes
             bandwidth_gbytes_per_s=number(item["bandwidth_gbytes_per_s"], where,
-                                          f"{path}.bandwidth_gbytes_per_s", minimum=0,
-                                          maximum=MAX_BANDWIDTH_GBYTES_PER_S),
+                                          f"{path}.bandwidth_gbytes_per_s", minimum=MIN_RATE,
+                                          maximum=MAX_BANDWIDTH_GBYTES_PER_S, allow_min=True),
             latency_us=number(item["latency_us"], where, f"{path}.latency_us", minimum=0,
                               maximum=MAX_LATENCY_US, allow_min=True),
             efficiency=number(item.get("efficiency", 1.0), where, f"{path}.efficiency",
-                              minimum=0, maximum=1)))
+                              minimum=MIN_RATE, maximum=1, allow_min=True)))
     if len(tiers) == 2 and tiers[0].name == tiers[1].name:
         raise _fail(where, at("tiers[1].name"), f"duplicates tiers[0].name {tiers[0].name!r}")
     return tuple(tiers)

@@ -16,7 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from planner.config import LayerPlacement, ParallelConfig, RuntimeOptions
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.strategy import LayerPlacement
 from planner.cost.model import StageResult, model_flops_per_step
 from planner.cost.terms import (ConfigTerms, LayerTerms, MemoryBreakdown, StepBreakdown,
                                 layer_terms, stage_memory, stage_time, step_time)

@@ -12,7 +12,7 @@ Links of a stage on pool P (ranks as in :mod:`planner.hetero.layout`):
 * TP, CP, DP (the ZeRO shard group) and EP groups lie inside the stage, so inside P, with P's
   layout of every stage at once: ``group_link(P, size, stride)`` exactly as in one pool;
 * the pipeline boundary to a neighbour stage on P: ``group_link(P, 2, tp x cp x dp)``; to a
-  stage on another pool Q: :func:`clusters.pool_topology.cross_pool_link` with the stage's
+  stage on another pool Q: :func:`planner.pool_topology.cross_pool_link` with the stage's
   ``tp x cp x dp`` transfers at once (the slowest such Q when there are more than two pools).
   A stage next to a crossing pays the crossing link for both of its boundary transfers (an upper
   estimate for a stage with one in-pool and one cross-pool neighbour);
@@ -24,12 +24,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from clusters.pool_topology import Segment, cross_pool_link
-from clusters.topology import Link, group_link
+from planner.pool_topology import Segment, cross_pool_link
+from planner.topology import Link, group_link
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.compute import Shard
 from planner.cost.context import CostContext, Links
-from planner.cost.terms import ConfigTerms
+from planner.cost.terms import ConfigTerms, config_terms
 from planner.hardware import Cluster, MultiPoolCluster, Pool
 from planner.ir import ModelGraph
 from planner.solve.costs import StageProblem, stage_problem
@@ -102,6 +102,6 @@ def pool_terms(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: P
             link = _cross_link(cluster, pool, size)
             cross_ctx = CostContext(model, one, config, options, shard,
                                     Links(tp, cp, dp, ep, link))
-            cross = cross_ctx.terms
+            cross = config_terms(cross_ctx)
         out.append(PoolTerms(pool, problem, cross, pool.num_gpus // size))
     return tuple(out)

@@ -105,7 +105,7 @@ def hetero_evaluate(model: ModelGraph, cluster: Cluster | MultiPoolCluster,
     """Predict step time and memory of ``config`` with stage i on pool ``stage_pools.pools[i]``."""
     if stage_pools.pp != config.pp:
         raise invalid(f"{stage_pools.pp} stage pools for pp {config.pp}")
-    if config.virtual_stages != 1:
+    if config.virtual_stages != 1 and len(set(stage_pools.pools)) > 1:
         raise invalid("plans across pools use the 1F1B schedule (virtual stages 1): interleaved "
                       "chunks must be equal, stages on different GPUs are not")
     size = config.tp * config.cp * config.dp

@@ -67,6 +67,8 @@ class _Builder:
         self.P = len(self.terms)
         self.pp = pp
         first = self.terms[0].problem
+        if first.terms.virtual_stages != 1:
+            raise ValueError("the model across pools is for 1F1B plans (virtual stages 1)")
         self.classes = first.classes
         self.L = first.num_blocks
         self.m = first.terms.num_micro_batches

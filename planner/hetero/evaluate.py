@@ -19,7 +19,7 @@ from typing import Sequence
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.strategy import LayerPlacement
 from planner.cost.model import StageResult, model_flops_per_step
-from planner.cost.terms import (ConfigTerms, LayerTerms, MemoryBreakdown, StepBreakdown,
+from planner.cost.terms import (ConfigTerms, LayerTerms, StepBreakdown,
                                 layer_terms, stage_memory, stage_time, step_time)
 from planner.errors import invalid
 from planner.hardware import Cluster, MultiPoolCluster

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.errors import invalid
-from planner.hardware import MultiPoolCluster, Pool
+from planner.hardware import Pool
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,3 @@ def stage_ranks(cluster, stage_pools: StagePools, gpus_per_stage: int) -> list[r
     return [range(first, first + gpus_per_stage) for first in
             (stage_first_rank(cluster, stage_pools, gpus_per_stage, i)
              for i in range(stage_pools.pp))]
-
-
-def uniform(cluster: MultiPoolCluster, pool: str, pp: int) -> StagePools:
-    return StagePools((pool,) * pp)

@@ -35,8 +35,7 @@ from planner.hardware import Cluster, MultiPoolCluster
 from planner.hetero.bounds import cheap_bounds, memory_time_bound, quick_bounds
 from planner.hetero.evaluate import HeteroEvaluation, hetero_evaluate
 from planner.hetero.ilp import solve_pools
-from planner.hetero.layout import StagePools
-from planner.hetero.terms import PoolTerms, pool_terms
+from planner.hetero.terms import pool_terms
 from planner.ir import ModelGraph
 from planner.solve.search import SearchOptions
 from planner.solve.space import LONG_SEQUENCE, MAX_MICRO_BATCH, Pins, _divisors
@@ -196,7 +195,3 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
 
 def _key(c: ParallelConfig) -> tuple:
     return (c.tp, c.pp, c.dp, c.cp, c.micro_batch, c.zero_stage, not c.sp)
-
-
-def stage_pools_of(ev: HeteroEvaluation) -> StagePools:
-    return ev.stage_pools

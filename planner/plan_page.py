@@ -139,7 +139,7 @@ per-layer forward, backward, recompute and exposed-communication terms; idle tim
 <figure id="memory">{figures['memory']}</figure>
 <h2>Per-layer placement</h2>
 <figure id="placement">{figures['placement']}</figure>
-{_table(["stage", "layers", "count", "recompute none", "selective", "full", "layout",
+{_table(["stage", "first .. last layer", "count", "recompute none", "selective", "full", "layout",
          "GiB", "s / micro-batch"], _stage_rows(plan), left=2)}
 <h2>Runners-up</h2>
 {_alternatives(doc)}

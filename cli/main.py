@@ -31,10 +31,11 @@ from cli.commands import clusters_command, evaluate, inspect, models_command, pl
 from cli.plan_commands import check, export, schema, show
 from cli.report_commands import diff, report
 from cli.verify_command import verify
+from cli.replan_command import replan_command
 from planner.errors import DeadlineExceeded, ErrorKind, ExitCode, Interrupted, PlannerError
 
 for _command in (evaluate, inspect, models_command, clusters_command, plan, schema, show, check,
-                 export, verify, report, diff):
+                 export, verify, replan_command, report, diff):
     cli.add_command(_command)
 
 __all__ = ["cli", "main", "run", "emit_json"]

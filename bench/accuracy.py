@@ -40,7 +40,9 @@ sys.path.insert(0, str(ROOT))
 
 from clusters import load_cluster  # noqa: E402
 from models.native import build_native  # noqa: E402
-from planner.config import ParallelConfig, Recompute, RuntimeOptions  # noqa: E402
+from planner.config import ParallelConfig, RuntimeOptions  # noqa: E402
+from planner.strategy import Recompute  # noqa: E402
+from planner.strategy import LayerOption, default_placement  # noqa: E402
 from planner.cost.model import Evaluation, evaluate  # noqa: E402
 from planner.cost.memory import zero_state_bytes  # noqa: E402
 from planner.config import RUNTIME_STATE_BYTES  # noqa: E402
@@ -173,10 +175,12 @@ def evaluate_entry(entry: dict) -> tuple[Evaluation, str]:
         tp=t["tp"], pp=t["pp"], dp=t["dp"], cp=t.get("cp") or 1, global_batch=t["global_batch"],
         seq_len=entry["model"]["seq_len"], sp=bool(t.get("sp")), zero_stage=t["zero_stage"] or 0,
         micro_batch=t["micro_batch"], virtual_stages=t.get("virtual_stages_per_pp_rank") or 1,
-        recompute=recompute_of(entry), dtype=dtype)
+        dtype=dtype)
     desc = (f"tp{config.tp} pp{config.pp} dp{config.dp} mbs{config.micro_batch} "
             f"gbs{config.global_batch} z{config.zero_stage}")
-    return evaluate(model, cluster, config, options=runtime_for(entry)), desc
+    config.validate(model, cluster)
+    placement = default_placement(model, config, LayerOption(recompute_of(entry)))
+    return evaluate(model, cluster, config, placement, options=runtime_for(entry)), desc
 
 
 def usable(entry: dict) -> str | None:

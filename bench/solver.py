@@ -35,7 +35,7 @@ import ortools  # noqa: E402
 
 from clusters import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
-from planner.config import Recompute  # noqa: E402
+from planner.strategy import Recompute  # noqa: E402
 from planner.cost.model import Evaluation  # noqa: E402
 from planner.ir import LayerKind  # noqa: E402
 from planner.solve.search import (SearchOptions, SolverRecord, search,  # noqa: E402
@@ -225,7 +225,7 @@ def render(rows: list[Row]) -> str:
                 continue
             lines.append(
                 f"| {row.case.model} | {row.gpus:,} | {row.uniform_configs:,} | "
-                f"{row.uniform_s:.1f} | {describe(u)} | {u.config.recompute.value} | "
+                f"{row.uniform_s:.1f} | {describe(u)} | {u.placement.options[-2].recompute.value} | "
                 f"{u.step_time_s:.3f} | {u.mfu:.1%} | {row.best.step_time_s:.3f} | "
                 f"{row.gain:+.2%} |")
     return "\n".join(lines) + "\n"

@@ -1,12 +1,13 @@
 """The commands. Each one: parse -> one library call -> render (JSON on stdout, rich on stderr)."""
 from __future__ import annotations
 
-import math
-
 import click
 
-from cli.main import cli, emit_json
-from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, Recompute, RuntimeOptions, resolve_dp
+from cli import signals
+from cli.app import emit_json, emit_text
+from cli.params import FiniteFloat, pin_pairs
+from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions, resolve_dp
+from planner.strategy import LayerOption, Recompute, default_placement
 
 
 def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None):
@@ -59,14 +60,17 @@ runtime_option = click.option("--runtime", type=click.Choice(sorted(RUNTIME_STAT
                               help="Optimizer-state layout of the runtime.")
 
 
-def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
-    """click's FloatRange lets nan and inf through; a time limit must be a finite number."""
-    if value is not None and not math.isfinite(value):
-        raise click.BadParameter(f"{value} is not a finite number of seconds")
-    return value
+# --time-limit: a day is beyond any plan search; the bound keeps deadlines finite.
+MAX_TIME_LIMIT_S = 86_400.0
 
 
-@cli.command()
+def time_limit_slack_s(limit_s: float) -> float:
+    """How far past ``--time-limit`` a command may run (documented in docs/reliability.md):
+    stopping a solve in progress, the does-not-fit explanation and writing the answer."""
+    return max(1.0, 0.1 * limit_s)
+
+
+@click.command()
 @model_option
 @cluster_option
 @nodes_option
@@ -107,9 +111,11 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, m
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, global_batch=global_batch,
         seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
         zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
-        recompute=Recompute(recompute), dtype=dtype)
+        dtype=dtype)
     options = RuntimeOptions(runtime=runtime, attention_kernel=attention_kernel)
-    result = evaluation_dict(run(graph, hw, config, options=options))
+    config.validate(graph, hw)
+    placement = default_placement(graph, config, LayerOption(Recompute(recompute)))
+    result = evaluation_dict(run(graph, hw, config, placement, options=options))
     if as_json:
         emit_json(result)
     else:
@@ -118,7 +124,7 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, m
         print_evaluation(result)
 
 
-@cli.command()
+@click.command()
 @model_option
 @seq_len_option
 @json_option
@@ -136,7 +142,7 @@ def inspect(model, seq_len, as_json):
         print_model(summary)
 
 
-@cli.command("models")
+@click.command("models")
 @json_option
 def models_command(as_json):
     """List the built-in model presets."""
@@ -154,7 +160,7 @@ def models_command(as_json):
                                            "description"])
 
 
-@cli.command("clusters")
+@click.command("clusters")
 @json_option
 def clusters_command(as_json):
     """List the built-in cluster presets."""
@@ -175,16 +181,17 @@ def clusters_command(as_json):
                                              "num_nodes", "interconnect"])
 
 
-@cli.command()
+@click.command()
 @model_option
 @cluster_option
 @nodes_option
 @global_batch_option
 @seq_len_option
 @dtype_option
-@click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
-              callback=_finite,
-              help="Seconds; on expiry the best plan so far is returned marked FEASIBLE.")
+@click.option("--time-limit", type=FiniteFloat(0.1, MAX_TIME_LIMIT_S, unit="seconds"),
+              default=60.0, show_default=True,
+              help="Seconds for the whole command (plus a slack of max(1 s, 10%)); on expiry "
+                   "the best plan so far is returned marked FEASIBLE, or exit 3 if none.")
 @click.option("--workers", type=click.IntRange(min=1, max=64), default=1, show_default=True,
               help="CP-SAT workers (1 = deterministic).")
 @click.option("--top-k", type=click.IntRange(min=1, max=50), default=3, show_default=True,
@@ -194,8 +201,8 @@ def clusters_command(as_json):
                    "recompute. Repeatable.")
 @attention_option
 @runtime_option
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Write the plan file here.")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Write the plan file here (- for standard output).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--timings", is_flag=True,
               help="Record the solve's wall-clock time in the plan (it then differs run to run).")
@@ -203,37 +210,38 @@ def clusters_command(as_json):
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, workers, top_k, pins,
          attention_kernel, runtime, output, force, timings, as_json):
     """Search the fastest plan that fits memory and write it as a plan file."""
-    from planner.errors import invalid
     from planner.plan import dumps, make_plan, write_plan
     from planner.solve.search import SearchOptions, search
     from planner.solve.space import Pins
+    from planner.writer import check_target
 
-    pairs = {}
-    for item in pins:
-        if "=" not in item:
-            raise invalid(f"--pin {item!r}: expected KEY=VALUE, e.g. --pin tp=8")
-        key, value = item.split("=", 1)
-        pairs[key] = value
-    pinned = Pins.parse(pairs)
-    graph, hw = _load(model, cluster, nodes, seq_len)
-    options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
-                            runtime=RuntimeOptions(runtime=runtime,
-                                                   attention_kernel=attention_kernel))
-    from cli.render import search_progress
+    pinned = Pins.parse(pin_pairs(pins))
+    plan_to_stdout = as_json or output == "-"
+    if output == "-":
+        output = None
+    if output is not None:
+        check_target(output, force=force)  # refused now, not after the search
+    with signals.deadline(time_limit, time_limit_slack_s(time_limit)):
+        graph, hw = _load(model, cluster, nodes, seq_len)
+        options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
+                                runtime=RuntimeOptions(runtime=runtime,
+                                                       attention_kernel=attention_kernel))
+        from cli.render import search_progress
 
-    with search_progress(enabled=True) as progress:
-        result = search(graph, hw, global_batch, graph.default_seq_len, dtype, pinned, options,
-                        progress)
+        with search_progress(enabled=True) as progress:
+            result = search(graph, hw, global_batch, graph.default_seq_len, dtype, pinned,
+                            options, progress)
     solver = result.record.as_dict()
     if not timings:  # same inputs, same bytes: wall-clock time only when asked for
         del solver["solve_time_s"]
     doc = make_plan(result.best, model_spec=model, cluster_spec=cluster, nodes=nodes,
                     solver=solver, alternatives=result.alternatives, pins=pinned.as_dict())
     if output is not None:
-        write_plan(doc, output, force=force)
-    if as_json:
-        click.echo(dumps(doc), nl=False)
-    else:
+        write_plan(doc, output, force=force, critical=signals.deferred,
+                   on_commit=signals.finish)
+    if plan_to_stdout:
+        emit_text(dumps(doc))
+    if not as_json:
         from cli.render import print_plan
 
         print_plan(doc, written_to=output, solve_time_s=result.record.solve_time_s)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import click
 
-from cli.main import cli, emit_json
+from cli import signals
+from cli.app import emit_json, emit_text
 from planner.export import FORMATS
 
 json_option = click.option("--json", "as_json", is_flag=True,
@@ -17,15 +18,15 @@ json_option = click.option("--json", "as_json", is_flag=True,
 plan_argument = click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=True))
 
 
-@cli.command()
+@click.command()
 def schema():
     """Print the JSON Schema (draft 2020-12) of plan files."""
     from planner.plan_io import schema_text
 
-    click.echo(schema_text(), nl=False)
+    emit_text(schema_text())
 
 
-@cli.command()
+@click.command()
 @plan_argument
 @json_option
 def show(plan_path, as_json):
@@ -36,14 +37,14 @@ def show(plan_path, as_json):
     if as_json:
         from planner.plan import dumps
 
-        click.echo(dumps(doc), nl=False)
+        emit_text(dumps(doc))
     else:
         from cli.render import print_plan_file
 
         print_plan_file(doc, plan_path)
 
 
-@cli.command()
+@click.command()
 @plan_argument
 @click.option("--model", "-m", "model", default=None, metavar="M",
               help="Check against this model (preset or file) instead of the one embedded in "
@@ -57,10 +58,27 @@ def show(plan_path, as_json):
 @json_option
 def check(plan_path, model, cluster, nodes, allow_stale, as_json):
     """Check a saved plan still fits: exit 0 if so, 1 if not, 2 on invalid input."""
-    from planner.check import check_file
+    from planner.check import check_plan
+    from planner.plan_types import Plan
 
-    report = check_file(plan_path, model_spec=model, cluster_spec=cluster, nodes=nodes,
-                        allow_stale=allow_stale)
+    plan = Plan.load(plan_path)
+    given_model = given_cluster = None
+    if model is not None:  # the inputs anew, as `shardplan plan` would load them
+        from models import load_model
+
+        given_model = load_model(model, seq_len=plan.config.seq_len)
+    if cluster is not None:
+        from clusters import load_cluster
+
+        given_cluster = load_cluster(cluster, nodes=nodes)
+    elif nodes is not None:
+        from clusters.schema import with_nodes
+
+        given_cluster = with_nodes(plan.cluster, nodes, "--nodes")
+    source = cluster if cluster is not None else (
+        f"embedded, --nodes {nodes}" if nodes is not None else None)
+    report = check_plan(plan, model=given_model, cluster=given_cluster, model_source=model,
+                        cluster_source=source, allow_stale=allow_stale, plan_path=plan_path)
     document = report.to_dict()
     if as_json:
         emit_json(document)
@@ -72,14 +90,14 @@ def check(plan_path, model, cluster, nodes, allow_stale, as_json):
         click.get_current_context().exit(int(report.exit_code))
 
 
-@cli.command()
+@click.command()
 @plan_argument
 @click.option("--format", "-f", "fmt", required=True, metavar="F",
               type=click.Choice(list(FORMATS)),
               help="megatron (args file), torchtitan (TOML), deepspeed (config JSON), vllm "
                    "(engine args), json (the plan).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Write here instead of stdout.")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Write here instead of stdout (- is stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--strict", is_flag=True,
               help="Exit 1 when the runtime cannot express the plan exactly (any warning).")
@@ -87,19 +105,24 @@ def export(plan_path, fmt, output, force, strict):
     """Translate a saved plan into a runtime's configuration; differences go to stderr."""
     from planner.errors import ErrorKind, PlannerError
     from planner.export import export_plan
-    from planner.plan_io import load_plan
+    from planner.plan_types import Plan
+    from planner.writer import check_target, write_file
 
-    result = export_plan(load_plan(plan_path), fmt)
-    from cli.render import console, print_warnings
+    if output == "-":
+        output = None
+    if output is not None:
+        check_target(output, force=force)
+    result = export_plan(Plan.load(plan_path), fmt)
+    from cli.console import say
+    from cli.render import print_warnings
 
     print_warnings(result.warnings)
     if output is not None:
-        from planner.plan import write_text
-
-        write_text(result.text, output, force=force)
-        console.print(f"{fmt} configuration written to {output}", highlight=False)
+        write_file(result.text, output, force=force, critical=signals.deferred,
+                   on_commit=signals.finish)
+        say(f"{fmt} configuration written to {output}")
     else:
-        click.echo(result.text, nl=False)
+        emit_text(result.text)
     if strict and result.warnings:
         raise PlannerError(ErrorKind.CHECK_FAILED,
                            f"the {fmt} export differs from the plan in {len(result.warnings)} "

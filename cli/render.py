@@ -1,16 +1,19 @@
-"""Rich rendering for people, on stderr. Reads the same dicts the ``--json`` mode prints."""
+"""Rich rendering for people, on stderr. Reads the same dicts the ``--json`` mode prints.
+
+Every string here is literal text (the console of :mod:`cli.console` has markup off); style is
+the program's own, added with :func:`cli.console.line` / :func:`cli.console.styled`.
+"""
 from __future__ import annotations
 
 from typing import Any, Iterable
 
-from rich.console import Console
 from rich.table import Table
 
-from planner.errors import PlannerError
+from cli.console import console, line, print_error, print_warning, styled
 
-console = Console(stderr=True)
-if not console.is_terminal:  # piped or captured: do not squeeze tables into 80 columns
-    console.width = 120
+__all__ = ["console", "print_error", "print_rows", "print_model", "print_evaluation",
+           "print_plan", "print_warnings", "print_plan_file", "print_check", "search_progress",
+           "memory_table"]
 
 
 def _fmt(value: Any) -> str:
@@ -21,12 +24,6 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.3f}" if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
-
-
-def print_error(error: PlannerError) -> None:
-    console.print(f"[bold red]error[/]: {error.message}", highlight=False)
-    for hint in error.hints:
-        console.print(f"  [yellow]hint[/]: {hint}", highlight=False)
 
 
 def print_rows(title: str, rows: list[dict[str, Any]], columns: Iterable[str]) -> None:
@@ -40,10 +37,10 @@ def print_rows(title: str, rows: list[dict[str, Any]], columns: Iterable[str]) -
 
 
 def print_model(summary: dict[str, Any]) -> None:
-    console.print(f"[bold]{summary['name']}[/] ({summary['family']}): "
-                  f"{summary['params']:,} parameters, {summary['active_params']:,} active, "
-                  f"{summary['num_layers']} blocks, hidden {summary['hidden']}, "
-                  f"vocab {summary['vocab']}", highlight=False)
+    console.print(line((summary['name'], "bold"),
+                       f" ({summary['family']}): {summary['params']:,} parameters, "
+                       f"{summary['active_params']:,} active, {summary['num_layers']} blocks, "
+                       f"hidden {summary['hidden']}, vocab {summary['vocab']}"))
     table = Table(title="Layer classes")
     for column in ("layers", "count", "kind", "params each", "attention", "mlp"):
         table.add_column(column)
@@ -73,31 +70,30 @@ def memory_table(stages: list[dict[str, Any]], capacity_gib: float, title: str) 
         table.add_row(str(stage["index"]), str(stage["num_layers"]),
                       *(f"{mem[k]:.1f}" for k in ("params", "grads", "optimizer", "activations",
                                                   "other", "total")),
-                      f"[{colour}]{share:.0%}[/]", f"{stage['time_s']:.3f}")
+                      styled(f"{share:.0%}", colour), f"{stage['time_s']:.3f}")
     return table
 
 
 def print_evaluation(result: dict[str, Any]) -> None:
     m, c, p, pred = result["model"], result["cluster"], result["parallelism"], result["predicted"]
-    console.print(
-        f"[bold]{m['name']}[/] on {c['num_gpus']} x {c['gpu']} ({c['name']}): "
+    console.print(line(
+        (m['name'], "bold"), f" on {c['num_gpus']} x {c['gpu']} ({c['name']}): "
         f"dp {p['dp']} x tp {p['tp']} x pp {p['pp']} x cp {p['cp']}, ep {p['ep']}, "
         f"sp {_fmt(p['sp'])}, ZeRO-{p['zero_stage']}, micro-batch {p['micro_batch']} x "
-        f"{p['num_micro_batches']}, {p['schedule']}, recompute {p['recompute']}",
-        highlight=False)
+        f"{p['num_micro_batches']}, {p['schedule']}, recompute {p['recompute']}"))
     console.print(memory_table(result["stages"], c["gpu_memory_gib"], "Memory per GPU (GiB)"))
     time = Table(title="Step time")
     time.add_column("part")
     time.add_column("seconds", justify="right")
     for key, value in pred["time_breakdown_s"].items():
         time.add_row(key, f"{value:.4f}")
-    time.add_row("[bold]step[/]", f"[bold]{pred['step_time_s']:.4f}[/]")
+    time.add_row(styled("step", "bold"), styled(f"{pred['step_time_s']:.4f}", "bold"))
     console.print(time)
-    verdict = "[green]fits[/]" if pred["fits"] else "[red]does NOT fit[/]"
-    console.print(
+    verdict = ("fits", "green") if pred["fits"] else ("does NOT fit", "red")
+    console.print(line(
         f"{pred['tokens_per_s']:,.0f} tokens/s, {pred['model_tflops_per_gpu']:.1f} model "
         f"TFLOP/s per GPU (MFU {pred['mfu']:.1%}), peak {pred['peak_memory_gib']:.2f} GiB of "
-        f"{c['gpu_memory_gib']:g} GiB: {verdict}", highlight=False)
+        f"{c['gpu_memory_gib']:g} GiB: ", verdict))
 
 
 class search_progress:
@@ -138,13 +134,13 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None,
     took = f" in {solve_time_s:.2f}s" if solve_time_s is not None else ""
     if all(k in s for k in ("gap", "candidates_evaluated", "candidates_total",
                             "candidates_pruned_memory", "ortools_version")):
-        console.print(
-            f"solver: [bold]{s['status']}[/]{took}, gap {s['gap']:.2%}, "
+        console.print(line(
+            "solver: ", (s['status'], "bold"), f"{took}, gap {s['gap']:.2%}, "
             f"{s['candidates_evaluated']} of {s['candidates_total']} configurations solved "
             f"({s['candidates_pruned_memory']} pruned by memory bound), OR-Tools "
-            f"{s['ortools_version']}", highlight=False)
+            f"{s['ortools_version']}"))
     else:  # a plan made from one evaluated configuration, not a search
-        console.print(f"solver: [bold]{s.get('status', '?')}[/]", highlight=False)
+        console.print(line("solver: ", (s.get('status', '?'), "bold")))
     if doc.get("alternatives"):
         table = Table(title="Runners-up")
         for column in ("tp", "pp", "dp", "cp", "micro-batch", "v", "ZeRO", "sp", "step s",
@@ -158,28 +154,29 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None,
                           f"+{alt['slower_than_best']:.1%}")
         console.print(table)
     if written_to:
-        console.print(f"plan written to {written_to}", highlight=False)
+        console.print(line("plan written to ", written_to), soft_wrap=True)
 
 
 # -- plan files: show, check, export (cli/plan_commands.py) ----------------------------------
 
 def print_warnings(warnings: Iterable[str], prefix: str = "warning") -> None:
     for warning in warnings:
-        console.print(f"[yellow]{prefix}[/]: {warning}", highlight=False, soft_wrap=True)
+        print_warning(warning, prefix)
 
 
 def print_plan_file(doc: dict[str, Any], path: str) -> None:
     """``shardplan show``: the plan as ``plan`` printed it, plus its inputs and layer split."""
     inputs = doc["inputs"]
-    console.print(f"[bold]{path}[/]: plan schema_version {doc['schema_version']} for model "
-                  f"{inputs['model']['spec']!r} ({inputs['model']['sha256'][7:19]}) on cluster "
-                  f"{inputs['cluster']['spec']!r} ({inputs['cluster']['sha256'][7:19]}), "
-                  f"global batch {inputs['global_batch']}, {inputs['dtype']}", highlight=False)
+    console.print(line((path, "bold"),
+                       f": plan schema_version {doc['schema_version']} for model "
+                       f"{inputs['model']['spec']!r} ({inputs['model']['sha256'][7:19]}) on "
+                       f"cluster {inputs['cluster']['spec']!r} "
+                       f"({inputs['cluster']['sha256'][7:19]}), global batch "
+                       f"{inputs['global_batch']}, {inputs['dtype']}"))
     print_plan(doc)
     pins = doc.get("pins") or {}
     if pins:
-        console.print("pinned: " + ", ".join(f"{k}={v}" for k, v in sorted(pins.items())),
-                      highlight=False)
+        console.print(line("pinned: " + ", ".join(f"{k}={v}" for k, v in sorted(pins.items()))))
     table = Table(title="Layers per stage")
     for column in ("stage", "layers", "blocks", "recompute none", "selective", "full"):
         table.add_column(column, justify="right")
@@ -208,8 +205,8 @@ def print_check(report: dict[str, Any]) -> None:
     plan = report.get("plan") or "plan"
     for role in ("model", "cluster"):
         item = report["inputs"][role]
-        state = "[red]stale[/]" if item["stale"] else "[green]matches the plan[/]"
-        console.print(f"{role}: {item['name']} ({item['source']}): {state}", highlight=False)
+        state = ("stale", "red") if item["stale"] else ("matches the plan", "green")
+        console.print(line(f"{role}: {item['name']} ({item['source']}): ", state))
     stages = report["stages"]
     if stages:
         over = [s for s in stages if not s["fits"]]
@@ -224,23 +221,23 @@ def print_check(report: dict[str, Any]) -> None:
             table.add_row(str(s["index"]), *(f"{need[k]:.2f}" for k in
                                              ("params", "grads", "optimizer", "activations",
                                               "other")),
-                          f"[{colour}]{need['total']:.2f}[/]", f"{s['capacity_gib']:g}",
+                          styled(f"{need['total']:.2f}", colour), f"{s['capacity_gib']:g}",
                           f"{max(0.0, -s['headroom_gib']):.2f}",
                           "-" if planned is None else f"{planned:.2f}")
         console.print(table)
     for problem in report["problems"]:
-        console.print(f"[red]problem[/] ({problem['code']}): {problem['message']}",
-                      highlight=False, soft_wrap=True)
+        console.print(line(("problem", "red"), f" ({problem['code']}): {problem['message']}"),
+                      soft_wrap=True)
     if report["remedies"]:
         console.print("What would make it fit (each change alone, re-evaluated):")
         for n, remedy in enumerate(report["remedies"], 1):
             saved = ", ".join(f"{x['gib']:.2f} GiB on stage {x['stage']}"
                               for x in remedy["saves_gib"])
-            verdict = "[green]then fits[/]" if remedy["fits"] else "[yellow]not enough[/]"
-            console.print(f"  {n}. {remedy['change']}: saves {saved}; peak "
-                          f"{remedy['peak_gib']:.2f} GiB: {verdict}", highlight=False)
+            verdict = ("then fits", "green") if remedy["fits"] else ("not enough", "yellow")
+            console.print(line(f"  {n}. {remedy['change']}: saves {saved}; peak "
+                               f"{remedy['peak_gib']:.2f} GiB: ", verdict))
     if report["ok"]:
-        console.print(f"[green]ok[/]: {plan} fits (peak {report['peak_gib']:.2f} of "
-                      f"{report['capacity_gib']:g} GiB per GPU)", highlight=False)
+        console.print(line(("ok", "green"), f": {plan} fits (peak {report['peak_gib']:.2f} of "
+                           f"{report['capacity_gib']:g} GiB per GPU)"))
     else:
-        console.print(f"[bold red]check failed[/]: {plan}", highlight=False)
+        console.print(line(("check failed", "bold red"), f": {plan}"), soft_wrap=True)

@@ -11,10 +11,64 @@ from typing import Any
 
 import click
 
-from cli.main import cli, emit_json
+from cli.app import emit_json
+from cli.params import FiniteFloat
 from planner.errors import ErrorKind, PlannerError
 
 TORCH_HINT = 'install the "torch" extra of shardplan, or PyTorch itself: pip install "torch>=2.4"'
+
+# What a run needs at least, before activations: fp32 weights, gradients and Adam's two moments
+# (4 x 4 bytes per parameter), held once by the single-process reference run and at least once
+# across the distributed ranks (which run after it), plus each worker process's own PyTorch.
+STATE_BYTES_PER_PARAM = 16
+PROCESS_BYTES = 150 * 2**20
+
+
+def available_memory_bytes() -> int | None:
+    """Memory this process may still use: MemAvailable, capped by a cgroup v2 limit."""
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for row in handle:
+                if row.startswith("MemAvailable:"):
+                    found.append(int(row.split()[1]) * 1024)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as handle:
+            limit = handle.read().strip()
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as handle:
+            used = int(handle.read().strip())
+        if limit != "max":
+            found.append(max(0, int(limit) - used))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def check_memory(plan_file: str, available: int | None = None) -> None:
+    """Refuse up front a plan whose run cannot fit this machine's memory (the run would
+    otherwise allocate until the machine runs out)."""
+    from planner.plan_io import load_plan
+
+    try:
+        doc = load_plan(plan_file)
+    except PlannerError:
+        return  # verify_plan reports what is wrong with the file
+    params = int(doc["model"]["params"])
+    par = doc["parallelism"]
+    world = int(par["tp"]) * int(par["pp"]) * int(par["dp"]) * int(par.get("cp", 1))
+    needed = params * STATE_BYTES_PER_PARAM + world * PROCESS_BYTES
+    available = available_memory_bytes() if available is None else available
+    if available is not None and needed > available:
+        raise PlannerError(
+            ErrorKind.UNSUPPORTED,
+            f"verify of {plan_file} needs at least {needed / 2**30:,.1f} GiB of memory "
+            f"({params:,} parameters x {STATE_BYTES_PER_PARAM} bytes of fp32 weights, gradients "
+            f"and Adam moments, plus {world} worker processes), but {available / 2**30:,.1f} GiB "
+            f"is available", ("verify a smaller model (a plan for `-m tiny`, or a native model "
+                              "file with fewer layers) with the same degrees",),
+            {"needed_bytes": needed, "available_bytes": available})
 
 
 def _require_torch() -> None:
@@ -28,17 +82,18 @@ def _require_torch() -> None:
                            f"({error})", (TORCH_HINT,)) from None
 
 
-@cli.command()
+@click.command()
 @click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=True))
 @click.option("--steps", type=click.IntRange(min=1, max=1000), default=3, show_default=True,
               help="Training steps to run and compare.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,
               help="Seed of the weights and of the synthetic token data.")
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=3e-3,
+@click.option("--lr", type=FiniteFloat(0, 10, min_open=True), default=3e-3,
               show_default=True, help="Adam learning rate.")
-@click.option("--rtol", type=click.FloatRange(min=0), default=1e-4, show_default=True,
+@click.option("--rtol", type=FiniteFloat(0, 1), default=1e-4, show_default=True,
               help="Largest relative loss difference from the single-process run.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1), default=600.0,
+@click.option("--timeout", "timeout_s", type=FiniteFloat(1, 86_400, unit="seconds"),
+              default=600.0,
               show_default=True, help="Seconds before the distributed run is stopped.")
 @click.option("--max-processes", type=click.IntRange(min=1, max=256), default=16,
               show_default=True, help="Refuse plans needing more CPU processes than this.")
@@ -53,6 +108,7 @@ def verify(plan_file, steps, seed, lr, rtol, timeout_s, max_processes, as_json):
     gradient and optimizer bytes with the plan's prediction.
     """
     _require_torch()
+    check_memory(plan_file)
     from planner.runtime.torch_exec import verify_plan
 
     report = verify_plan(plan_file, steps=steps, seed=seed, lr=lr, rtol=rtol,
@@ -72,18 +128,18 @@ def _mib(value: float) -> str:
 def print_verify(doc: dict[str, Any]) -> None:
     from rich.table import Table
 
-    from cli.render import console
+    from cli.console import console, line, styled
 
     par = doc["parallelism"]
-    console.print(f"[bold]{doc['plan']}[/]: tp {par.get('tp')} pp {par.get('pp')} "
+    console.print(line((doc['plan'], "bold"), f": tp {par.get('tp')} pp {par.get('pp')} "
                   f"dp {par.get('dp')} cp {par.get('cp')} sp {par.get('sp')} zero "
                   f"{par.get('zero_stage')} micro-batch {par.get('micro_batch')} x "
-                  f"{par.get('num_micro_batches')} ({doc['world_size']} processes)",
-                  highlight=False)
+                  f"{par.get('num_micro_batches')} ({doc['world_size']} processes)"))
     for key, text in doc["implementation"].items():
-        console.print(f"  [dim]{key}[/]: {text}", highlight=False)
+        console.print(line("  ", (key, "dim"), f": {text}"))
     if doc.get("error"):
-        console.print(f"[bold red]distributed run failed[/]: {doc['error']}", highlight=False)
+        console.print(line(("distributed run failed", "bold red"), f": {doc['error']}"),
+                      soft_wrap=True)
     loss = doc["loss"]
     table = Table(title=f"Loss: single process vs distributed (rtol {loss['rtol']:g})")
     for column in ("step", "single process", "distributed", "rel. difference"):
@@ -105,8 +161,9 @@ def print_verify(doc: dict[str, Any]) -> None:
                 s = r["states"][category]
                 cells.append(f"{_mib(s['predicted_bytes'])} / {_mib(s['held_bytes'])}")
             verdicts = {s["verdict"] for s in r["states"].values()}
-            verdict = ("[red]mismatch[/]" if "mismatch" in verdicts
-                       else "group-sum" if "group-sum exact" in verdicts else "[green]exact[/]")
+            verdict = (styled("mismatch", "red") if "mismatch" in verdicts
+                       else "group-sum" if "group-sum exact" in verdicts
+                       else styled("exact", "green"))
             c = r["coords"]
             table.add_row(str(r["rank"]), str(c["pp"]), str(c["dp"]), str(c["tp"]), *cells,
                           verdict,
@@ -117,11 +174,11 @@ def print_verify(doc: dict[str, Any]) -> None:
         notes = sorted({s["note"] for r in doc["ranks"] for s in r["states"].values()
                         if s["note"]})
         for note in notes:
-            console.print(f"  [yellow]note[/]: {note}", highlight=False)
+            console.print(line("  ", ("note", "yellow"), f": {note}"))
     for note in doc["notes"]:
-        console.print(f"  [dim]note[/]: {note}", highlight=False)
-    status = "[bold green]OK[/]" if doc["ok"] else "[bold red]FAILED[/]"
+        console.print(line("  ", ("note", "dim"), f": {note}"))
+    status = ("OK", "bold green") if doc["ok"] else ("FAILED", "bold red")
     max_rel = loss["max_rel_diff"]
-    console.print(f"{status}: losses {'agree' if loss['ok'] else 'DIFFER'} (max rel. "
-                  f"difference {'-' if max_rel is None else f'{max_rel:.2e}'}), states "
-                  f"{'match' if doc['states_ok'] else 'DO NOT MATCH'}", highlight=False)
+    console.print(line(status, f": losses {'agree' if loss['ok'] else 'DIFFER'} (max rel. "
+                       f"difference {'-' if max_rel is None else f'{max_rel:.2e}'}), states "
+                       f"{'match' if doc['states_ok'] else 'DO NOT MATCH'}"))

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from planner.errors import ErrorKind, PlannerError, invalid
+from planner.safe_input import control_character
 from planner.hardware import Cluster, Gpu, NetworkTier
 
 SCHEMA_VERSION = 1
@@ -34,6 +35,10 @@ MAX_SMS = 1_000_000
 MAX_LATENCY_US = 1_000_000
 MAX_OVERSUBSCRIPTION = 1_000
 MAX_TEXT = 2_000
+# Lower bounds on rates and sizes: far below any real part (1 MB/s, 1 GFLOP/s, 1 MiB, 0.1%
+# efficiency), and far enough above the float limits (1e-300, 5e-324 pass a "> 0" check) that
+# every time and byte count derived from them stays finite.
+MIN_RATE = 1e-3  # GB/s, TFLOP/s, GiB, efficiency
 
 GPU_REQUIRED = ("name", "memory_gib", "hbm_bandwidth_gbytes_per_s", "peak_tflops", "num_sms")
 GPU_OPTIONAL = ("vendor", "matmul_efficiency", "attention_efficiency", "reserve_gib",
@@ -106,7 +111,12 @@ def number(value: Any, where: str, path: str, *, minimum: float, maximum: float,
         raise _fail(where, path, f"must be a finite number, got {_show(value)}")
     low_ok = value >= minimum if allow_min else value > minimum
     if not low_ok:
-        if allow_min:
+        if allow_min and minimum > 0 and value > 0:  # MIN_RATE: positive but absurdly small
+            raise _fail(where, path, f"{_show(value)} is implausibly small (limit {minimum:g}); "
+                                     f"check the unit named in the key")
+        if allow_min and minimum > 0:
+            bound = "positive"
+        elif allow_min:
             bound = f">= {minimum:g}"
         elif integer and minimum == 0:
             bound = ">= 1"
@@ -126,6 +136,10 @@ def text(value: Any, where: str, path: str, *, allow_empty: bool = False) -> str
         raise _fail(where, path, "must not be empty")
     if len(value) > MAX_TEXT:
         raise _fail(where, path, f"is {len(value)} characters long (limit {MAX_TEXT})")
+    bad = control_character(value, allow_newlines=not path.endswith("name"))
+    if bad is not None:
+        raise _fail(where, path, f"contains the control character {bad}; names and text "
+                                 f"fields are written into plans and exported configurations")
     return value
 
 
@@ -152,15 +166,16 @@ def gpu_from_mapping(data: Any, where: str, path_of: Callable[[str], str]) -> Gp
     check_keys(peak, where, peak_path, (), PEAK_TFLOPS_KEYS)
     if not any(k in peak for k in ("bf16", "fp16")):
         raise _fail(where, peak_path, "needs at least one of 'bf16', 'fp16' (dense TFLOP/s)")
-    tflops = {k: number(v, where, f"{peak_path}.{k}", minimum=0, maximum=MAX_TFLOPS)
+    tflops = {k: number(v, where, f"{peak_path}.{k}", minimum=MIN_RATE, maximum=MAX_TFLOPS,
+                        allow_min=True)
               for k, v in peak.items()}
     kwargs: dict[str, Any] = dict(
         name=text(data["name"], where, path_of("name")),
         memory_gib=number(data["memory_gib"], where, path_of("memory_gib"),
-                          minimum=0, maximum=MAX_MEMORY_GIB),
+                          minimum=MIN_RATE, maximum=MAX_MEMORY_GIB, allow_min=True),
         hbm_bandwidth_gbytes_per_s=number(
             data["hbm_bandwidth_gbytes_per_s"], where, path_of("hbm_bandwidth_gbytes_per_s"),
-            minimum=0, maximum=MAX_BANDWIDTH_GBYTES_PER_S),
+            minimum=MIN_RATE, maximum=MAX_BANDWIDTH_GBYTES_PER_S, allow_min=True),
         peak_tflops=MappingProxyType(dict(sorted(tflops.items()))),
         num_sms=int(number(data["num_sms"], where, path_of("num_sms"), minimum=0,
                            maximum=MAX_SMS, integer=True)),
@@ -169,38 +184,43 @@ def gpu_from_mapping(data: Any, where: str, path_of: Callable[[str], str]) -> Gp
         kwargs["vendor"] = text(data["vendor"], where, path_of("vendor"))
     if "attention_efficiency" in data:
         kwargs["attention_efficiency"] = number(data["attention_efficiency"], where,
-                                                path_of("attention_efficiency"), minimum=0, maximum=1)
+                                                path_of("attention_efficiency"), minimum=MIN_RATE,
+                                                maximum=1, allow_min=True)
     if "reserve_gib" in data:
         kwargs["reserve_gib"] = number(data["reserve_gib"], where, path_of("reserve_gib"),
                                        minimum=0, maximum=1e3)
     if "matmul_efficiency" in data:
         kwargs["matmul_efficiency"] = number(data["matmul_efficiency"], where,
-                                             path_of("matmul_efficiency"), minimum=0, maximum=1)
+                                             path_of("matmul_efficiency"), minimum=MIN_RATE,
+                                                maximum=1, allow_min=True)
     for key in ("description", "source"):
         if key in data:
             text(data[key], where, path_of(key), allow_empty=True)
     return Gpu(**kwargs)
 
 
-def resolve_gpu(data: dict[str, Any], where: str, gpu_presets: Mapping[str, dict[str, Any]]) -> Gpu:
-    """The cluster's ``gpu`` (a preset name or a mapping) with ``gpu_overrides`` applied."""
+def resolve_gpu(data: dict[str, Any], where: str, gpu_presets: Mapping[str, dict[str, Any]],
+                prefix: str = "") -> Gpu:
+    """The cluster's (or pool's, under ``prefix``) ``gpu`` -- a preset name or a mapping --
+    with ``gpu_overrides`` applied."""
     spec = data["gpu"]
     overrides = data.get("gpu_overrides")
+    at = lambda key: _join(prefix, key)  # noqa: E731
     if isinstance(spec, dict):
         if overrides is not None:
-            raise _fail(where, "gpu_overrides", "only applies when 'gpu' names a preset; "
-                                                "put the values in the 'gpu' mapping instead")
-        return gpu_from_mapping(spec, where, lambda key: f"gpu.{key}")
+            raise _fail(where, at("gpu_overrides"), "only applies when 'gpu' names a preset; "
+                                                    "put the values in the 'gpu' mapping instead")
+        return gpu_from_mapping(spec, where, lambda key: at(f"gpu.{key}"))
     if not isinstance(spec, str):
-        raise _fail(where, "gpu", f"expected a GPU preset name or a mapping of GPU fields, got "
-                                  f"{_type_name(spec)} {_show(spec)}")
+        raise _fail(where, at("gpu"), f"expected a GPU preset name or a mapping of GPU fields, "
+                                      f"got {_type_name(spec)} {_show(spec)}")
     preset_name = spec.strip().lower()
     if preset_name not in gpu_presets:
-        raise unknown_preset("GPU", spec, sorted(gpu_presets), where=where, field="gpu")
+        raise unknown_preset("GPU", spec, sorted(gpu_presets), where=where, field=at("gpu"))
     merged = dict(gpu_presets[preset_name])
     if overrides is None:
-        return gpu_from_mapping(merged, where, lambda key: f"gpu({preset_name}).{key}")
-    check_keys(overrides, where, "gpu_overrides", (), GPU_REQUIRED + GPU_OPTIONAL)
+        return gpu_from_mapping(merged, where, lambda key: at(f"gpu({preset_name}).{key}"))
+    check_keys(overrides, where, at("gpu_overrides"), (), GPU_REQUIRED + GPU_OPTIONAL)
     for key, value in overrides.items():
         if key == "peak_tflops" and isinstance(value, dict):
             merged[key] = {**merged[key], **value}  # override single dtypes
@@ -208,7 +228,7 @@ def resolve_gpu(data: dict[str, Any], where: str, gpu_presets: Mapping[str, dict
             merged[key] = value
     return gpu_from_mapping(
         merged, where,
-        lambda key: f"gpu_overrides.{key}" if key in overrides else f"gpu({preset_name}).{key}")
+        lambda key: at(f"gpu_overrides.{key}" if key in overrides else f"gpu({preset_name}).{key}"))
 
 
 def unknown_preset(what: str, name: Any, valid: list[str], **details: Any) -> PlannerError:
@@ -228,72 +248,88 @@ def unknown_preset(what: str, name: Any, valid: list[str], **details: Any) -> Pl
 
 def cluster_from_mapping(data: Any, where: str, gpu_presets: Mapping[str, dict[str, Any]],
                          nodes: int | None = None) -> Cluster:
-    """Build a Cluster from a parsed cluster document; ``nodes`` overrides ``num_nodes``."""
+    """Build a Cluster from a parsed one-pool cluster document; ``nodes`` overrides
+    ``num_nodes``. (Documents with ``pools:`` are read by :mod:`clusters.pools`.)"""
     check_keys(data, where, "", CLUSTER_REQUIRED, CLUSTER_OPTIONAL)
-    version = data["shardplan_cluster"]
-    if isinstance(version, bool) or version != SCHEMA_VERSION:
-        raise _fail(where, "shardplan_cluster", f"unsupported schema version {_show(version)}; "
-                                                f"this shardplan reads version {SCHEMA_VERSION}")
+    check_version(data, where)
     name = text(data["name"], where, "name")
-    gpu = resolve_gpu(data, where, gpu_presets)
-    gpus_per_node = int(number(data["gpus_per_node"], where, "gpus_per_node", minimum=0,
-                               maximum=MAX_GPUS_PER_NODE, integer=True))
-    num_nodes = int(number(data["num_nodes"], where, "num_nodes", minimum=0,
-                           maximum=MAX_NODES, integer=True))
-    nics = int(number(data.get("nics_per_node", 0), where, "nics_per_node", minimum=0,
-                      maximum=MAX_GPUS_PER_NODE, allow_min=True, integer=True))
-    if nics > gpus_per_node:
-        raise _fail(where, "nics_per_node",
-                    f"{nics} NICs for {gpus_per_node} GPUs per node: at most one NIC per GPU is "
-                    f"modelled", "Give one NIC with the combined bandwidth per GPU instead.")
-    su_nodes = int(number(data.get("scalable_unit_nodes", 32), where, "scalable_unit_nodes",
-                          minimum=0, maximum=MAX_NODES, integer=True))
-    oversub = number(data.get("spine_oversubscription", 1.0), where, "spine_oversubscription",
-                     minimum=1, maximum=MAX_OVERSUBSCRIPTION, allow_min=True)
-    spine_latency = number(data.get("spine_latency_us", 0.5), where, "spine_latency_us",
-                           minimum=0, maximum=MAX_LATENCY_US, allow_min=True)
-    topology = data.get("intra_node_topology", "switch")
-    if topology not in INTRA_NODE_TOPOLOGIES:
-        raise _fail(where, "intra_node_topology", f"must be one of "
-                                                  f"{', '.join(INTRA_NODE_TOPOLOGIES)}, got "
-                                                  f"{_show(topology)}")
-    if topology == "full_mesh" and gpus_per_node < 2:
-        raise _fail(where, "intra_node_topology", "full_mesh needs at least 2 GPUs per node")
-    tiers = _tiers(data["tiers"], where)
-    description = text(data.get("description", ""), where, "description", allow_empty=True)
-    source = text(data.get("source", ""), where, "source", allow_empty=True)
-    cluster = Cluster(name=name, gpu=gpu, gpus_per_node=gpus_per_node, num_nodes=num_nodes,
-                      tiers=tiers, nics_per_node=nics, source=source, description=description,
-                      scalable_unit_nodes=su_nodes, spine_oversubscription=oversub,
-                      spine_latency_us=spine_latency, intra_node_topology=topology)
+    cluster = fabric_from_mapping(data, where, gpu_presets, name)
+    num_nodes = cluster.num_nodes
     return with_nodes(cluster, num_nodes if nodes is None else nodes, where,
                       "nodes" if nodes is not None else "num_nodes")
 
 
-def _tiers(value: Any, where: str) -> tuple[NetworkTier, ...]:
+def check_version(data: dict[str, Any], where: str) -> None:
+    version = data["shardplan_cluster"]
+    if isinstance(version, bool) or version != SCHEMA_VERSION:
+        raise _fail(where, "shardplan_cluster", f"unsupported schema version {_show(version)}; "
+                                                f"this shardplan reads version {SCHEMA_VERSION}")
+
+
+def fabric_from_mapping(data: dict[str, Any], where: str, gpu_presets: Mapping[str, dict[str, Any]],
+                        name: str, prefix: str = "") -> Cluster:
+    """The GPU, node shape, tiers and fabric fields of a cluster document, or of one pool
+    (field paths under ``prefix``, e.g. ``pools[1]``); keys already checked by the caller.
+    ``domain_gpus`` of the tiers is filled in by :func:`with_nodes`."""
+    at = lambda key: _join(prefix, key)  # noqa: E731
+    gpu = resolve_gpu(data, where, gpu_presets, prefix)
+    gpus_per_node = int(number(data["gpus_per_node"], where, at("gpus_per_node"), minimum=0,
+                               maximum=MAX_GPUS_PER_NODE, integer=True))
+    num_nodes = int(number(data["num_nodes"], where, at("num_nodes"), minimum=0,
+                           maximum=MAX_NODES, integer=True))
+    nics = int(number(data.get("nics_per_node", 0), where, at("nics_per_node"), minimum=0,
+                      maximum=MAX_GPUS_PER_NODE, allow_min=True, integer=True))
+    if nics > gpus_per_node:
+        raise _fail(where, at("nics_per_node"),
+                    f"{nics} NICs for {gpus_per_node} GPUs per node: at most one NIC per GPU is "
+                    f"modelled", "Give one NIC with the combined bandwidth per GPU instead.")
+    su_nodes = int(number(data.get("scalable_unit_nodes", 32), where, at("scalable_unit_nodes"),
+                          minimum=0, maximum=MAX_NODES, integer=True))
+    oversub = number(data.get("spine_oversubscription", 1.0), where,
+                     at("spine_oversubscription"), minimum=1, maximum=MAX_OVERSUBSCRIPTION,
+                     allow_min=True)
+    spine_latency = number(data.get("spine_latency_us", 0.5), where, at("spine_latency_us"),
+                           minimum=0, maximum=MAX_LATENCY_US, allow_min=True)
+    topology = data.get("intra_node_topology", "switch")
+    if topology not in INTRA_NODE_TOPOLOGIES:
+        raise _fail(where, at("intra_node_topology"),
+                    f"must be one of {', '.join(INTRA_NODE_TOPOLOGIES)}, got {_show(topology)}")
+    if topology == "full_mesh" and gpus_per_node < 2:
+        raise _fail(where, at("intra_node_topology"), "full_mesh needs at least 2 GPUs per node")
+    tiers = _tiers(data["tiers"], where, prefix)
+    description = text(data.get("description", ""), where, at("description"), allow_empty=True)
+    source = text(data.get("source", ""), where, at("source"), allow_empty=True)
+    return Cluster(name=name, gpu=gpu, gpus_per_node=gpus_per_node, num_nodes=num_nodes,
+                   tiers=tiers, nics_per_node=nics, source=source, description=description,
+                   scalable_unit_nodes=su_nodes, spine_oversubscription=oversub,
+                   spine_latency_us=spine_latency, intra_node_topology=topology)
+
+
+def _tiers(value: Any, where: str, prefix: str = "") -> tuple[NetworkTier, ...]:
+    at = lambda key: _join(prefix, key)  # noqa: E731
     if not isinstance(value, list):
-        raise _fail(where, "tiers", f"expected a list of 1 or 2 tiers (intra-node, then "
-                                    f"inter-node), got {_type_name(value)} {_show(value)}")
+        raise _fail(where, at("tiers"), f"expected a list of 1 or 2 tiers (intra-node, then "
+                                        f"inter-node), got {_type_name(value)} {_show(value)}")
     if not 1 <= len(value) <= 2:
-        raise _fail(where, "tiers", f"expected 1 or 2 tiers (intra-node, then inter-node), got "
-                                    f"{len(value)}",
+        raise _fail(where, at("tiers"), f"expected 1 or 2 tiers (intra-node, then inter-node), "
+                                        f"got {len(value)}",
                     "Describe the spine with scalable_unit_nodes / spine_oversubscription.")
     tiers = []
     for index, item in enumerate(value):
-        path = f"tiers[{index}]"
+        path = at(f"tiers[{index}]")
         check_keys(item, where, path, TIER_REQUIRED, TIER_OPTIONAL)
         tiers.append(NetworkTier(
             name=text(item["name"], where, f"{path}.name"),
             domain_gpus=1,  # set by with_nodes
             bandwidth_gbytes_per_s=number(item["bandwidth_gbytes_per_s"], where,
-                                          f"{path}.bandwidth_gbytes_per_s", minimum=0,
-                                          maximum=MAX_BANDWIDTH_GBYTES_PER_S),
+                                          f"{path}.bandwidth_gbytes_per_s", minimum=MIN_RATE,
+                                          maximum=MAX_BANDWIDTH_GBYTES_PER_S, allow_min=True),
             latency_us=number(item["latency_us"], where, f"{path}.latency_us", minimum=0,
                               maximum=MAX_LATENCY_US, allow_min=True),
             efficiency=number(item.get("efficiency", 1.0), where, f"{path}.efficiency",
-                              minimum=0, maximum=1)))
+                              minimum=MIN_RATE, maximum=1, allow_min=True)))
     if len(tiers) == 2 and tiers[0].name == tiers[1].name:
-        raise _fail(where, "tiers[1].name", f"duplicates tiers[0].name {tiers[0].name!r}")
+        raise _fail(where, at("tiers[1].name"), f"duplicates tiers[0].name {tiers[0].name!r}")
     return tuple(tiers)
 
 

@@ -23,24 +23,12 @@ from planner.errors import ErrorKind, PlannerError, invalid
 from planner.ir import Attention, Mlp, ModelGraph
 
 from .fields import Fields, check_kv_heads, head_dim_of
+from .hf_common import Parts, default_seq as _seq, moe_mlp as _moe, windows as _windows
+from .hf_moe import deepseek_v3, gpt_oss, llama4
 from .params import BlockShape, EmbeddingShape, HeadShape, assemble
 from .reading import read_mapping
 
-DEFAULT_SEQ_CAP = 4096  # default training sequence: min(max_position_embeddings, this)
-
 BERT_HEADS = ("mlm", "pooler")
-
-
-@dataclass(frozen=True)
-class Parts:
-    """What one family importer works out; :func:`import_hf_config` assembles it."""
-
-    embedding: EmbeddingShape
-    blocks: list[tuple[str, BlockShape]]
-    head: HeadShape
-    max_seq_len: int | None
-    default_seq_len: int
-    positions: str  # learned | rope | relative | alibi
 
 
 def load_hf_config(path: str | Path, *, bert_head: str = "mlm") -> ModelGraph:
@@ -64,7 +52,7 @@ def import_hf_config(config: Mapping[str, Any], *, name: str, source: str = "",
     fields = Fields(config, where)
     model_type = _model_type(fields)
     parts = _bert(fields, bert_head) if model_type == "bert" else _FAMILIES[model_type](fields)
-    metadata = [("positions", parts.positions)]
+    metadata = [("positions", parts.positions), *parts.metadata]
     dtype = config.get("torch_dtype", config.get("dtype"))
     if isinstance(dtype, str):
         metadata.append(("dtype", dtype))
@@ -83,6 +71,7 @@ _ARCH_PREFIXES = {
     "Llama": "llama", "Mistral": "mistral", "Mixtral": "mixtral", "Qwen2Moe": "qwen2_moe",
     "Qwen2": "qwen2", "Qwen3Moe": "qwen3_moe", "Qwen3": "qwen3", "Gemma2": "gemma2",
     "Gemma": "gemma", "Phi3": "phi3", "Falcon": "falcon", "DeepseekV3": "deepseek_v3",
+    "GptOss": "gpt_oss", "Llama4": "llama4",
     "GPT2": "gpt2", "GPTNeoX": "gpt_neox", "Bert": "bert", "T5": "t5", "ViT": "vit",
 }
 
@@ -111,34 +100,10 @@ def _model_type(fields: Fields) -> str:
 
 # -- shared pieces ---------------------------------------------------------------------------
 
-def _seq(max_pos: int | None) -> int:
-    return min(max_pos, DEFAULT_SEQ_CAP) if max_pos else DEFAULT_SEQ_CAP
-
-
 def _mha(fields: Fields, hidden: int, heads_key: str, heads: int, *, causal: bool) -> Attention:
     d = head_dim_of(fields, hidden, heads, None, heads_key)
     return Attention(num_heads=heads, num_kv_heads=heads, head_dim=d, v_head_dim=d,
                      causal=causal)
-
-
-def _windows(fields: Fields, layers: int, sliding: int | None,
-             default_rule: Callable[[int], bool]) -> list[int | None]:
-    """Per-layer sliding window: ``layer_types`` if given, else ``default_rule(i)``."""
-    types = fields.str_list("layer_types")
-    if types is None:
-        return [sliding if (sliding and default_rule(i)) else None for i in range(layers)]
-    if len(types) != layers:
-        raise invalid(f"{fields.where}: 'layer_types' lists {len(types)} layers but the model "
-                      f"has {layers}")
-    allowed = ("full_attention", "sliding_attention")
-    for kind in types:
-        if kind not in allowed:
-            raise PlannerError(ErrorKind.UNSUPPORTED,
-                               f"{fields.where}: layer type {kind[:40]!r} is not supported "
-                               f"(supported: {', '.join(allowed)})")
-    if "sliding_attention" in types and not sliding:
-        raise invalid(f"{fields.where}: 'layer_types' has sliding layers but no sliding_window")
-    return [sliding if kind == "sliding_attention" else None for kind in types]
 
 
 # -- Llama-style decoders (llama, mistral, mixtral, qwen*, gemma*, phi3) ----------------------
@@ -270,58 +235,6 @@ def _llama_windows(f: Fields, rules: _Rules, layers: int) -> list[int | None]:
     if rules.sliding == "alternate":
         return _windows(f, layers, sliding, lambda i: i % 2 == 0)  # gemma2: even layers local
     return [None] * layers
-
-
-def _moe(f: Fields, expert_ffn: int, experts: int, top_k: int, shared: int) -> Mlp:
-    if top_k > experts:
-        raise invalid(f"{f.where}: num_experts_per_tok ({top_k}) exceeds the number of experts "
-                      f"({experts})")
-    return Mlp(ffn_hidden=expert_ffn, gated=True, num_experts=experts, top_k=top_k,
-               shared_ffn_hidden=shared)
-
-
-# -- DeepSeek-V3 (MLA + MoE) -----------------------------------------------------------------
-
-def _deepseek_v3(f: Fields) -> Parts:
-    """``modeling_deepseek_v3``: MLA attention; the first ``first_k_dense_replace`` layers dense,
-    then MoE every ``moe_layer_freq`` layers. The router's ``e_score_correction_bias`` is a
-    buffer, not a parameter, and the MTP module (``num_nextn_predict_layers``) is not built by
-    ``DeepseekV3ForCausalLM`` (ecosystem.md A1/A2)."""
-    layers = f.integer("num_hidden_layers", limit="layers")
-    h = f.integer("hidden_size", limit="hidden")
-    vocab = f.integer("vocab_size", limit="vocab")
-    heads = f.integer("num_attention_heads", limit="heads")
-    ffn = f.integer("intermediate_size", limit="ffn")
-    # q_lora_rank: absent -> class default 1536; null -> no q LoRA (DeepSeek-V2-Lite style).
-    q_rank = f.opt_integer("q_lora_rank", limit="hidden") if "q_lora_rank" in f.data else 1536
-    kv_rank = f.integer("kv_lora_rank", default=512, limit="hidden")
-    nope = f.integer("qk_nope_head_dim", default=128, limit="head_dim")
-    rope = f.integer("qk_rope_head_dim", default=64, limit="head_dim")
-    v_dim = f.integer("v_head_dim", default=128, limit="head_dim")
-    experts = f.integer("n_routed_experts", "num_local_experts", default=256, limit="experts")
-    top_k = f.integer("num_experts_per_tok", default=8, limit="experts")
-    shared = f.integer("n_shared_experts", default=1, limit="experts", minimum=0)
-    expert_ffn = f.integer("moe_intermediate_size", default=2048, limit="ffn")
-    first_dense = f.integer("first_k_dense_replace", default=3, limit="layers", minimum=0)
-    freq = f.integer("moe_layer_freq", default=1, limit="layers")
-    max_pos = f.integer("max_position_embeddings", default=4096, limit="positions")
-    bias = f.flag("attention_bias", default=False)
-    tied = f.flag("tie_word_embeddings", default=False)
-
-    attention = Attention(num_heads=heads, num_kv_heads=heads, head_dim=nope + rope,
-                          v_head_dim=v_dim, q_lora_rank=q_rank, kv_lora_rank=kv_rank,
-                          rope_head_dim=rope)
-    dense = Mlp(ffn_hidden=ffn, gated=True)
-    moe = _moe(f, expert_ffn, experts, top_k, shared * expert_ffn) if experts > 1 else dense
-    blocks = []
-    for i in range(layers):
-        is_moe = i >= first_dense and i % freq == 0
-        blocks.append((f"block.{i}", BlockShape(hidden=h, attention=attention,
-                                                mlp=moe if is_moe else dense,
-                                                qkv_bias=bias, out_bias=bias)))
-    return Parts(embedding=EmbeddingShape(vocab=vocab, hidden=h), blocks=blocks,
-                 head=HeadShape(vocab=vocab, hidden=h, tied=tied), max_seq_len=max_pos,
-                 default_seq_len=_seq(max_pos), positions="rope")
 
 
 # -- GPT-2, GPT-NeoX, Falcon -----------------------------------------------------------------
@@ -515,7 +428,11 @@ def _llama_family(name: str) -> Callable[[Fields], Parts]:
 
 _FAMILIES: dict[str, Callable[..., Parts]] = {
     **{name: _llama_family(name) for name in _LLAMA_RULES},
-    "deepseek_v3": _deepseek_v3,
+    "deepseek_v3": deepseek_v3,
+    "kimi_k2": deepseek_v3,  # moonshotai/Kimi-K2: DeepseekV3Config with 384 experts
+    "gpt_oss": gpt_oss,
+    "llama4": llama4,  # a flat Llama-4 config; the multimodal one nests llama4_text
+    "llama4_text": llama4,
     "gpt2": _gpt2,
     "gpt_neox": _gpt_neox,
     "falcon": _falcon,

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Sequence
 
 from planner.ir import Attention, Layer, LayerKind, Mlp, ModelGraph
+from planner.errors import invalid
+from planner.safe_input import control_character
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,8 @@ class BlockShape:
     mlp_bias: bool = False
     qk_norm: bool = False  # Qwen3: RMSNorm(head_dim) on q and on k
     shared_expert_gate: bool = False  # Qwen2-MoE: Linear(h, 1) gating the shared expert
+    router_bias: bool = False  # gpt-oss: the router Linear(h, E) has a bias
+    attention_sinks: bool = False  # gpt-oss: one learned sink logit per attention head
 
 
 @dataclass(frozen=True)
@@ -130,8 +134,9 @@ class HeadShape:
 # -- counting --------------------------------------------------------------------------------
 
 def attention_count(h: int, a: Attention, *, qkv_bias: bool, out_bias: bool,
-                    qk_norm: bool) -> Count:
-    """One attention sub-layer (twice the projections when it also cross-attends)."""
+                    qk_norm: bool, sinks: bool = False) -> Count:
+    """One attention sub-layer (twice the projections when it also cross-attends). ``sinks``:
+    gpt-oss's per-head sink logits (``GptOssAttention.sinks``), split with the heads."""
     if a.is_mla:
         one = _mla_count(h, a, qkv_bias=qkv_bias, out_bias=out_bias)
     else:
@@ -143,6 +148,8 @@ def attention_count(h: int, a: Attention, *, qkv_bias: bool, out_bias: bool,
                + row_linear(a.num_heads * a.v_head_dim, h, out_bias))
         if qk_norm:
             one = one + norm(a.head_dim, False) + norm(a.head_dim, False)
+    if sinks:
+        one = one + Count(a.num_heads)
     return one.times(2) if a.cross_attention else one
 
 
@@ -171,14 +178,15 @@ def ffn_count(h: int, width: int, gated: bool, bias: bool) -> Count:
     return (up.times(2) if gated else up) + row_linear(width, h, bias)
 
 
-def mlp_count(h: int, m: Mlp, *, bias: bool, shared_expert_gate: bool) -> Count:
+def mlp_count(h: int, m: Mlp, *, bias: bool, shared_expert_gate: bool,
+              router_bias: bool = False) -> Count:
     """Dense MLP, or MoE: router + routed experts (+ always-active shared experts)."""
     if not m.is_moe:
         return ffn_count(h, m.ffn_hidden, m.gated, bias)
     per_expert = ffn_count(h, m.ffn_hidden, m.gated, bias).params
     experts = Count(per_expert * m.num_experts, expert=per_expert * m.num_experts,
                     active_expert=per_expert * m.top_k)
-    router = replicated_linear(h, m.num_experts)
+    router = replicated_linear(h, m.num_experts, router_bias)
     shared = ffn_count(h, m.shared_ffn_hidden, m.gated, bias) if m.shared_ffn_hidden else Count()
     gate = replicated_linear(h, 1) if shared_expert_gate else Count()
     return experts + router + shared + gate
@@ -186,8 +194,9 @@ def mlp_count(h: int, m: Mlp, *, bias: bool, shared_expert_gate: bool) -> Count:
 
 def block_count(s: BlockShape) -> Count:
     return (attention_count(s.hidden, s.attention, qkv_bias=s.qkv_bias, out_bias=s.out_bias,
-                            qk_norm=s.qk_norm)
-            + mlp_count(s.hidden, s.mlp, bias=s.mlp_bias, shared_expert_gate=s.shared_expert_gate)
+                            qk_norm=s.qk_norm, sinks=s.attention_sinks)
+            + mlp_count(s.hidden, s.mlp, bias=s.mlp_bias, shared_expert_gate=s.shared_expert_gate,
+                        router_bias=s.router_bias)
             + norm(s.hidden, s.norm_bias).times(s.num_norms))
 
 
@@ -241,6 +250,11 @@ def assemble(*, name: str, family: str, embedding: EmbeddingShape,
              max_seq_len: int | None, source: str,
              metadata: Sequence[tuple[str, str]] = ()) -> ModelGraph:
     """Build the ModelGraph: embedding, blocks in order, head."""
+    bad = control_character(name)
+    if bad is not None:  # the name goes into plans, exported shell and TOML files, terminals
+        raise invalid(f"{source}: the model name {name!r} contains the control character {bad}",
+                      "give the model a name without control characters (the 'name' key, or "
+                      "the file name of a config.json)")
     cache: dict[BlockShape, Layer] = {}
     layers = [embedding_layer(embedding)]
     for block_name, shape in blocks:

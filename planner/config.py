@@ -1,7 +1,10 @@
 """Parallel configuration and runtime options: what a plan chooses and how the runtime behaves.
 
-:class:`ParallelConfig` holds the global choices (degrees, ZeRO stage, micro-batch, schedule);
-:class:`LayerPlacement` the per-layer choices (pipeline stage and recomputation of each layer);
+:class:`ParallelConfig` holds the global choices: the mesh degrees (read as a
+:class:`~planner.mesh.Mesh` through ``config.mesh``), the training workload it runs
+(``config.workload``), ZeRO stage, micro-batch and schedule. The per-layer choices (pipeline
+stage and :class:`~planner.strategy.LayerOption` of each layer) are a
+:class:`~planner.strategy.LayerPlacement`;
 :class:`RuntimeOptions` the properties of the runtime that will execute the plan and that the
 cost model must know (attention kernel, overlap switches, which optimizer-state layout).
 
@@ -12,17 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 
 from planner.errors import invalid
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
-
-
-class Recompute(str, Enum):
-    NONE = "none"
-    SELECTIVE = "selective"  # recompute the attention core only (Korthikanti et al. 2022 §5)
-    FULL = "full"  # store the block input only, recompute the whole block in backward
+from planner.mesh import Mesh
+from planner.workload import TrainingWorkload
 
 
 DTYPES = ("bf16", "fp16", "fp8")
@@ -42,8 +40,16 @@ class ParallelConfig:
     zero_stage: int = 0
     micro_batch: int = 1
     virtual_stages: int = 1
-    recompute: Recompute = Recompute.NONE
     dtype: str = "bf16"
+
+    @property
+    def mesh(self) -> Mesh:
+        """The device mesh (degrees, rank order, group strides): :class:`planner.mesh.Mesh`."""
+        return Mesh(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep)
+
+    @property
+    def workload(self) -> TrainingWorkload:
+        return TrainingWorkload(self.global_batch, self.seq_len, self.dtype)
 
     @property
     def num_gpus(self) -> int:
@@ -133,53 +139,6 @@ class ParallelConfig:
         if self.seq_len > (model.max_seq_len or math.inf) * 64:
             raise invalid(f"sequence length {self.seq_len} is absurd for {model.name} "
                           f"(max positions {model.max_seq_len})")
-
-
-@dataclass(frozen=True)
-class LayerPlacement:
-    """Per-layer decisions: ``stage[i]`` and ``recompute[i]`` for layer ``i`` of the model."""
-
-    stage: tuple[int, ...]
-    recompute: tuple[Recompute, ...]
-
-    def layers_of_stage(self, stage: int) -> list[int]:
-        return [i for i, s in enumerate(self.stage) if s == stage]
-
-
-def interleaved_rank(block: int, num_blocks: int, pp: int, virtual_stages: int) -> int:
-    """Pipeline rank holding ``block`` under interleaved 1F1B: the blocks form pp x v equal
-    chunks and chunk k runs on rank k mod pp (Megatron-LM virtual pipeline stages)."""
-    chunk = num_blocks // (pp * virtual_stages)
-    return (block // chunk) % pp
-
-
-def default_placement(model: ModelGraph, config: ParallelConfig) -> LayerPlacement:
-    """Megatron-LM's default split: blocks spread evenly over pp stages (earlier stages take the
-    remainder; round-robin chunks when interleaved), the embedding on the first stage, the head
-    on the last; one recompute setting for every block (embedding and head never recompute)."""
-    blocks = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK]
-    per_stage, extra = divmod(len(blocks), config.pp)
-    stage_of: dict[int, int] = {}
-    cursor = 0
-    for stage in range(config.pp):
-        count = per_stage + (1 if stage < extra else 0)
-        for index in blocks[cursor:cursor + count]:
-            stage_of[index] = stage
-        cursor += count
-    if config.virtual_stages > 1:
-        stage_of = {index: interleaved_rank(b, len(blocks), config.pp, config.virtual_stages)
-                    for b, index in enumerate(blocks)}
-    stages = []
-    for i, layer in enumerate(model.layers):
-        if layer.kind is LayerKind.BLOCK:
-            stages.append(stage_of[i])
-        elif layer.kind is LayerKind.EMBEDDING:
-            stages.append(0)
-        else:
-            stages.append(config.pp - 1)
-    recompute = tuple(config.recompute if layer.kind is LayerKind.BLOCK else Recompute.NONE
-                      for layer in model.layers)
-    return LayerPlacement(tuple(stages), recompute)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,14 @@ in Gb/s must be divided by 8 (400 Gb/s NDR = 50 GB/s), NVLink figures quoted as 
 totals must be halved (A100: 600 GB/s total = 300 GB/s per direction). Memory is GiB (2**30
 bytes). Latency is microseconds. Peak throughput is dense (no 2:4 sparsity) TFLOP/s per dtype.
 
+A cluster is one or more **pools**: a :class:`Cluster` is one homogeneous pool (what the
+one-pool cost model and solver read); a :class:`MultiPoolCluster` is several pools (each its own
+GPU type, node shape and fabric, a :class:`Pool`) joined by an :class:`InterPoolLink`. Global
+ranks are pool-major: pool 0 holds ranks ``0 .. n0 - 1``, pool 1 the next ``n1``, and so on;
+inside a pool ranks are node-major as in a :class:`Cluster`. ``Cluster.pools`` gives a
+one-pool cluster's pools too, so per-pool code can read memory, compute and bandwidth the
+same way for both.
+
 Produced by ``clusters/`` (loader and presets); consumed by ``planner/cost``.
 """
 from __future__ import annotations
@@ -57,7 +65,7 @@ class NetworkTier:
     the fraction of it NCCL's bus bandwidth reaches for large messages (nccl-tests busbw / link).
     For the inter-node tier it is per NIC per direction (the NIC line rate): equal to per GPU
     when each GPU has its own NIC; with fewer NICs than GPUs, GPUs share it. Use
-    :func:`clusters.topology.group_link` for the bandwidth a communication group actually gets.
+    :func:`planner.topology.group_link` for the bandwidth a communication group actually gets.
     """
 
     name: str
@@ -89,7 +97,7 @@ class Cluster:
     source: str = ""
     description: str = ""
     extra: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
-    # Fabric shape above the NICs (see docs/clusters.md and clusters/topology.py): rail-optimized
+    # Fabric shape above the NICs (see docs/clusters.md and planner/topology.py): rail-optimized
     # leaves per scalable unit of this many nodes, a spine above them when there is more than one
     # unit, its oversubscription (>= 1) and the extra latency of a path through it.
     scalable_unit_nodes: int = 32
@@ -111,3 +119,144 @@ class Cluster:
     @property
     def memory_bytes_per_gpu(self) -> float:
         return self.gpu.memory_gib * GIB
+
+    @property
+    def pools(self) -> tuple["Pool", ...]:
+        """This cluster as its one pool (ranks 0 .. num_gpus - 1)."""
+        return (Pool.from_cluster(self),)
+
+    @property
+    def inter_pool(self) -> None:
+        """One pool: no inter-pool link."""
+        return None
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One homogeneous pool of a cluster: ``num_nodes`` nodes of ``gpus_per_node`` GPUs of one
+    type, with its own tiers and fabric (fields as in :class:`Cluster`), holding the global
+    ranks ``first_rank .. first_rank + num_gpus - 1``.
+
+    What the cost model reads per pool: memory (:attr:`memory_bytes_per_gpu`), compute
+    (:meth:`peak_flops`, ``gpu.matmul_efficiency``), HBM bandwidth
+    (:attr:`hbm_bandwidth_bytes_per_s`) and the network (``tiers``; :meth:`as_cluster` gives
+    the pool as a :class:`Cluster`, which ``planner.topology.group_link`` costs groups on).
+    """
+
+    name: str
+    gpu: Gpu
+    gpus_per_node: int
+    num_nodes: int
+    tiers: tuple[NetworkTier, ...]
+    nics_per_node: int = 0  # 0: one per GPU
+    scalable_unit_nodes: int = 32
+    spine_oversubscription: float = 1.0
+    spine_latency_us: float = 0.5
+    intra_node_topology: str = "switch"
+    first_rank: int = 0
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.gpu, self.gpus_per_node, self.num_nodes, self.tiers,
+                     self.nics_per_node, self.first_rank))
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.num_nodes
+
+    @property
+    def ranks(self) -> range:
+        return range(self.first_rank, self.first_rank + self.num_gpus)
+
+    @property
+    def memory_bytes_per_gpu(self) -> float:
+        return self.gpu.memory_gib * GIB
+
+    @property
+    def hbm_bandwidth_bytes_per_s(self) -> float:
+        return self.gpu.hbm_bandwidth_gbytes_per_s * GB
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s per GPU for ``dtype`` (KeyError when the GPU lacks the unit)."""
+        return self.gpu.peak_flops(dtype)
+
+    def as_cluster(self, name: str | None = None, *, num_nodes: int | None = None) -> Cluster:
+        """This pool as a homogeneous :class:`Cluster` (ranks renumbered from 0), optionally
+        cut to its first ``num_nodes`` nodes (the tiers' ``domain_gpus`` follow)."""
+        nodes = self.num_nodes if num_nodes is None else num_nodes
+        domains = (self.gpus_per_node, self.gpus_per_node * nodes)
+        tiers = tuple(NetworkTier(t.name, domains[min(i, 1)], t.bandwidth_gbytes_per_s,
+                                  t.latency_us, t.efficiency) for i, t in enumerate(self.tiers))
+        return Cluster(name=name or self.name, gpu=self.gpu, gpus_per_node=self.gpus_per_node,
+                       num_nodes=nodes, tiers=tiers, nics_per_node=self.nics_per_node,
+                       scalable_unit_nodes=self.scalable_unit_nodes,
+                       spine_oversubscription=self.spine_oversubscription,
+                       spine_latency_us=self.spine_latency_us,
+                       intra_node_topology=self.intra_node_topology)
+
+    @staticmethod
+    def from_cluster(cluster: Cluster, name: str | None = None, first_rank: int = 0) -> "Pool":
+        return Pool(name=name or cluster.name, gpu=cluster.gpu,
+                    gpus_per_node=cluster.gpus_per_node, num_nodes=cluster.num_nodes,
+                    tiers=cluster.tiers, nics_per_node=cluster.nics_per_node,
+                    scalable_unit_nodes=cluster.scalable_unit_nodes,
+                    spine_oversubscription=cluster.spine_oversubscription,
+                    spine_latency_us=cluster.spine_latency_us,
+                    intra_node_topology=cluster.intra_node_topology, first_rank=first_rank)
+
+
+@dataclass(frozen=True)
+class InterPoolLink:
+    """How pools reach each other: each pool's fabric (its spine) has an uplink of
+    ``bandwidth_gbytes_per_s`` per direction (the aggregate of the links between the pools,
+    GB/s = 1e9 bytes/s) to one inter-pool switch; every flow between pools shares it. A path
+    from one pool to another adds ``latency_us``. ``efficiency`` is the fraction of the
+    bandwidth collectives reach, as for a tier."""
+
+    bandwidth_gbytes_per_s: float
+    latency_us: float
+    efficiency: float = 1.0
+    name: str = "inter-pool"
+
+    @property
+    def effective_bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_gbytes_per_s * self.efficiency * GB
+
+
+@dataclass(frozen=True)
+class MultiPoolCluster:
+    """Several pools joined by one inter-pool link (see the module docstring for rank order).
+
+    It has no single ``gpu`` or ``gpus_per_node``: code that plans one homogeneous pool takes a
+    :class:`Cluster` (one pool's :meth:`Pool.as_cluster`), code that plans across pools reads
+    ``pools``.
+    """
+
+    name: str
+    pools: tuple[Pool, ...]
+    inter_pool: InterPoolLink
+    source: str = ""
+    description: str = ""
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(p.num_gpus for p in self.pools)
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(p.num_nodes for p in self.pools)
+
+    def pool(self, name: str) -> Pool:
+        for p in self.pools:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def pool_of_rank(self, rank: int) -> Pool:
+        for p in self.pools:
+            if rank in p.ranks:
+                return p
+        raise IndexError(f"rank {rank} is not in cluster {self.name!r} "
+                         f"({self.num_gpus} GPUs)")
+
+    def pool_index(self, rank: int) -> int:
+        return self.pools.index(self.pool_of_rank(rank))

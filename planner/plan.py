@@ -14,14 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from planner.cost.model import Evaluation
-from planner.errors import invalid
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.report import evaluation_dict, rounded
@@ -66,8 +64,8 @@ def content_hash(value: Any) -> str:
 
 def layers_list(ev: Evaluation) -> list[dict[str, Any]]:
     return [{"index": i, "name": layer.name, "kind": layer.kind.value,
-             "stage": ev.placement.stage[i], "recompute": ev.placement.recompute[i].value,
-             "params": layer.params}
+             "stage": ev.placement.stage[i], "recompute": ev.placement.options[i].recompute.value,
+             "layout": ev.placement.options[i].layout.value, "params": layer.params}
             for i, layer in enumerate(ev.model.layers)]
 
 
@@ -117,44 +115,13 @@ def dumps(doc: dict) -> str:
     return json.dumps(doc, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_plan(doc: dict, path: str | os.PathLike, *, force: bool = False) -> Path:
+def write_plan(doc: dict, path: str | os.PathLike, *, force: bool = False, **commit) -> Path:
     """Write a plan document atomically (see :func:`write_text`)."""
-    return write_text(dumps(doc), path, force=force)
+    return write_text(dumps(doc), path, force=force, **commit)
 
 
-def write_text(text: str, path: str | os.PathLike, *, force: bool = False) -> Path:
-    """Write atomically (temp file in the same folder, then rename); refuse to overwrite an
-    existing file unless ``force``."""
-    target = Path(path)
-    if target.exists() and target.is_dir():
-        raise invalid(f"output path {target} is a directory")
-    if target.exists() and not force:
-        raise invalid(f"{target} exists; not overwriting it", "pass --force to replace it")
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        what = "is a file, not a folder" if folder.exists() else "does not exist"
-        raise invalid(f"cannot write {target}: {folder} {what}")
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600; a plan is an ordinary file
-    except OSError as error:
-        raise invalid(f"cannot write {target}: {error.strerror}") from None
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return target
+def write_text(text: str, path: str | os.PathLike, *, force: bool = False, **commit) -> Path:
+    """Write atomically and exclusively: :func:`planner.writer.write_file`."""
+    from planner.writer import write_file
+
+    return write_file(text, path, force=force, **commit)

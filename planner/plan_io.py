@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import invalid
-from planner.safe_input import parse_json, read_text
+from planner.safe_input import control_character, parse_json, read_text
 from planner.plan import KIND, SCHEMA_VERSION
 
 MAX_PLAN_BYTES = 64 * 2**20  # a 400-layer plan with runners-up is well under 1 MiB
@@ -99,6 +99,30 @@ def schema_errors(doc: Any) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def control_character_errors(doc: Any) -> list[str]:
+    """Strings of the plan holding control characters, as ``$.path: message``. Names and specs
+    (keys ending in ``name`` or ``spec``) may hold none, other text no control characters but
+    newlines and tabs: every string of a plan can reach an exported shell or TOML file."""
+    errors: list[str] = []
+    stack: list[tuple[list, Any, str]] = [([], doc, "")]
+    while stack and len(errors) < MAX_REPORTED_ERRORS:
+        path, value, key = stack.pop()
+        if isinstance(value, dict):
+            stack.extend((path + [k], v, k) for k, v in reversed(list(value.items())))
+            for k in value:
+                if control_character(k) is not None:
+                    errors.append(f"{json_path(path)}: key {k!r} contains a control character")
+        elif isinstance(value, list):
+            stack.extend((path + [i], v, key) for i, v in reversed(list(enumerate(value))))
+        elif isinstance(value, str):
+            strict = key.endswith(("name", "spec"))
+            bad = control_character(value, allow_newlines=not strict)
+            if bad is not None:
+                errors.append(f"{json_path(path)}: {value[:40]!r} contains the control "
+                              f"character {bad}")
+    return errors
+
+
 def validate_plan(doc: Any, where: str = "plan") -> dict[str, Any]:
     """Check ``doc`` is a plan of this version and matches the schema; return it."""
     if not isinstance(doc, dict):
@@ -115,7 +139,7 @@ def validate_plan(doc: Any, where: str = "plan") -> dict[str, Any]:
                       "re-create the plan with this shardplan (`shardplan plan ... -o FILE`), or "
                       "use the shardplan version that wrote it",
                       expected=SCHEMA_VERSION, found=version)
-    errors = schema_errors(doc)
+    errors = schema_errors(doc) or control_character_errors(doc)
     if errors:
         shown = errors[:MAX_REPORTED_ERRORS]
         more = len(errors) - len(shown)

@@ -18,7 +18,13 @@ the tool takes, so every input gets the same protections:
 """
 from __future__ import annotations
 
+import codecs
+import errno
 import json
+import math
+import os
+import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -32,22 +38,73 @@ MAX_YAML_EVENTS = 20_000
 MAX_FLOW_DEPTH = 64
 
 
+def _stat(path: Path, what: str, missing_hint: str | None) -> os.stat_result:
+    """``os.stat`` with every way of failing said as what it is."""
+    hints = (missing_hint,) if missing_hint else ()
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            raise invalid(f"{what} {path} is a symbolic link to a missing file "
+                          f"({os.readlink(path)})", file=str(path)) from None
+        raise invalid(f"{what} not found: {path}", *hints, file=str(path)) from None
+    except NotADirectoryError:
+        raise invalid(f"{what} not found: {path} (a part of the path is a file, not a folder)",
+                      *hints, file=str(path)) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise invalid(f"{what} {path}: too many levels of symbolic links (a symlink loop)",
+                          file=str(path)) from None
+        raise invalid(f"cannot read {what} {path}: {exc.strerror or exc}",
+                      file=str(path)) from None
+
+
+# Byte-order marks of the encodings a Windows editor saves "Unicode" text in.
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def _decode(raw: bytes, path: Path, what: str, binary_hint: str | None) -> str:
+    """UTF-8 (with or without BOM), or UTF-16/32 with a BOM; a clear message otherwise."""
+    hints = (binary_hint,) if binary_hint else ()
+    for bom, encoding in _BOMS:  # UTF-32-LE's BOM starts with UTF-16-LE's: longest first
+        if raw.startswith(bom):
+            try:
+                return raw.decode(encoding)
+            except UnicodeDecodeError as exc:
+                raise invalid(f"{what} {path} is not UTF-8 text, nor valid {encoding.upper()} "
+                              f"although it starts with a {encoding.upper()} byte-order mark "
+                              f"(bad bytes at offset {exc.start})", file=str(path)) from None
+    if b"\x00" in raw:
+        sample = raw[:4096]
+        odd, even = sample[1::2], sample[0::2]
+        if sample and (odd.count(0) > 0.4 * len(odd) or even.count(0) > 0.4 * len(even)):
+            raise invalid(f"{what} {path} looks like UTF-16 text without a byte-order mark",
+                          "save it as UTF-8 (or as UTF-16 with a BOM)", file=str(path))
+        raise invalid(f"{what} {path} is a binary file (it contains NUL bytes), not UTF-8 text",
+                      *hints, file=str(path))
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise invalid(f"{what} {path} is not UTF-8 text (bad byte at offset {exc.start})",
+                      *hints, file=str(path)) from None
+
+
 def read_text(path: Path, what: str, *, max_bytes: int = MAX_FILE_BYTES,
               missing_hint: str | None = None, directory_hint: str | None = None,
               binary_hint: str | None = None) -> str:
-    """The UTF-8 text of ``path``; ``what`` names the file's role in messages."""
+    """The text of ``path`` (UTF-8, or UTF-16/32 with a BOM); ``what`` names the file's role."""
     path = Path(path)
     hints = lambda hint: (hint,) if hint else ()  # noqa: E731
     try:
-        if not path.exists():
-            raise invalid(f"{what} not found: {path}", *hints(missing_hint), file=str(path))
-        if path.is_dir():
+        info = _stat(path, what, missing_hint)
+        if stat.S_ISDIR(info.st_mode):
             raise invalid(f"{path} is a directory, not a {what}", *hints(directory_hint),
                           file=str(path))
-        if not path.is_file():  # a FIFO or device would block or never end
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or device would block or never end
             raise invalid(f"{path} is not a regular file (a pipe or device?), not a {what}",
                           file=str(path))
-        size = path.stat().st_size
+        size = info.st_size
         if size > max_bytes:
             raise invalid(f"{what} {path} is {size:,} bytes; the limit is {max_bytes:,} bytes "
                           f"({max_bytes / 2**20:g} MiB)", file=str(path), size=size)
@@ -57,14 +114,25 @@ def read_text(path: Path, what: str, *, max_bytes: int = MAX_FILE_BYTES,
         raise invalid(f"cannot read {what} {path}: {exc}", file=str(path)) from None
     if len(raw) > max_bytes:  # grew after stat, or a character device
         raise invalid(f"{what} {path} is larger than the {max_bytes:,}-byte limit", file=str(path))
-    if b"\x00" in raw:
-        raise invalid(f"{what} {path} is a binary file (it contains NUL bytes), not UTF-8 text",
-                      *hints(binary_hint), file=str(path))
-    try:
-        return raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise invalid(f"{what} {path} is not UTF-8 text (bad byte at offset {exc.start})",
-                      *hints(binary_hint), file=str(path)) from None
+    return _decode(raw, path, what, binary_hint)
+
+
+# -- text fields -------------------------------------------------------------------------------
+
+# C0 controls, DEL, C1 controls, and the Unicode line/paragraph separators and bidirectional
+# overrides: none belongs in a name, and each changes what a shell, a TOML/YAML parser or a
+# terminal makes of the text around it.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def control_character(text: str, *, allow_newlines: bool = False) -> str | None:
+    """The first control character of ``text`` as ``U+XXXX`` (None if there is none);
+    ``allow_newlines`` lets newlines and tabs through (descriptions)."""
+    for match in _CONTROL.finditer(text):
+        if allow_newlines and match.group() in "\n\t":
+            continue
+        return f"U+{ord(match.group()):04X}"
+    return None
 
 
 # -- JSON --------------------------------------------------------------------------------------
@@ -88,12 +156,21 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON (numbers must be finite)")
 
 
+def _finite_float(text: str) -> float:
+    """JSON numbers beyond the float range (``1e999``) read as inf in Python: refuse them."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is beyond the range of a float (about 1.8e308)")
+    return value
+
+
 def parse_json(text: str, where: str, *, allow_nan: bool = False) -> Any:
     """Parse JSON text, rejecting duplicate keys and (unless ``allow_nan``: the caller then
     validates every number and names the offending field) NaN / Infinity."""
     try:
         return json.loads(text, object_pairs_hook=_unique_pairs,
-                          parse_constant=None if allow_nan else _no_constant)
+                          parse_constant=None if allow_nan else _no_constant,
+                          parse_float=float if allow_nan else _finite_float)
     except _DuplicateKey as exc:
         raise invalid(f"{where}: duplicate key {exc.key!r}; each key may appear once") from None
     except json.JSONDecodeError as exc:
@@ -135,6 +212,34 @@ class StrictSafeLoader(_BaseLoader):  # type: ignore[misc, valid-type]
     def construct_document(self, node: yaml.Node) -> Any:
         _check_expanded_size(node)
         return super().construct_document(node)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        """YAML 1.2 core-schema integers: decimal, ``0o`` octal, ``0x`` hex (see below)."""
+        text = self.construct_scalar(node)
+        sign, digits = (-1, text[1:]) if text[:1] == "-" else (1, text.lstrip("+"))
+        if digits[:2] in ("0o", "0x"):
+            return sign * int(digits[2:], 8 if digits[1] == "o" else 16)
+        return sign * int(digits)
+
+
+# Numbers as YAML 1.2 reads them. PyYAML implements YAML 1.1, whose implicit integers include
+# sexagesimal ``1:00`` (= 60: a time or a ratio silently becomes a number), leading-zero octal
+# (``010`` = 8), ``0b`` binary and ``1_000``; YAML 1.2 reads ``1:00``, ``0b1`` and ``1_000`` as
+# strings (which the schema then refuses as "not an integer") and ``010`` as 10. Floats keep the
+# 1.1 rules (a dot or ``.inf``/``.nan``) minus the sexagesimal form (``1:30.5``).
+_INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_INT_1_2 = re.compile(r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$")
+_FLOAT_1_2 = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+    |\.[0-9_]+(?:[eE][-+][0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+StrictSafeLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag not in (_INT_TAG, _FLOAT_TAG)]
+    for first, resolvers in _BaseLoader.yaml_implicit_resolvers.items()}
+StrictSafeLoader.add_implicit_resolver(_INT_TAG, _INT_1_2, list("-+0123456789"))
+StrictSafeLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_1_2, list("-+0123456789."))
+StrictSafeLoader.add_constructor(_INT_TAG, StrictSafeLoader.construct_yaml_int)
 
 
 class _TooLarge(Exception):

@@ -8,10 +8,10 @@ from clusters.loader import PRESET_DIR
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import Cluster, Gpu
 
-CLUSTER_PRESETS = ["dgx-a100-40g", "dgx-a100-80g", "dgx-b200", "dgx-h100", "dgx-h200", "mi300x",
-                   "tiny"]
-GPU_PRESETS = ["a100-sxm4-40gb", "a100-sxm4-80gb", "b200", "h100-sxm", "h200-sxm", "mi300x",
-               "tiny-gpu", "v100-sxm2-32gb"]
+CLUSTER_PRESETS = ["dgx-a100-40g", "dgx-a100-80g", "dgx-b200", "dgx-h100", "dgx-h200", "hgx-h800",
+                   "mi300x", "tiny"]
+GPU_PRESETS = ["a100-sxm4-40gb", "a100-sxm4-80gb", "b200", "h100-sxm", "h200-sxm", "h800-sxm",
+               "mi300x", "tiny-gpu", "v100-sxm2-32gb"]
 
 
 def test_every_cluster_preset_loads_sorted_with_default_nodes():
@@ -42,6 +42,7 @@ def test_every_gpu_preset_loads():
     ("a100-sxm4-80gb", 80, 2039, 312, 108),
     ("h100-sxm", 80, 3350, 989.4, 132),
     ("h200-sxm", 141, 4800, 989.4, 132),
+    ("h800-sxm", 80, 3350, 989.4, 132),
     ("b200", 180, 8000, 2250, 148),
     ("mi300x", 192, 5300, 1307.4, 304),
     ("tiny-gpu", 2, 100, 10, 8),
@@ -103,3 +104,14 @@ def test_unknown_gpu_preset():
         gpu_preset("h100-sxn")
     assert info.value.kind is ErrorKind.UNKNOWN_PRESET
     assert any("h100-sxm" in hint for hint in info.value.hints)
+
+
+def test_h800_cluster_is_deepseek_v3s():
+    """DeepSeek-V3 Technical Report §3.1/3.2.2: 2,048 H800 in 8-GPU nodes; NVLink 160 GB/s
+    achieved (400 GB/s bidirectional at 0.8 efficiency), IB 50 GB/s per GPU."""
+    cluster = load_cluster("hgx-h800", nodes=256)
+    assert cluster.num_gpus == 2048 and cluster.gpus_per_node == 8
+    nvlink, ib = cluster.tiers[0], cluster.tiers[-1]
+    assert nvlink.bandwidth_gbytes_per_s * nvlink.efficiency == 160
+    assert ib.bandwidth_gbytes_per_s == 50
+    assert cluster.gpu.peak_tflops["fp8"] == gpu_preset("h100-sxm").peak_tflops["fp8"]

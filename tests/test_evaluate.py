@@ -9,8 +9,10 @@ import pytest
 from clusters import load_cluster
 from cli.main import main
 from models import load_model
-from planner.config import ParallelConfig, Recompute, RuntimeOptions
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.strategy import Recompute
 from planner.cost.model import evaluate
+from planner.strategy import uniform
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HF = Path(__file__).parent.parent / "models" / "hf_configs"
@@ -34,8 +36,9 @@ def test_hardware_flops_match_narayanan_eq3(gpt3):
     model, cluster = gpt3
     B, s, l, h, V = 1536, 2048, 96, 12288, 51200
     config = ParallelConfig(tp=8, pp=16, dp=8, global_batch=B, seq_len=s, sp=True,
-                            zero_stage=1, recompute=Recompute.FULL)
-    ev = evaluate(model, cluster, config, options=RuntimeOptions(attention_kernel="eager"))
+                            zero_stage=1)
+    ev = evaluate(model, cluster, config, uniform(model, config, Recompute.FULL),
+                  options=RuntimeOptions(attention_kernel="eager"))
     eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
     assert ev.hw_flops == pytest.approx(eq3, rel=1e-9)
 
@@ -57,8 +60,9 @@ def test_megatron_gpt3_175b_plausible(gpt3):
     # parallelism make ours faster; the same configuration must land in the same regime.
     model, cluster = gpt3
     config = ParallelConfig(tp=8, pp=16, dp=8, global_batch=1536, seq_len=2048, sp=False,
-                            zero_stage=1, recompute=Recompute.FULL)
-    ev = evaluate(model, cluster, config, options=RuntimeOptions(attention_kernel="eager"))
+                            zero_stage=1)
+    ev = evaluate(model, cluster, config, uniform(model, config, Recompute.FULL),
+                  options=RuntimeOptions(attention_kernel="eager"))
     published_s = 96 * 1536 * 2048 * 96 * 12288**2 * (1 + 2048 / (6 * 12288) + 51200 / (
         16 * 96 * 12288)) / (1024 * 140e12)
     assert ev.step_time_s == pytest.approx(published_s, rel=0.25)
@@ -73,7 +77,8 @@ def test_memory_grows_with_micro_batch_and_shrinks_with_recompute(gpt3):
     peaks = [evaluate(model, cluster, ParallelConfig(**base, micro_batch=b)).peak_memory_bytes
              for b in (1, 2, 4)]
     assert peaks[0] < peaks[1] < peaks[2]
-    by_recompute = [evaluate(model, cluster, ParallelConfig(**base, recompute=r)).peak_memory_bytes
+    config = ParallelConfig(**base)
+    by_recompute = [evaluate(model, cluster, config, uniform(model, config, r)).peak_memory_bytes
                     for r in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)]
     assert by_recompute[0] >= by_recompute[1] > by_recompute[2]
 

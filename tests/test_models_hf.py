@@ -275,4 +275,5 @@ def test_explicit_head_dim_need_not_divide_hidden():
 def test_supported_families_listed():
     assert set(SUPPORTED) == {"gpt2", "gpt_neox", "llama", "mistral", "mixtral", "qwen2",
                               "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "phi3",
-                              "falcon", "deepseek_v3", "bert", "t5", "vit"}
+                              "falcon", "deepseek_v3", "bert", "t5", "vit", "gpt_oss",
+                              "llama4", "llama4_text", "kimi_k2"}

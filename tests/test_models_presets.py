@@ -37,6 +37,16 @@ PUBLISHED = {
     "mixtral-8x7b": (46_702_792_704, 0, 4096, 32),
     "deepseek-v3": (671_026_404_352, 0, 4096, 61),
     "qwen2.5-72b": (72_706_203_648, 0, 4096, 80),
+    # MoE presets: exact counts of the models transformers 5.23 builds from the same configs on
+    # the meta device; tests/test_moe_models.py checks them against the published figures.
+    "qwen3-30b-a3b": (30_532_122_624, 0, 4096, 48),
+    "qwen3-235b-a22b": (235_093_634_560, 0, 4096, 94),
+    "gpt-oss-120b": (116_829_156_672, 0, 4096, 36),
+    "gpt-oss-20b": (20_914_757_184, 0, 4096, 24),
+    "llama-4-scout": (107_769_861_120, 0, 8192, 48),
+    "llama-4-maverick": (400_711_848_960, 0, 8192, 48),
+    "kimi-k2": (1_026_408_209_408, 0, 4096, 61),
+    "mixtral-8x22b": (140_630_071_296, 0, 4096, 56),
     "tiny": (2_885_888, 0, 128, 4),
 }
 

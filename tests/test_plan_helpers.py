@@ -11,8 +11,10 @@ from pathlib import Path
 
 from clusters import load_cluster
 from models import load_model
-from planner.config import LayerPlacement, ParallelConfig, Recompute, RuntimeOptions, resolve_dp
+from planner.config import ParallelConfig, RuntimeOptions, resolve_dp
+from planner.strategy import LayerPlacement, Recompute
 from planner.cost.model import evaluate
+from planner.strategy import uniform
 from planner.ir import LayerKind
 from planner.plan import dumps, make_plan
 from planner.plan_io import validate_plan
@@ -39,13 +41,11 @@ def build_plan(model: str = "tiny", cluster: str = "tiny", *, nodes: int | None 
     config = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, global_batch=global_batch,
                             seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
                             zero_stage=zero, micro_batch=micro_batch,
-                            virtual_stages=virtual_stages, recompute=Recompute(recompute),
-                            dtype=dtype)
-    placement = None
+                            virtual_stages=virtual_stages, dtype=dtype)
+    config.validate(graph, hw)
+    placement = uniform(graph, config, recompute)
     if stage_blocks is not None or block_recompute is not None:
-        from planner.config import default_placement
-
-        base = default_placement(graph, config)
+        base = placement
         stages = list(base.stage)
         if stage_blocks is not None:
             assert sum(stage_blocks) == graph.num_blocks
@@ -63,7 +63,7 @@ def build_plan(model: str = "tiny", cluster: str = "tiny", *, nodes: int | None 
                 if layer.kind is LayerKind.BLOCK:
                     recompute_list[i] = Recompute(block_recompute[b])
                     b += 1
-        placement = LayerPlacement(tuple(stages), tuple(recompute_list))
+        placement = LayerPlacement.of(stages, recompute_list)
     ev = evaluate(graph, hw, config, placement, runtime)
     doc = make_plan(ev, model_spec=model, cluster_spec=cluster, nodes=nodes)
     return validate_plan(json.loads(dumps(doc)))

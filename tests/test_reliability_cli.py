@@ -109,16 +109,21 @@ def test_catalogue_covers_every_class():
             assert any(i.startswith(f"{kind}-{stem}") for i in ids), f"{kind}-{stem}"
 
 
-def test_traceback_only_with_debug(capsys, workdir, monkeypatch):
+def test_traceback_only_with_debug_and_the_same_exit_code(capsys, workdir, monkeypatch):
     code, out, err = run(capsys, "inspect", "-m", "model-empty.yaml")
     assert code == 2 and "Traceback" not in err
-    with pytest.raises(Exception) as raised:  # --debug lets the PlannerError through
-        main(["--debug", "inspect", "-m", "model-empty.yaml"])
-    assert "empty" in str(raised.value)
-    monkeypatch.setenv("SHARDPLAN_DEBUG", "1")  # the --debug option's environment variable
-    with pytest.raises(Exception) as raised:
-        main(["inspect", "-m", "model-empty.yaml"])
-    assert "empty" in str(raised.value)
+    code, out, err = run(capsys, "--debug", "inspect", "-m", "model-empty.yaml")
+    assert code == 2 and "Traceback" in err and "error: model file model-empty.yaml is empty" in err
+    for value in ("1", "true", "2", "yes"):  # any value switches it on; none is a usage error
+        monkeypatch.setenv("SHARDPLAN_DEBUG", value)
+        code, out, err = run(capsys, "inspect", "-m", "model-empty.yaml")
+        assert code == 2 and "Traceback" in err, value
+        code, out, err = run(capsys, "models", "--json")
+        assert code == 0 and json.loads(out)["models"], value
+    for value in ("0", "", "false", "no"):
+        monkeypatch.setenv("SHARDPLAN_DEBUG", value)
+        code, out, err = run(capsys, "inspect", "-m", "model-empty.yaml")
+        assert code == 2 and "Traceback" not in err, value
 
 
 # -- the does-not-fit answer says how much is missing and what would help ------------------------

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from clusters import load_cluster
 from models import load_model
 from models.native import build_native
-from planner.config import Recompute, RuntimeOptions, interleaved_rank
+from planner.config import RuntimeOptions
+from planner.strategy import Recompute, interleaved_rank
 from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import GIB, Cluster
@@ -34,6 +35,7 @@ from planner.ir import LayerKind, ModelGraph
 from planner.solve.bruteforce import brute_force, count_placements
 from planner.solve.search import SearchOptions, search, uniform_placement
 from planner.solve.space import Pins, enumerate_configs
+from planner.strategy import uniform
 
 REL = 1e-6
 TINY = load_cluster("tiny")  # 2 nodes x 4 tiny-gpu (2 GiB, reserve 0.125 GiB)
@@ -209,12 +211,12 @@ def memory_between(model: ModelGraph, ample: Cluster, global_batch: int, pins: P
     for config in enumerate_configs(model, ample, global_batch, model.default_seq_len, "bf16",
                                     pins):
         if config.zero_stage in (3, pins.zero):
-            lean = replace(config, recompute=Recompute.FULL)
-            peak = evaluate(model, ample, lean).peak_memory_bytes
+            peak = evaluate(model, ample, config,
+                            uniform(model, config, Recompute.FULL)).peak_memory_bytes
             lo = peak if lo is None else min(lo, peak)
         if config.zero_stage in (0, pins.zero):
-            peak = evaluate(model, ample, replace(config, recompute=pins.recompute or
-                                                  Recompute.NONE)).peak_memory_bytes
+            peak = evaluate(model, ample, config, uniform(
+                model, config, pins.recompute or Recompute.NONE)).peak_memory_bytes
             hi = peak if hi is None else max(hi, peak)
     if lo is None or hi is None:
         return 1.0
@@ -285,7 +287,7 @@ def test_memory_sweep_is_monotone_and_reaches_the_free_optimum():
 
 def best_uniform(inst: Instance) -> Evaluation | None:
     """Brute force over the outer space with Megatron's even split and one recompute option."""
-    allowed = (inst.pins.recompute,) if inst.pins.recompute else tuple(Recompute)
+    allowed = inst.pins.block_options()
     best = None
     for config in enumerate_configs(inst.model, inst.cluster, inst.global_batch, inst.seq_len,
                                     "bf16", inst.pins):

@@ -26,7 +26,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.config import Recompute, RuntimeOptions
+from planner.config import RuntimeOptions
+from planner.strategy import Recompute
 from planner.hardware import Gpu
 from planner.ir import Attention, Layer, LayerKind, Mlp
 
@@ -41,6 +42,11 @@ FLASH_BWD_RATIO = 0.75  # flash backward efficiency / forward efficiency (FA2 §
 # tiles reuse operands better). Source: NVIDIA Deep Learning Performance guide, "Matrix
 # Multiplication Background", tile-quantization section.
 TILES = ((256, 128, 1.00), (128, 256, 1.00), (128, 128, 0.92), (128, 64, 0.80), (64, 64, 0.60))
+
+
+def hbm_bytes_per_s(gpu: Gpu) -> float:
+    """Achievable HBM bandwidth of streaming (memory-bound) kernels, bytes per second."""
+    return gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
 
 
 @dataclass(frozen=True)
@@ -82,6 +88,12 @@ class LayerCompute:
     attn_core_fwd_s: float  # the part of fwd_s that selective recomputation repeats
     fwd_flops: float
     attn_core_fwd_flops: float
+    attn_core_bwd_s: float = 0.0  # the attention core's share of bwd_s
+
+    @property
+    def attn_core_s(self) -> float:
+        """Forward plus backward seconds of the attention core (ring attention hides behind it)."""
+        return self.attn_core_fwd_s + self.attn_core_bwd_s
 
     def recompute_s(self, recompute: Recompute) -> float:
         if recompute is Recompute.FULL:
@@ -127,7 +139,7 @@ def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str) -> float:
     compute = gemm.flops / (gpu.peak_flops(dtype) * eff)
     elem = 1 if dtype == "fp8" else 2
     traffic = elem * gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
-    memory = traffic / (gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY)
+    memory = traffic / hbm_bytes_per_s(gpu)
     return max(compute, memory) + KERNEL_LAUNCH_S
 
 
@@ -225,7 +237,7 @@ def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str) -
     fwd = gemm_time_s(scores, gpu, dtype) + gemm_time_s(context, gpu, dtype)
     bwd = sum(gemm_time_s(g, gpu, dtype) for gg in (scores, context) for g in backward_gemms(gg))
     elements = float(batch) * q * keys
-    hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
+    hbm = hbm_bytes_per_s(gpu)
     fwd += elements * 4 / hbm  # fused scale-mask-softmax: read 2 B, write 2 B
     bwd += elements * 6 / hbm  # read probabilities and their gradient, write the input gradient
     if att.cross_attention:
@@ -276,17 +288,17 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
     fwd = sum(gemm_time_s(g, gpu, shard.dtype) for g in gemms)
     bwd = sum(gemm_time_s(b, gpu, shard.dtype) for g in gemms for b in backward_gemms(g))
     flops = sum(g.flops for g in gemms)
-    hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
+    hbm = hbm_bytes_per_s(gpu)
     elementwise = elementwise_bytes(layer, shard, options) / hbm
     # ~10 element-wise kernels per block forward, twice that backward
     kernels = 10 if layer.kind is LayerKind.BLOCK else 2
     fwd += elementwise + kernels * KERNEL_LAUNCH_S
     bwd += 2 * elementwise + 2 * kernels * KERNEL_LAUNCH_S
-    core_fwd = core_flops = 0.0
+    core_fwd = core_bwd = core_flops = 0.0
     if layer.attention is not None:
         core_fwd, core_bwd = _attention_core_times(layer.attention, shard, gpu, kernel)
         core_flops = attention_core_flops(layer.attention, shard, kernel)
         fwd += core_fwd
         bwd += core_bwd
         flops += core_flops
-    return LayerCompute(fwd, bwd, core_fwd, flops, core_flops)
+    return LayerCompute(fwd, bwd, core_fwd, flops, core_flops, core_bwd)

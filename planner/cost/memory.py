@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.config import Recompute, StateBytes
+from planner.config import StateBytes
+from planner.strategy import Recompute
 from planner.ir import Attention, Layer, LayerKind
 
 ACT_BYTES = 2  # 16-bit activations

@@ -1,26 +1,27 @@
 """Exporters: a plan in the form a runtime reads.
 
-Consumes a validated plan document (:func:`planner.plan_io.load_plan`); produces an
+Consumes a :class:`~planner.plan_types.Plan` (``Plan.load(path)``); produces an
 :class:`ExportResult` (the file's text and the warnings naming each way it differs from the
 plan). One module per runtime; :data:`FORMATS` is the registry the CLI offers.
 
-    export_plan(doc, "megatron") -> ExportResult
+    export_plan(plan, "megatron") -> ExportResult
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from planner.errors import invalid
 from planner.export import deepspeed, json, megatron, torchtitan, vllm
 from planner.export.base import ExportResult
+from planner.plan_types import Plan
 
 
 @dataclass(frozen=True)
 class Format:
     name: str
     description: str
-    run: Callable[[dict[str, Any]], ExportResult]
+    run: Callable[[Plan], ExportResult]
 
 
 FORMATS: dict[str, Format] = {f.name: f for f in (
@@ -32,21 +33,21 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
 )}
 
 
-def export_plan(doc: dict[str, Any], fmt: str) -> ExportResult:
-    """Translate a validated plan document into ``fmt`` (a key of :data:`FORMATS`)."""
+def export_plan(plan: Plan, fmt: str) -> ExportResult:
+    """Translate a plan into ``fmt`` (a key of :data:`FORMATS`)."""
     entry = FORMATS.get(fmt)
     if entry is None:
         raise invalid(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
-    _refuse_malformed(doc)
-    return entry.run(doc)
+    _refuse_malformed(plan)
+    return entry.run(plan)
 
 
-def _refuse_malformed(doc: dict[str, Any]) -> None:
+def _refuse_malformed(plan: Plan) -> None:
     """A plan that ``check`` finds malformed (degrees, placement, batch split) would export
     as something no runtime runs as planned: refuse it (exit code 2)."""
-    from planner.check import embedded_cluster, embedded_model, structure_problems
+    from planner.plan_validate import plan_problems
 
-    problems = structure_problems(doc, embedded_model(doc), embedded_cluster(doc))
+    problems = plan_problems(plan)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise invalid(f"the plan is malformed, not exporting it: {problems[0].message}{more}",

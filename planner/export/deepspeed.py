@@ -19,10 +19,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from planner.plan_types import Plan
 from planner.export.base import ExportResult, blocks_per_rank, describe_recompute, memory_note
 
 
-def export(doc: dict[str, Any]) -> ExportResult:
+def export(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
     p, runtime = doc["parallelism"], doc["runtime"]
     warnings: list[str] = []
     tp, pp, v = p["tp"], p["pp"], p["virtual_stages"]
@@ -30,7 +32,7 @@ def export(doc: dict[str, Any]) -> ExportResult:
     if pp > 1 and zero >= 2:
         warnings.append(f"ZeRO-{zero} with pipeline parallelism: DeepSpeed's pipeline engine "
                         f"accepts ZeRO 0 and 1 only; exported stage 1"
-                        + memory_note(doc, zero_stage=1))
+                        + memory_note(plan, zero_stage=1))
         zero = 1
     config: dict[str, Any] = {
         "train_batch_size": p["global_batch"],
@@ -54,11 +56,11 @@ def export(doc: dict[str, Any]) -> ExportResult:
     if v > 1:
         warnings.append(f"interleaving: DeepSpeed's pipeline engine has no interleaved "
                         f"schedule; the plan's {v} virtual stages per rank run as plain 1F1B "
-                        f"with a larger bubble" + memory_note(doc, virtual_stages=1))
+                        f"with a larger bubble" + memory_note(plan, virtual_stages=1))
     if p["sp"]:
         warnings.append("sequence parallelism: DeepSpeed's AutoTP has no Megatron-style "
                         "sequence parallelism; activations are not split over tp"
-                        + memory_note(doc, sp=False))
+                        + memory_note(plan, sp=False))
     if p["cp"] > 1:
         warnings.append(f"context parallelism {p['cp']}: not expressible in the DeepSpeed "
                         f"config; DeepSpeed-Ulysses sequence parallelism is set up in model code "
@@ -80,7 +82,7 @@ def export(doc: dict[str, Any]) -> ExportResult:
     if not runtime["runtime"].startswith("deepspeed"):
         warnings.append(f"memory: the plan assumed the {runtime['runtime']!r} optimizer-state "
                         f"layout; with DeepSpeed's ZeRO optimizer"
-                        + (memory_note(doc, zero_stage=zero, runtime_runtime="deepspeed")
+                        + (memory_note(plan, zero_stage=zero, runtime_runtime="deepspeed")
                            or " model-state memory differs"))
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     return ExportResult("deepspeed", text, tuple(warnings), ".json")

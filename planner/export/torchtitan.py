@@ -30,6 +30,7 @@ import json
 import math
 from typing import Any
 
+from planner.plan_types import Plan
 from planner.export.base import (ExportResult, chunks, describe_recompute, headline, memory_note,
                                  recompute_counts)
 
@@ -59,7 +60,8 @@ def model_parts(doc: dict[str, Any]) -> list[list[str]]:
     return parts
 
 
-def export(doc: dict[str, Any]) -> ExportResult:
+def export(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
     p, runtime = doc["parallelism"], doc["runtime"]
     warnings: list[str] = []
     tp, pp, dp, cp, ep, v = p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p["virtual_stages"]
@@ -71,7 +73,7 @@ def export(doc: dict[str, Any]) -> ExportResult:
     elif zero == 1 and dp * cp > 1:
         warnings.append("ZeRO-1: torchtitan's FSDP2 cannot shard optimizer states alone; "
                         "exported FSDP with fsdp_reshard_after_forward = \"never\" (ZeRO-2: "
-                        "gradients sharded too)" + memory_note(doc, zero_stage=2))
+                        "gradients sharded too)" + memory_note(plan, zero_stage=2))
     elif zero == 0 and dp > 1:
         if tp == pp == cp == 1:
             replicate, shard = dp, 1
@@ -79,7 +81,7 @@ def export(doc: dict[str, Any]) -> ExportResult:
             warnings.append("ZeRO-0: torchtitan's DDP (data_parallel_replicate_degree) does not "
                             "combine with tensor, pipeline or context parallelism; exported FSDP "
                             "with fsdp_reshard_after_forward = \"never\" (ZeRO-2)"
-                            + memory_note(doc, zero_stage=2))
+                            + memory_note(plan, zero_stage=2))
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": replicate,
         "data_parallel_shard_degree": shard,
@@ -95,7 +97,7 @@ def export(doc: dict[str, Any]) -> ExportResult:
     if tp > 1 and not p["sp"]:
         warnings.append("sequence parallelism: the plan has it off, but TOML-era torchtitan "
                         "always applies it with TP, which stores less activation memory than "
-                        "planned" + memory_note(doc, sp=True) + "; torchtitan >= 0.3 takes "
+                        "planned" + memory_note(plan, sp=True) + "; torchtitan >= 0.3 takes "
                         "--parallelism.enable_sequence_parallel false (in the header)")
     if parallelism["enable_async_tensor_parallel"]:
         warnings.append("enable_async_tensor_parallel needs [compile] enable = true in the job "

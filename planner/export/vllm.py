@@ -13,14 +13,15 @@ degree other than tp x dp) gets its own.
 from __future__ import annotations
 
 import shlex
-from typing import Any
 
+from planner.plan_types import Plan
 from planner.export.base import ExportResult, blocks_per_rank
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
 
 
-def export(doc: dict[str, Any]) -> ExportResult:
+def export(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
     p = doc["parallelism"]
     warnings: list[str] = []
     tp, pp, dp, cp, ep = p["tp"], p["pp"], p["dp"], p["cp"], p["ep"]

@@ -10,16 +10,18 @@ What is enumerated (the solver's space, nothing else):
 * every outer configuration of :func:`planner.solve.space.enumerate_configs`;
 * every contiguous split of the blocks into ``pp`` stages of >= 1 block; with interleaving
   (``virtual_stages > 1``) only Megatron-LM's: pp x v equal chunks, chunk k on rank k mod pp
-  (:func:`planner.config.interleaved_rank`), as the solver does;
-* every per-block recomputation assignment from none / selective / full (or the pinned one);
-* non-block layers exactly as :func:`planner.config.default_placement`: the embedding on stage
-  0, the other non-block layers (head) on the last stage, never recomputed.
+  (:func:`planner.strategy.interleaved_rank`), as the solver does;
+* every per-block :class:`~planner.strategy.LayerOption` assignment from the options the pins
+  allow (``Pins.block_options``: the mesh layout with none / selective / full recomputation);
+* non-block layers exactly as :func:`planner.strategy.default_placement`: the embedding on stage
+  0, the other non-block layers (head) on the last stage, with ``NO_OPTION``.
 
 Each placement is scored by the cost model. ``literal=True`` calls
 :func:`planner.cost.model.evaluate` on every placement. The default computes the same numbers
-with the same building blocks ``evaluate`` is made of (``layer_cost``, ``stage_memory``,
-``stage_time``, ``step_time``, in the same order, so every float is bit-identical), caching a
-stage's memory and time per (stage, layers, recomputation) and skipping two kinds of placement
+with the same cost terms ``evaluate`` is made of (``layer_terms``, ``stage_memory``,
+``stage_time``, ``step_time`` of :mod:`planner.cost.terms`, in the same order, so every float is
+bit-identical), caching a stage's memory and time per (stage, layers, options) and skipping two
+kinds of placement
 that cannot win: one with a stage over capacity (``fits`` is a maximum over stages), and one
 whose pipeline time alone is at least the incumbent's step time (every other step-time term is
 >= 0). The winner is re-evaluated with ``evaluate`` and must match to the last bit.
@@ -31,15 +33,16 @@ import math
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from planner.config import (LayerPlacement, ParallelConfig, Recompute, RuntimeOptions,
-                            interleaved_rank)
-from planner.cost.model import (Evaluation, LayerCost, evaluate, layer_cost, make_context,
-                                stage_memory, stage_time, step_time)
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.cost.context import make_context
+from planner.cost.model import Evaluation, evaluate
 from planner.cost.pipeline import pipeline_time_s
+from planner.cost.terms import (LayerTerms, config_terms, layer_terms, stage_memory, stage_time,
+                                step_time)
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
-from planner.solve.costs import RECOMPUTE_OPTIONS
 from planner.solve.space import Pins, enumerate_configs
+from planner.strategy import NO_OPTION, LayerOption, LayerPlacement, interleaved_rank
 
 DEFAULT_BUDGET = 200_000  # placements; about a minute of enumeration on one core
 
@@ -68,8 +71,8 @@ def _num_splits(num_blocks: int, pp: int, virtual_stages: int) -> int:
     return 1 if virtual_stages > 1 else math.comb(num_blocks - 1, pp - 1)
 
 
-def _allowed(pins: Pins) -> tuple[Recompute, ...]:
-    return (pins.recompute,) if pins.recompute is not None else RECOMPUTE_OPTIONS
+def _allowed(pins: Pins) -> tuple[LayerOption, ...]:
+    return pins.block_options()
 
 
 def count_placements(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
@@ -82,18 +85,18 @@ def count_placements(model: ModelGraph, cluster: Cluster, global_batch: int, seq
 
 
 def _placement(model: ModelGraph, pp: int, block_stage: Sequence[int],
-               block_recompute: Sequence[Recompute]) -> LayerPlacement:
+               block_options: Sequence[LayerOption]) -> LayerPlacement:
     """Full-model placement from per-block choices; non-block layers as default_placement."""
-    stage, recompute, b = [], [], 0
+    stage, options, b = [], [], 0
     for layer in model.layers:
         if layer.kind is LayerKind.BLOCK:
             stage.append(block_stage[b])
-            recompute.append(block_recompute[b])
+            options.append(block_options[b])
             b += 1
         else:
             stage.append(0 if layer.kind is LayerKind.EMBEDDING else pp - 1)
-            recompute.append(Recompute.NONE)
-    return LayerPlacement(tuple(stage), tuple(recompute))
+            options.append(NO_OPTION)
+    return LayerPlacement(tuple(stage), tuple(options))
 
 
 def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
@@ -104,7 +107,7 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
 
     Raises ValueError when the enumeration would exceed ``budget`` placements. Ties keep the
     first placement found (configurations in ``enumerate_configs`` order, splits and
-    recomputation tuples in lexicographic order).
+    option tuples in lexicographic order).
     """
     total = count_placements(model, cluster, global_batch, seq_len, dtype, pins)
     if total > budget:
@@ -151,6 +154,7 @@ def _literal(model, cluster, config, runtime, allowed, incumbent):
 def _fast(model, cluster, config, runtime, allowed, incumbent):
     """The same numbers as ``evaluate`` from its building blocks, with exact cuts."""
     ctx = make_context(model, cluster, config, runtime)
+    terms = config_terms(ctx)
     capacity = cluster.memory_bytes_per_gpu
     pp, m, v = config.pp, config.num_micro_batches, config.virtual_stages
     layers = model.layers
@@ -159,15 +163,15 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
                    if layer.kind is LayerKind.EMBEDDING]
     last_fixed = [i for i, layer in enumerate(layers)
                   if layer.kind not in (LayerKind.BLOCK, LayerKind.EMBEDDING)]
-    cost: dict[tuple[int, Recompute], LayerCost] = {}
+    cost: dict[tuple[int, LayerOption], LayerTerms] = {}
 
-    def layer(i: int, r: Recompute) -> LayerCost:
-        key = (i, r)
+    def layer(i: int, option: LayerOption) -> LayerTerms:
+        key = (i, option)
         if key not in cost:
-            cost[key] = layer_cost(ctx, layers[i], r)
+            cost[key] = layer_terms(ctx, layers[i], option)
         return cost[key]
 
-    # One stage's options: for the blocks ``members`` on stage s, every recomputation tuple
+    # One stage's choices: for the blocks ``members`` on stage s, every option tuple
     # whose stage fits, with its costs (in layer order, as evaluate builds them) and its time.
     stage_cache: dict[tuple[int, tuple[int, ...]], list] = {}
 
@@ -180,9 +184,9 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
         for rec in itertools.product(allowed, repeat=len(members)):
             choice = {block_index[b]: r for b, r in zip(members, rec)}
             indices = sorted(fixed + list(choice))
-            costs = [layer(i, choice.get(i, Recompute.NONE)) for i in indices]
-            if stage_memory(ctx, s, costs).total <= capacity:
-                out.append((rec, costs, stage_time(ctx, costs)))
+            costs = [layer(i, choice.get(i, NO_OPTION)) for i in indices]
+            if stage_memory(terms, s, costs).total <= capacity:
+                out.append((rec, costs, stage_time(terms, costs)))
         stage_cache[key] = out
         return out
 
@@ -198,9 +202,9 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
             if pipeline_time_s(times, m, v) >= bound:
                 continue  # the other step-time terms are >= 0: cannot beat the incumbent
             k += 1
-            total = step_time(ctx, [costs for _, costs, _ in combo], times).step_time_s
+            total = step_time(terms, [costs for _, costs, _ in combo], times).step_time_s
             if total < bound:
-                rec = [Recompute.NONE] * model.num_blocks
+                rec = [NO_OPTION] * model.num_blocks
                 for i, (stage_rec, _, _) in enumerate(combo):
                     for b, r in zip(members[i], stage_rec):
                         rec[b] = r

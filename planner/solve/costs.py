@@ -1,20 +1,20 @@
 """Per-layer-class cost tables for one outer configuration: what the inner solver optimises over.
 
-Consumes a :class:`~planner.cost.model.CostContext`; produces a :class:`StageProblem` holding,
-for every run of identical blocks and every recomputation option, the numbers the cost model
-(``planner/cost/model.py``) would add up for a stage. Everything here is read from the cost
-model's own functions (``layer_cost``, ``comm``), never re-derived, so that the solver and
-``evaluate`` agree by construction.
+Consumes a :class:`~planner.cost.context.CostContext` and the per-block options to consider;
+produces a :class:`StageProblem` holding, for every run of identical blocks and every
+:class:`~planner.strategy.LayerOption`, the :class:`~planner.cost.terms.LayerTerms` record the
+cost model adds up for a stage, and the configuration's :class:`~planner.cost.terms.ConfigTerms`.
+The CP-SAT model (:mod:`planner.solve.inner`) and the bounds (:mod:`planner.solve.bounds`) read
+these records and nothing else, so they agree with ``evaluate`` by construction.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.config import Recompute
-from planner.cost.model import CostContext, LayerCost, layer_cost
+from planner.cost.context import CostContext
+from planner.cost.terms import ConfigTerms, LayerTerms, config_terms, layer_terms
 from planner.ir import LayerKind
-
-RECOMPUTE_OPTIONS = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+from planner.strategy import BLOCK_OPTIONS, NO_OPTION, LayerOption
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,8 @@ class BlockClass:
     start: int  # index in model.layers
     first_block: int  # index among blocks
     count: int
-    options: tuple[Recompute, ...]
-    costs: tuple[LayerCost, ...]  # one per option
+    options: tuple[LayerOption, ...]
+    costs: tuple[LayerTerms, ...]  # one per option
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,15 @@ class StageProblem:
     num_blocks: int
     pre: tuple[int, ...]  # non-block layer indices before the first block (stage 0)
     post: tuple[int, ...]  # non-block layer indices after the last block (last stage)
-    pre_costs: tuple[LayerCost, ...]
-    post_costs: tuple[LayerCost, ...]
+    pre_costs: tuple[LayerTerms, ...]
+    post_costs: tuple[LayerTerms, ...]
+
+    @property
+    def terms(self) -> ConfigTerms:
+        return config_terms(self.ctx)
 
 
-def stage_problem(ctx: CostContext, allowed: tuple[Recompute, ...] = RECOMPUTE_OPTIONS) -> StageProblem:
+def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPTIONS) -> StageProblem:
     model = ctx.model
     layers = model.layers
     block_idx = [i for i, layer in enumerate(layers) if layer.kind is LayerKind.BLOCK]
@@ -50,11 +54,11 @@ def stage_problem(ctx: CostContext, allowed: tuple[Recompute, ...] = RECOMPUTE_O
     for cls in model.layer_classes():
         if cls.layer.kind is not LayerKind.BLOCK:
             continue
-        costs = tuple(layer_cost(ctx, cls.layer, r) for r in allowed)
-        classes.append(BlockClass(cls.start, cls.start - first, cls.count, allowed, costs))
+        costs = tuple(layer_terms(ctx, cls.layer, o) for o in options)
+        classes.append(BlockClass(cls.start, cls.start - first, cls.count, options, costs))
     pre = tuple(range(0, first))
     post = tuple(range(last + 1, len(layers)))
     return StageProblem(
         ctx, tuple(classes), len(block_idx), pre, post,
-        tuple(layer_cost(ctx, layers[i], Recompute.NONE) for i in pre),
-        tuple(layer_cost(ctx, layers[i], Recompute.NONE) for i in post))
+        tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in pre),
+        tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in post))

@@ -11,18 +11,26 @@ import math
 import time
 from dataclasses import replace
 
-from planner.config import Recompute
 from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import GIB, Cluster
 from planner.ir import ModelGraph
+from planner.solve.candidates import candidates
+from planner.solve.space import Pins
+from planner.strategy import LayerOption, default_placement
 
 
-def _leanest(model: ModelGraph, cluster: Cluster, cands) -> Evaluation | None:
+def leanest_option(pins: Pins) -> LayerOption:
+    """The allowed block option that stores the least (full recomputation unless pinned)."""
+    return max(pins.block_options(), key=lambda o: o.memory_rank)
+
+
+def _leanest(model: ModelGraph, cluster: Cluster, cands, pins: Pins) -> Evaluation | None:
     """The uniform plan with the smallest peak memory among the candidates' best shapes."""
     best = None
+    option = leanest_option(pins)
     for cand in sorted(cands, key=lambda c: c.memory_lb_bytes)[:25]:
-        ev = evaluate(model, cluster, replace(cand.config, recompute=Recompute.FULL),
+        ev = evaluate(model, cluster, cand.config, default_placement(model, cand.config, option),
                       options=cand.problem.ctx.options)
         if best is None or ev.peak_memory_bytes < best.peak_memory_bytes:
             best = ev
@@ -34,11 +42,10 @@ EXPLAIN_BUDGET_S = 10.0  # the "more GPUs" search gives up after this (or the se
 
 def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins,
                      deadline: float) -> int | None:
-    """The smallest node count (cluster x 2, x 4, ... x 64) with a uniform, fully recomputed
-    plan that fits; None when none does, the cluster has no inter-node tier, or time is up."""
-    from planner.errors import PlannerError as Error
-    from planner.solve.search import candidates
-
+    """The smallest node count (cluster x 2, x 4, ... x 64) with a uniform plan at the leanest
+    allowed option that fits under the user's pins; None when none does, the cluster has no
+    inter-node tier, or time is up. Pinned degrees that grow with the GPU count (dp) are
+    dropped: they cannot hold on a bigger cluster."""
     if len(cluster.tiers) < 2:
         return None
     for factor in (2, 4, 8, 16, 32, 64):
@@ -46,10 +53,11 @@ def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins
         try:
             found = candidates(model, bigger, global_batch, seq_len, dtype, pins, runtime,
                                deadline)
-        except Error:  # out of time
+        except PlannerError:  # out of time
             return None
+        option = leanest_option(pins)
         for cand in sorted(found, key=lambda c: c.memory_lb_bytes)[:10]:
-            ev = evaluate(model, bigger, replace(cand.config, recompute=Recompute.FULL),
+            ev = evaluate(model, bigger, cand.config, default_placement(model, cand.config, option),
                           options=runtime)
             if ev.fits:
                 return bigger.num_nodes
@@ -57,14 +65,14 @@ def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins
 
 
 def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, seq_len: int,
-                 timed_out: bool, deadline: float = math.inf) -> PlannerError:
+                 timed_out: bool, deadline: float = math.inf, pins: Pins = Pins()) -> PlannerError:
     capacity = cluster.memory_bytes_per_gpu
     if timed_out:
         return PlannerError(ErrorKind.SOLVER_LIMIT,
                             f"the time limit ran out before any plan that fits was found "
                             f"({len(cands)} configurations in the space)",
                             ("raise --time-limit", "pin some degrees with --pin to shrink the space"))
-    lean = _leanest(model, cluster, cands)
+    lean = _leanest(model, cluster, cands, pins)
     details: dict = {"capacity_gib": capacity / GIB, "configurations": len(cands)}
     hints: list[str] = []
     message = f"no plan for {model.name} fits {cluster.num_gpus} x {cluster.gpu.name} " \
@@ -75,11 +83,12 @@ def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, 
         details["smallest_peak_gib"] = need / GIB
         details["smallest_peak_breakdown_gib"] = worst.memory.gib()
         c = lean.config
+        recompute = leanest_option(pins).recompute.value
         details["smallest_peak_config"] = {"tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp,
                                            "zero_stage": c.zero_stage,
-                                           "micro_batch": c.micro_batch, "recompute": "full"}
+                                           "micro_batch": c.micro_batch, "recompute": recompute}
         message += (f": the leanest plan (tp {c.tp}, pp {c.pp}, dp {c.dp}, ZeRO-{c.zero_stage}, "
-                    f"micro-batch {c.micro_batch}, full recomputation) needs "
+                    f"micro-batch {c.micro_batch}, {recompute} recomputation) needs "
                     f"{need / GIB:.1f} GiB per GPU, {(need - capacity) / GIB:.1f} GiB more than "
                     f"the {capacity / GIB:.1f} GiB available")
         mem = worst.memory
@@ -93,11 +102,9 @@ def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, 
                          "more GPUs spread them further")
     runtime = cands[0].problem.ctx.options if cands else None
     if runtime is not None:
-        from planner.solve.space import Pins
-
         budget = max(deadline - time.monotonic(), 0.0) if math.isfinite(deadline) else 0.0
         nodes = _fits_with_nodes(model, cluster, global_batch, seq_len,
-                                 cands[0].config.dtype, runtime, Pins(),
+                                 cands[0].config.dtype, runtime, replace(pins, dp=None),
                                  time.monotonic() + max(budget, EXPLAIN_BUDGET_S))
         if nodes is not None:
             hints.insert(0, f"more GPUs: {nodes} nodes ({nodes * cluster.gpus_per_node} GPUs) "

@@ -14,23 +14,21 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import ortools
 
 from planner.config import ParallelConfig, RuntimeOptions
-from planner.cost.compute import HBM_EFFICIENCY
-from planner.cost.model import (ACT_BYTES, ALLOCATOR_OVERHEAD, OPTIMIZER_BYTES_PER_PARAM,
-                                Evaluation, embedding_sync_s, evaluate, make_context)
-from planner.cost import comm
-from planner.cost.memory import zero_state_bytes
+from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError, invalid
-from planner.hardware import GIB, Cluster
+from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.solve.costs import RECOMPUTE_OPTIONS, StageProblem, stage_problem
+from planner.solve.candidates import candidates, config_key
+from planner.solve.explain import does_not_fit
 from planner.solve.inner import solve_stages
-from planner.solve.space import Pins, enumerate_configs
+from planner.solve.space import Pins
+from planner.strategy import LayerOption, default_placement
 
 
 @dataclass(frozen=True)
@@ -41,14 +39,6 @@ class SearchOptions:
     top_k: int = 1
     runtime: RuntimeOptions = RuntimeOptions()
     inner_deterministic_time: float = 5.0  # CP-SAT deterministic-time budget per configuration
-
-
-@dataclass(frozen=True)
-class Candidate:
-    config: ParallelConfig
-    problem: StageProblem
-    time_lb_s: float
-    memory_lb_bytes: float
 
 
 @dataclass
@@ -83,74 +73,13 @@ class SearchResult:
 Progress = Callable[[int, int, float, float], None]
 
 
-def _time_lower_bound(p: StageProblem) -> float:
-    """Step time no placement of this configuration can beat (see module docstring)."""
-    ctx, c = p.ctx, p.ctx.config
-    work = sum(min(x.time_s for x in cls.costs) * cls.count for cls in p.classes)
-    work += sum(x.time_s for x in p.pre_costs + p.post_costs)
-    if c.pp > 1:
-        boundary = ctx.shard.tokens * ctx.model.hidden * ACT_BYTES / (c.tp if c.sp else 1)
-        work += c.pp * 2 * c.virtual_stages * comm.p2p_s(boundary, ctx.links.pp)
-    m, v = c.num_micro_batches, c.virtual_stages
-    pipeline = (m - 1.0 / v) * work / c.pp + work / v
-    dense = sum(cls.costs[0].dense_params * cls.count for cls in p.classes) + \
-        sum(x.dense_params for x in p.pre_costs + p.post_costs)
-    expert = sum(cls.costs[0].expert_params * cls.count for cls in p.classes)
-    shards = ctx.shard_degree if c.zero_stage >= 1 else 1
-    e_shards = max(ctx.shard_degree // c.ep, 1) if c.zero_stage >= 1 else 1
-    hbm = ctx.cluster.gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
-    optimizer = (dense / shards + expert / e_shards) * OPTIMIZER_BYTES_PER_PARAM / hbm / c.pp
-    return pipeline + optimizer + embedding_sync_s(ctx)
-
-
-def _memory_lower_bound(p: StageProblem) -> float:
-    """Bytes the fullest stage needs at least: the stage average with every block at its
-    least-memory option, each stage holding >= 1 micro-batch, plus the fixed reserve."""
-    ctx, c = p.ctx, p.ctx.config
-    state = ctx.options.state_bytes
-    dense = sum(cls.costs[0].dense_params * cls.count for cls in p.classes) + \
-        sum(x.dense_params for x in p.pre_costs + p.post_costs)
-    expert = sum(cls.costs[0].expert_params * cls.count for cls in p.classes)
-    states = zero_state_bytes(dense, ctx.shard_degree, c.zero_stage, state).total + \
-        zero_state_bytes(expert, max(ctx.shard_degree // c.ep, 1), c.zero_stage, state).total
-    stored = sum(min(x.act_stored_bytes for x in cls.costs) * cls.count for cls in p.classes)
-    stored += sum(x.act_stored_bytes for x in p.pre_costs + p.post_costs)
-    alpha = 1 + ALLOCATOR_OVERHEAD
-    return (states + alpha * stored) / c.pp + ctx.cluster.gpu.reserve_gib * GIB
-
-
-def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
-               dtype: str, pins: Pins, runtime: RuntimeOptions,
-               deadline: float = math.inf) -> list[Candidate]:
-    """Every valid outer configuration with its bounds, sorted by time bound; raises
-    SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating."""
-    allowed = (pins.recompute,) if pins.recompute is not None else RECOMPUTE_OPTIONS
-    out = []
-    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
-        if time.monotonic() > deadline:
-            raise PlannerError(ErrorKind.SOLVER_LIMIT,
-                               f"the time limit ran out while enumerating configurations "
-                               f"({len(out)} so far) before any plan was solved",
-                               ("raise --time-limit", "pin some degrees with --pin"))
-        problem = stage_problem(make_context(model, cluster, config, runtime), allowed)
-        out.append(Candidate(config, problem, _time_lower_bound(problem),
-                             _memory_lower_bound(problem)))
-    # stable, deterministic order: bound first, then the config's fields
-    out.sort(key=lambda c: (c.time_lb_s, _config_key(c.config)))
-    return out
-
-
-def _config_key(c: ParallelConfig) -> tuple:
-    return (c.tp, c.pp, c.dp, c.cp, c.ep, c.micro_batch, c.virtual_stages, c.zero_stage,
-            not c.sp)
-
-
 def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
-                      runtime: RuntimeOptions, allowed=RECOMPUTE_OPTIONS) -> Evaluation | None:
-    """Best Megatron-style uniform plan (even split, one recompute for every block) that fits."""
+                      runtime: RuntimeOptions, allowed: tuple[LayerOption, ...] = Pins().block_options()
+                      ) -> Evaluation | None:
+    """Best Megatron-style uniform plan (even split, one option for every block) that fits."""
     best = None
-    for r in allowed:
-        ev = evaluate(model, cluster, replace(config, recompute=r), options=runtime)
+    for option in allowed:
+        ev = evaluate(model, cluster, config, default_placement(model, config, option), runtime)
         if ev.fits and (best is None or ev.step_time_s < best.step_time_s):
             best = ev
     return best
@@ -178,7 +107,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     capacity = cluster.memory_bytes_per_gpu
     fitting = [c for c in cands if c.memory_lb_bytes <= capacity]
     pruned_memory = total - len(fitting)
-    allowed = (pins.recompute,) if pins.recompute is not None else RECOMPUTE_OPTIONS
+    allowed = pins.block_options()
 
     kept: list[tuple[float, tuple, Evaluation]] = []  # (step time, key, evaluation)
     evaluated = optimal = 0
@@ -213,16 +142,14 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         if hint is not None and (ev is None or hint.step_time_s < ev.step_time_s):
             ev = hint  # never worse than the uniform plan, whatever the solver's limits
         if ev is not None and ev.fits:
-            kept.append((ev.step_time_s, _config_key(cand.config), ev))
+            kept.append((ev.step_time_s, config_key(cand.config), ev))
             kept.sort(key=lambda item: (item[0], item[1]))
             del kept[options.top_k:]
         if progress is not None:
             progress(index + 1, len(fitting), kept[0][0] if kept else math.inf,
                      min(cand.time_lb_s, open_bound))
     if not kept:
-        from planner.solve.explain import does_not_fit
-
-        raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out, deadline)
+        raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out, deadline, pins)
     best = kept[0][2]
     bound = min(open_bound, best.step_time_s)
     if timed_out or bound < best.step_time_s:

@@ -19,10 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterator, Mapping
 
-from planner.config import ParallelConfig, Recompute
+from planner.config import ParallelConfig
 from planner.errors import PlannerError, invalid
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
+from planner.strategy import LayerOption, Recompute, block_options
 
 MAX_MICRO_BATCH = 16
 MAX_VIRTUAL_STAGES = 8
@@ -73,6 +74,10 @@ class Pins:
         if values.get("zero") is not None and values["zero"] > 3:
             raise invalid(f"pin zero={values['zero']}: ZeRO stages are 0, 1, 2, 3")
         return Pins(**values)
+
+    def block_options(self) -> tuple[LayerOption, ...]:
+        """The per-block options these pins allow (all of them unless recompute is pinned)."""
+        return block_options((self.recompute,)) if self.recompute is not None else block_options()
 
     def as_dict(self) -> dict:
         return {f.name: (v.value if isinstance(v, Recompute) else v)
@@ -129,8 +134,7 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                                         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp,
                                         zero_stage=zero, micro_batch=mbs,
                                         global_batch=global_batch, seq_len=seq_len,
-                                        virtual_stages=v, dtype=dtype,
-                                        recompute=pins.recompute or Recompute.NONE)
+                                        virtual_stages=v, dtype=dtype)
                                     try:
                                         config.validate(model, cluster)
                                     except PlannerError:

@@ -1,0 +1,49 @@
+"""The ``shardplan`` console script: the signal policy comes first, the imports after it.
+
+Importing click, rich, OR-Tools (and through it pandas) takes a second or more; Ctrl-C or
+SIGTERM then used to print a KeyboardInterrupt traceback (or die without a word). Here the
+handlers are in place before anything heavy is imported, and the imports run inside the guard.
+"""
+import signal
+import sys
+import time
+
+_STARTED = time.monotonic()
+
+
+def _early(signum, frame):  # noqa: ARG001 - until cli.signals is imported (microseconds)
+    raise KeyboardInterrupt(signum)
+
+
+for _name in ("SIGINT", "SIGTERM", "SIGHUP"):
+    if hasattr(signal, _name):
+        signal.signal(getattr(signal, _name), _early)
+
+
+def main() -> None:
+    code = 130
+    try:
+        from cli import signals
+
+        signals.STARTED = _STARTED
+        signals.install()
+        from cli.console import guard_standard_streams
+
+        guard_standard_streams()
+        from cli.main import run
+    except KeyboardInterrupt as stop:
+        signum = getattr(stop, "signum", None) or (stop.args[0] if stop.args and
+                                                   isinstance(stop.args[0], int) else 2)
+        code = 128 + signum
+        word = {1: "hang-up", 15: "terminated"}.get(signum, "interrupted")
+        try:
+            sys.stderr.write(f"error: {word}\n")
+            sys.stderr.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+        sys.exit(code)
+    sys.exit(run(started=_STARTED, final=True))
+
+
+if __name__ == "__main__":
+    main()

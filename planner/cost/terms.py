@@ -1,0 +1,434 @@
+"""Cost terms: the one place a cost formula of a configuration lives.
+
+Consumes a :class:`~planner.cost.context.CostContext` (model, cluster, config, runtime options);
+produces, once per (layer class, :class:`~planner.strategy.LayerOption`, mesh, workload), a
+:class:`LayerTerms` record, and once per configuration a :class:`ConfigTerms` record. Every
+quantity of a pipeline stage is a sum of its layers' terms, a maximum of them, or a configuration
+constant, so the three consumers build from these records and nothing else:
+
+* :func:`stage_memory`, :func:`stage_time` and :func:`step_time` below (what
+  :func:`planner.cost.model.evaluate` reports) add them up in floats;
+* the CP-SAT builder (:mod:`planner.solve.inner`) multiplies each by the integer count of blocks
+  with that option on a stage (every term is linear in those counts);
+* the search's bounds (:mod:`planner.solve.bounds`) take sums and minima over options.
+
+How a stage is made of terms (``S`` = the stage's layers, ``l`` a layer, ``C`` the config terms):
+
+* memory = params + grads + optimizer: ``sum_S state bytes``; activations:
+  ``C.in_flight[stage] * sum_S act_stored + max_S act_working``; buffers:
+  ``C.buffer_bytes + max_S gather_buffer_bytes``; reserve:
+  ``C.reserve_bytes + C.allocator_overhead * (activations + buffers)``.
+* time per micro-batch = ``sum_S time_s + C.boundary_s`` plus, when ``C.per_micro_batch_sync``,
+  ``max(0, sum_S zero_traffic_s + intercepts - sum_S (fwd_s + bwd_s))``.
+* data-parallel sync of a stage: reduce = ``sum_S dp_reduce_s`` + intercept, gather =
+  ``sum_S dp_gather_s`` + intercept; exposed ``(reduce - hidden)^+ + (gather - fwd)^+`` where
+  hidden is the stage's backward (with overlap) plus the backward of earlier stages.
+* step = pipeline(stage times) + max over stages of the exposed sync + max over stages of
+  ``sum_S optimizer_s`` + ``C.embedding_sync_s``.
+
+Collective times are affine in their volume (alpha-beta, :mod:`planner.cost.comm`): a layer's
+term is the slope times its volume; the latency intercept is a configuration term charged once
+per stage that moves anything over that group (dense parameters: every stage; routed experts:
+stages holding an expert).
+
+To add a term: a field here, its value in :func:`layer_terms` or :func:`config_terms`, its
+place in the stage formulas above and in :mod:`planner.solve.inner` (the equality test in
+``tests/test_cost_terms.py`` fails until both agree, and the mutation test until the ILP uses it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from typing import Sequence
+
+from planner.cost import comm
+from planner.cost.compute import hbm_bytes_per_s, layer_compute
+from planner.cost.context import CostContext
+from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches,
+                                 layer_activation_bytes, layer_params_on_gpu, zero_state_bytes)
+from planner.cost.pipeline import pipeline_time_s
+from planner.hardware import GIB
+from planner.ir import Layer, LayerKind
+from planner.strategy import LayerOption, Recompute
+
+# The PyTorch caching allocator holds freed blocks for reuse; nvidia-smi therefore reports more
+# than the live tensors. Modelled as a fraction of the dynamic (activation and buffer) memory.
+# The runtime reserve (CUDA context, workspaces, NCCL buffers) is a GPU property:
+# planner.hardware.Gpu.reserve_gib (2.5 GiB by default, calibrated in docs/accuracy.md).
+ALLOCATOR_OVERHEAD = 0.25
+# Adam step: read fp32 master, m, v and the gradient, write master, m, v and the 16-bit weights.
+OPTIMIZER_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
+
+
+@dataclass(frozen=True)
+class Affine:
+    """Seconds of a collective as ``slope_s_per_byte * bytes + intercept_s`` (bytes > 0)."""
+
+    slope_s_per_byte: float = 0.0
+    intercept_s: float = 0.0
+
+    @staticmethod
+    def of(fn, *args) -> "Affine":
+        """Slope and intercept of ``fn(size, *args)``, an alpha-beta collective of comm.py."""
+        a, b = fn(1e9, *args), fn(2e9, *args)
+        slope = (b - a) / 1e9
+        return Affine(slope, a - slope * 1e9)
+
+    def __add__(self, other: "Affine") -> "Affine":
+        return Affine(self.slope_s_per_byte + other.slope_s_per_byte,
+                      self.intercept_s + other.intercept_s)
+
+    def scaled(self, k: float) -> "Affine":
+        return Affine(k * self.slope_s_per_byte, k * self.intercept_s)
+
+
+NO_COMM = Affine()
+
+
+@dataclass(frozen=True)
+class LayerTerms:
+    """One layer with one option on one GPU, for one micro-batch (times) or held (bytes).
+
+    Every field is additive over a stage's layers except the two marked "max" (the stage takes
+    the largest). Names are the term names the equality and mutation tests iterate over.
+    """
+
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    comm_s: float  # exposed TP / CP / EP communication
+    act_stored_bytes: float  # kept until the micro-batch's backward (x micro-batches in flight)
+    act_working_bytes: float  # max: transient extra while the layer's backward runs
+    params_bytes: float  # model states after ZeRO sharding (dense and routed experts)
+    grads_bytes: float
+    optimizer_bytes: float
+    gather_buffer_bytes: float  # max: ZeRO-3 gathered weights of the current and next layer
+    zero_traffic_s: float  # ZeRO-2/3 per-micro-batch reduce-scatter (+ all-gathers), slope part
+    dp_reduce_s: float  # once per step: gradient reduction, slope part
+    dp_gather_s: float  # once per step: updated-weight all-gather (ZeRO-1/2), slope part
+    optimizer_s: float  # Adam step over the parameters this GPU updates
+    dense_params: float  # held by one GPU before ZeRO sharding (volumes, reports)
+    expert_params: float
+    hw_flops: float  # executed, recomputation included
+
+    @property
+    def time_s(self) -> float:
+        return self.fwd_s + self.bwd_s + self.recompute_s + self.comm_s
+
+    @property
+    def compute_s(self) -> float:
+        return self.fwd_s + self.bwd_s + self.recompute_s
+
+    @property
+    def state_bytes(self) -> float:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+
+# Terms that enter the solver's model (hw_flops and the raw parameter counts only report).
+SOLVER_LAYER_TERMS = tuple(f.name for f in fields(LayerTerms)
+                           if f.name not in ("dense_params", "expert_params", "hw_flops"))
+
+
+@dataclass(frozen=True)
+class ConfigTerms:
+    """The terms of one configuration that no per-layer decision changes."""
+
+    pp: int
+    num_micro_batches: int
+    virtual_stages: int
+    in_flight: tuple[float, ...]  # micro-batches of stored activations held, per stage
+    capacity_bytes: float
+    reserve_bytes: float  # runtime context and workspaces (Gpu.reserve_gib)
+    allocator_overhead: float
+    buffer_bytes: float  # stage-boundary send/receive, SP gather, ZeRO buckets
+    boundary_s: float  # per micro-batch: PP send/receive of every model chunk
+    per_micro_batch_sync: bool  # ZeRO-2/3 reduce (and gather) every micro-batch
+    zero_reduce_dense: Affine  # per micro-batch (ZeRO-2/3), per gradient byte
+    zero_reduce_expert: Affine
+    zero_gather_dense: Affine  # per micro-batch (ZeRO-3, forward and backward), per weight byte
+    zero_gather_expert: Affine
+    dp_reduce_dense: Affine  # once-per-step gradient reduction
+    dp_reduce_expert: Affine
+    dp_gather_dense: Affine  # once-per-step weight gather
+    dp_gather_expert: Affine
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    embedding_sync_s: float  # tied embeddings: gradient all-reduce of first and last stage
+
+
+# Configuration terms the solver's model reads (the mutation test drops each in turn).
+SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "boundary_s",
+                       "zero_reduce_dense", "zero_reduce_expert", "zero_gather_dense",
+                       "zero_gather_expert", "dp_reduce_dense",
+                       "dp_reduce_expert", "dp_gather_dense", "dp_gather_expert",
+                       "embedding_sync_s", "in_flight")
+
+
+def config_terms(ctx: CostContext) -> ConfigTerms:
+    """The configuration's terms (computed once per context)."""
+    return _config_terms(ctx)
+
+
+@lru_cache(maxsize=4096)
+def _config_terms(ctx: CostContext) -> ConfigTerms:
+    c, mesh, opts = ctx.config, ctx.mesh, ctx.options
+    state = opts.state_bytes
+    zero = c.zero_stage
+    n, n_expert = mesh.shard_degree, mesh.expert_shard_degree
+    hidden_bytes = ctx.shard.tokens * ctx.model.hidden * ACT_BYTES
+    buffers = 0.0
+    if c.pp > 1:
+        buffers += 2 * hidden_bytes  # send and receive buffers of the stage boundary
+    if c.sp:
+        buffers += hidden_bytes  # all-gathered sequence-parallel input of one GEMM
+    if zero >= 1 and n > 1:
+        buffers += state.bucket_bytes
+    boundary_s = 0.0
+    if c.pp > 1:
+        boundary = hidden_bytes / (c.tp if c.sp else 1)
+        # forward activation out, backward gradient out, once per model chunk (Narayanan §4.1)
+        boundary_s = 2 * c.virtual_stages * comm.p2p_s(boundary, ctx.links.pp)
+    link = ctx.links.dp
+
+    def coll(fn, size: int) -> Affine:
+        return Affine.of(fn, size, link) if size > 1 else NO_COMM
+
+    per_mb = zero >= 2 and n > 1
+    # Sharded gradients cannot accumulate locally: ZeRO-2 reduce-scatters them every
+    # micro-batch (DeepSpeed stage_1_and_2.py reduces in each backward), ZeRO-3 / FSDP also
+    # gathers the weights for forward and backward (ZeRO §7: 1.5x the DP volume).
+    zr_dense = zr_expert = zg_dense = zg_expert = NO_COMM
+    if per_mb:
+        zr_dense = coll(comm.reduce_scatter_s, n)
+        zr_expert = coll(comm.reduce_scatter_s, n_expert)
+        if zero >= 3:
+            zg_dense = coll(comm.all_gather_s, n).scaled(2)
+            zg_expert = coll(comm.all_gather_s, n_expert).scaled(2)
+    # Once per step: ZeRO-0 all-reduces the gradients, ZeRO-1 reduce-scatters them and
+    # all-gathers the updated weights; ZeRO-2 reduced per micro-batch and still gathers once;
+    # ZeRO-3 does everything per micro-batch.
+    red_dense = red_expert = gat_dense = gat_expert = NO_COMM
+    if zero == 0:
+        red_dense, red_expert = coll(comm.all_reduce_s, n), coll(comm.all_reduce_s, n_expert)
+    elif zero < 3:
+        if not per_mb:
+            red_dense = coll(comm.reduce_scatter_s, n)
+        if not (zero == 2 and n > 1):
+            red_expert = coll(comm.reduce_scatter_s, n_expert)
+        gat_dense, gat_expert = coll(comm.all_gather_s, n), coll(comm.all_gather_s, n_expert)
+    return ConfigTerms(
+        pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
+        in_flight=tuple(in_flight_micro_batches(i, c.pp, c.num_micro_batches, c.virtual_stages)
+                        for i in range(c.pp)),
+        capacity_bytes=ctx.cluster.memory_bytes_per_gpu,
+        reserve_bytes=ctx.cluster.gpu.reserve_gib * GIB,
+        allocator_overhead=ALLOCATOR_OVERHEAD, buffer_bytes=buffers, boundary_s=boundary_s,
+        per_micro_batch_sync=per_mb, zero_reduce_dense=zr_dense, zero_reduce_expert=zr_expert,
+        zero_gather_dense=zg_dense, zero_gather_expert=zg_expert,
+        dp_reduce_dense=red_dense, dp_reduce_expert=red_expert, dp_gather_dense=gat_dense,
+        dp_gather_expert=gat_expert, overlap_grad_reduce=opts.overlap_grad_reduce,
+        overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx))
+
+
+def embedding_sync_s(ctx: CostContext) -> float:
+    """Tied embeddings: first and last stage all-reduce the word-embedding gradient."""
+    c = ctx.config
+    if not (ctx.model.tied_embeddings and c.pp > 1):
+        return 0.0
+    size = ctx.model.vocab * ctx.model.hidden / c.tp * ctx.options.state_bytes.grad_reduce_bytes
+    return comm.all_reduce_s(size, 2, ctx.links.pp)
+
+
+def _tp_syncs(layer: Layer) -> tuple[int, int]:
+    """TP synchronisation points of a layer (forward, backward): Megatron's f/g operators."""
+    if layer.kind is LayerKind.BLOCK:
+        n = 2 + (1 if layer.attention is not None and layer.attention.cross_attention else 0)
+        return n, n
+    if layer.kind is LayerKind.EMBEDDING:
+        return 1, 0  # vocab-parallel embedding: all-reduce (reduce-scatter with SP) of the output
+    return (1 if layer.vocab else 0), 1  # LM head: gather input (SP), reduce input gradient
+
+
+def layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTerms:
+    """The terms of ``layer`` run with ``option`` under the context's mesh and workload."""
+    return _layer_terms(ctx, layer, option)
+
+
+@lru_cache(maxsize=65536)
+def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTerms:
+    c, shard, links, opts = ctx.config, ctx.shard, ctx.links, ctx.options
+    mesh = ctx.mesh
+    recompute = option.recompute
+    compute = layer_compute(layer, shard, ctx.cluster.gpu, opts)
+    tokens = shard.tokens
+    hidden_bytes = tokens * layer.hidden * ACT_BYTES
+    # Tensor parallel collectives (not overlapped with compute unless the runtime says so).
+    fwd_syncs, bwd_syncs = _tp_syncs(layer)
+    one = comm.tp_collective_s(hidden_bytes, c.tp, links.tp, c.sp)
+    if c.tp > 1 and not c.sp and layer.kind is LayerKind.HEAD:
+        fwd_syncs = 0  # without SP the head's input is already replicated
+    tp_fwd = fwd_syncs * one
+    tp_comm = (tp_fwd + bwd_syncs * one) * (1.0 - opts.tp_comm_overlap)
+    if recompute is Recompute.FULL:
+        tp_comm += tp_fwd * (1.0 - opts.tp_comm_overlap)
+    other = 0.0
+    mlp = layer.mlp
+    if mlp is not None and mlp.is_moe and c.ep > 1:
+        # token dispatch and combine, forward and backward (Megatron-Core alltoall dispatcher)
+        other += 4 * comm.all_to_all_s(hidden_bytes * mlp.top_k, c.ep, links.ep)
+    att = layer.attention
+    if att is not None and c.cp > 1:
+        # ring attention: cp-1 exchanges of the local K and V chunk forward, twice that (K, V and
+        # their gradients) backward, hidden behind the attention core's forward and backward.
+        kv_bytes = tokens * max(att.num_kv_heads // c.tp, 1) * (att.head_dim + att.v_head_dim) * ACT_BYTES
+        ring = 3 * (c.cp - 1) * comm.p2p_s(kv_bytes, links.cp)
+        core_s = compute.attn_core_s  # the core's forward + backward time (compute.py)
+        other += max(0.0, ring - core_s)
+    stored, working = layer_activation_bytes(layer, c.micro_batch, c.seq_len, c.tp, c.cp, c.sp,
+                                             recompute, opts.attention_kernel, opts.dropout)
+    dense, expert = layer_params_on_gpu(layer, c.tp, c.ep)
+    state = opts.state_bytes
+    zero = c.zero_stage
+    n, n_expert = mesh.shard_degree, mesh.expert_shard_degree
+    dense_states = zero_state_bytes(dense, n, zero, state)
+    expert_states = zero_state_bytes(expert, n_expert, zero, state)
+    t = config_terms(ctx)
+    grad_dense, grad_expert = dense * state.grad_reduce_bytes, expert * state.grad_reduce_bytes
+    w_dense, w_expert = dense * state.weights, expert * state.weights
+    zero_traffic = (t.zero_reduce_dense.slope_s_per_byte * grad_dense
+                    + t.zero_reduce_expert.slope_s_per_byte * grad_expert
+                    + t.zero_gather_dense.slope_s_per_byte * w_dense
+                    + t.zero_gather_expert.slope_s_per_byte * w_expert)
+    owned = dense / (n if zero >= 1 else 1) + expert / (n_expert if zero >= 1 else 1)
+    return LayerTerms(
+        fwd_s=compute.fwd_s, bwd_s=compute.bwd_s, recompute_s=compute.recompute_s(recompute),
+        comm_s=tp_comm + other, act_stored_bytes=stored, act_working_bytes=working,
+        params_bytes=dense_states.params + expert_states.params,
+        grads_bytes=dense_states.grads + expert_states.grads,
+        optimizer_bytes=dense_states.optimizer + expert_states.optimizer,
+        gather_buffer_bytes=2 * dense * state.weights if zero >= 3 else 0.0,
+        zero_traffic_s=zero_traffic,
+        dp_reduce_s=(t.dp_reduce_dense.slope_s_per_byte * grad_dense
+                     + t.dp_reduce_expert.slope_s_per_byte * grad_expert),
+        dp_gather_s=(t.dp_gather_dense.slope_s_per_byte * w_dense
+                     + t.dp_gather_expert.slope_s_per_byte * w_expert),
+        optimizer_s=owned * OPTIMIZER_BYTES_PER_PARAM / hbm_bytes_per_s(ctx.cluster.gpu),
+        dense_params=dense, expert_params=expert,
+        hw_flops=3 * compute.fwd_flops + compute.recompute_flops(recompute))
+
+
+# -- stage and step formulas over terms (what evaluate() reports) ----------------------------
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes per GPU by category; ``reserve`` is runtime context + allocator overhead."""
+
+    params: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    buffers: float = 0.0
+    reserve: float = 0.0
+
+    @property
+    def other(self) -> float:
+        return self.buffers + self.reserve
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer + self.activations + self.other
+
+    def __add__(self, other: "MemoryBreakdown") -> "MemoryBreakdown":
+        return MemoryBreakdown(*(a + b for a, b in zip(self._values(), other._values())))
+
+    def _values(self) -> tuple[float, ...]:
+        return (self.params, self.grads, self.optimizer, self.activations, self.buffers,
+                self.reserve)
+
+    def gib(self) -> dict[str, float]:
+        """The JSON form: GiB per category (params, grads, optimizer, activations, other, total)."""
+        return {"params": self.params / GIB, "grads": self.grads / GIB,
+                "optimizer": self.optimizer / GIB, "activations": self.activations / GIB,
+                "other": self.other / GIB, "total": self.total / GIB}
+
+
+def _has_expert(layers: Sequence[LayerTerms]) -> bool:
+    return any(x.expert_params > 0 for x in layers)
+
+
+def _charged(layers: Sequence[LayerTerms], slope_sum: float, dense: Affine, expert: Affine) -> float:
+    """A stage's collective seconds: its layers' slope terms plus each group's intercept."""
+    return (slope_sum + (dense.intercept_s if layers else 0.0)
+            + (expert.intercept_s if _has_expert(layers) else 0.0))
+
+
+def stage_memory(t: ConfigTerms, stage: int, layers: Sequence[LayerTerms]) -> MemoryBreakdown:
+    """Peak bytes per GPU of pipeline stage ``stage`` holding ``layers``."""
+    activations = t.in_flight[stage] * sum(x.act_stored_bytes for x in layers) + \
+        max((x.act_working_bytes for x in layers), default=0.0)
+    buffers = t.buffer_bytes + max((x.gather_buffer_bytes for x in layers), default=0.0)
+    reserve = t.reserve_bytes + t.allocator_overhead * (activations + buffers)
+    return MemoryBreakdown(sum(x.params_bytes for x in layers), sum(x.grads_bytes for x in layers),
+                           sum(x.optimizer_bytes for x in layers), activations, buffers, reserve)
+
+
+def stage_time(t: ConfigTerms, layers: Sequence[LayerTerms]) -> float:
+    """Seconds per micro-batch on one stage: its layers, the stage-boundary transfers and the
+    exposed part of the ZeRO-2/3 per-micro-batch traffic (overlapped with the stage's compute)."""
+    time_s = sum(x.time_s for x in layers) + t.boundary_s
+    if t.per_micro_batch_sync:
+        traffic = _charged(layers, sum(x.zero_traffic_s for x in layers),
+                           t.zero_reduce_dense + t.zero_gather_dense,
+                           t.zero_reduce_expert + t.zero_gather_expert)
+        time_s += max(0.0, traffic - sum(x.fwd_s + x.bwd_s for x in layers))
+    return time_s
+
+
+def dp_sync_s(t: ConfigTerms, layers: Sequence[LayerTerms]) -> tuple[float, float]:
+    """(gradient reduction, parameter gather) seconds of one stage's once-per-step sync."""
+    return (_charged(layers, sum(x.dp_reduce_s for x in layers), t.dp_reduce_dense,
+                     t.dp_reduce_expert),
+            _charged(layers, sum(x.dp_gather_s for x in layers), t.dp_gather_dense,
+                     t.dp_gather_expert))
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    pipeline_s: float
+    bubble_s: float
+    dp_exposed_s: float
+    optimizer_s: float
+    embedding_sync_s: float
+
+    @property
+    def step_time_s(self) -> float:
+        return self.pipeline_s + self.dp_exposed_s + self.optimizer_s + self.embedding_sync_s
+
+
+def step_time(t: ConfigTerms, stage_layers: Sequence[Sequence[LayerTerms]],
+              stage_times: Sequence[float]) -> StepBreakdown:
+    m = t.num_micro_batches
+    pipe = pipeline_time_s(stage_times, m, t.virtual_stages)
+    bubble = pipe - m * max(stage_times)
+    # DP sync per stage. With overlap, gradient reduction hides behind the last micro-batch's
+    # backward, and stage i also has the slack of the backward still running on stages < i
+    # (Megatron-LM --overlap-grad-reduce; parameter all-gather behind the next forward with
+    # --overlap-param-gather).
+    exposed = 0.0
+    slack = 0.0
+    for layers in stage_layers:
+        reduce, gather = dp_sync_s(t, layers)
+        bwd = sum(x.bwd_s + x.recompute_s for x in layers)
+        fwd = sum(x.fwd_s for x in layers)
+        hidden_reduce = (bwd + slack) if t.overlap_grad_reduce else slack
+        hidden_gather = fwd if t.overlap_param_gather else 0.0
+        exposed = max(exposed, max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather))
+        slack += bwd
+    # Optimizer step: memory-bound Adam over the parameters this GPU updates (slowest stage).
+    optimizer = max((sum(x.optimizer_s for x in layers) for layers in stage_layers), default=0.0)
+    return StepBreakdown(pipe, bubble, exposed, optimizer, t.embedding_sync_s)
+
+
+def model_states(layers: Sequence[LayerTerms]) -> ModelStates:
+    return ModelStates(sum(x.params_bytes for x in layers), sum(x.grads_bytes for x in layers),
+                       sum(x.optimizer_bytes for x in layers))

@@ -1,0 +1,129 @@
+"""Per-layer decisions: the :class:`LayerOption` a layer runs with and the :class:`LayerPlacement`
+(pipeline stage and option of every layer) a plan holds.
+
+A layer option is a layout (how the layer's tensors are split over its stage's devices) and a
+recomputation policy. Today the only layout is :attr:`Layout.MESH`, the plan's global mesh
+(``tp x cp x dp``, ``ep`` in MoE layers, from :class:`~planner.mesh.Mesh`); per-layer tensor /
+data sharding and expert layouts become new :class:`Layout` members. Everything that iterates
+over decisions (the CP-SAT model, the brute-force oracle, the bounds, the plan file) iterates over
+:func:`block_options`, never over :class:`Recompute` directly; the cost of an option is written
+once, in :func:`planner.cost.terms.layer_terms`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable
+
+from planner.ir import LayerKind, ModelGraph
+
+
+class Recompute(str, Enum):
+    NONE = "none"
+    SELECTIVE = "selective"  # recompute the attention core only (Korthikanti et al. 2022 §5)
+    FULL = "full"  # store the block input only, recompute the whole block in backward
+
+
+class Layout(str, Enum):
+    MESH = "mesh"  # the plan's global mesh layout (planner.mesh.Mesh)
+
+
+@dataclass(frozen=True)
+class LayerOption:
+    """How one layer runs: its layout and its recomputation."""
+
+    recompute: Recompute = Recompute.NONE
+    layout: Layout = Layout.MESH
+
+    @property
+    def name(self) -> str:
+        """Short stable name (CP-SAT variable names, messages): 'full', 'mesh/full' later."""
+        return self.recompute.value if self.layout is Layout.MESH else \
+            f"{self.layout.value}/{self.recompute.value}"
+
+    @property
+    def memory_rank(self) -> int:
+        """Order used to lay out a stage's blocks (most recomputation first; costs are equal
+        in any order, this keeps placements readable and deterministic)."""
+        return {Recompute.FULL: 2, Recompute.SELECTIVE: 1, Recompute.NONE: 0}[self.recompute]
+
+
+NO_OPTION = LayerOption()  # embedding and head: mesh layout, never recomputed
+RECOMPUTE_POLICIES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+LAYOUTS = (Layout.MESH,)
+
+
+def block_options(recompute: Iterable[Recompute] = RECOMPUTE_POLICIES,
+                  layouts: Iterable[Layout] = LAYOUTS) -> tuple[LayerOption, ...]:
+    """The per-block choices the solver, the oracle and the bounds enumerate (layout-major)."""
+    recompute = tuple(recompute)
+    return tuple(LayerOption(r, lay) for lay in layouts for r in recompute)
+
+
+BLOCK_OPTIONS = block_options()
+
+
+@dataclass(frozen=True)
+class LayerPlacement:
+    """Per-layer decisions: ``stage[i]`` and ``options[i]`` of layer ``i`` of the model."""
+
+    stage: tuple[int, ...]
+    options: tuple[LayerOption, ...]
+
+    @property
+    def recompute(self) -> tuple[Recompute, ...]:
+        """The recomputation policy of every layer (a view of ``options``)."""
+        return tuple(o.recompute for o in self.options)
+
+    def layers_of_stage(self, stage: int) -> list[int]:
+        return [i for i, s in enumerate(self.stage) if s == stage]
+
+    @staticmethod
+    def of(stage: Iterable[int], recompute: Iterable[Recompute | str]) -> "LayerPlacement":
+        """Placement with the mesh layout for every layer and the given recomputation."""
+        return LayerPlacement(tuple(stage), tuple(LayerOption(Recompute(r)) for r in recompute))
+
+
+def interleaved_rank(block: int, num_blocks: int, pp: int, virtual_stages: int) -> int:
+    """Pipeline rank holding ``block`` under interleaved 1F1B: the blocks form pp x v equal
+    chunks and chunk k runs on rank k mod pp (Megatron-LM virtual pipeline stages)."""
+    chunk = num_blocks // (pp * virtual_stages)
+    return (block // chunk) % pp
+
+
+def default_placement(model: ModelGraph, config, block_option: LayerOption = NO_OPTION
+                      ) -> LayerPlacement:
+    """Megatron-LM's default split: blocks spread evenly over pp stages (earlier stages take the
+    remainder; round-robin chunks when interleaved), the embedding on the first stage, the head
+    on the last; ``block_option`` for every block (embedding and head: :data:`NO_OPTION`).
+    ``config`` is anything with ``pp`` and ``virtual_stages`` (a ParallelConfig)."""
+    pp, virtual_stages = config.pp, config.virtual_stages
+    blocks = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK]
+    per_stage, extra = divmod(len(blocks), pp)
+    stage_of: dict[int, int] = {}
+    cursor = 0
+    for stage in range(pp):
+        count = per_stage + (1 if stage < extra else 0)
+        for index in blocks[cursor:cursor + count]:
+            stage_of[index] = stage
+        cursor += count
+    if virtual_stages > 1:
+        stage_of = {index: interleaved_rank(b, len(blocks), pp, virtual_stages)
+                    for b, index in enumerate(blocks)}
+    stages = []
+    for i, layer in enumerate(model.layers):
+        if layer.kind is LayerKind.BLOCK:
+            stages.append(stage_of[i])
+        elif layer.kind is LayerKind.EMBEDDING:
+            stages.append(0)
+        else:
+            stages.append(pp - 1)
+    options = tuple(block_option if layer.kind is LayerKind.BLOCK else NO_OPTION
+                    for layer in model.layers)
+    return LayerPlacement(tuple(stages), options)
+
+
+def uniform(model: ModelGraph, config,
+            recompute: Recompute | str = Recompute.NONE) -> LayerPlacement:
+    """:func:`default_placement` with the mesh layout and ``recompute`` for every block."""
+    return default_placement(model, config, LayerOption(Recompute(recompute)))

@@ -94,14 +94,17 @@ def check(plan_path, model, cluster, nodes, allow_stale, as_json):
 @plan_argument
 @click.option("--format", "-f", "fmt", required=True, metavar="F",
               type=click.Choice(list(FORMATS)),
-              help="megatron (args file), torchtitan (TOML), deepspeed (config JSON), vllm "
-                   "(engine args), json (the plan).")
+              help="megatron (args file), torchtitan (0.3 args file, or TOML for 0.2.2), "
+                   "deepspeed (config JSON), vllm (engine args), json (the plan).")
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="Write here instead of stdout (- is stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--strict", is_flag=True,
               help="Exit 1 when the runtime cannot express the plan exactly (any warning).")
-def export(plan_path, fmt, output, force, strict):
+@click.option("--target-version", default=None, metavar="V",
+              help="Runtime version to write for, where its format changed (torchtitan: 0.3 "
+                   "command line, the default; 0.2.2 TOML job tables).")
+def export(plan_path, fmt, output, force, strict, target_version):
     """Translate a saved plan into a runtime's configuration; differences go to stderr."""
     from planner.errors import ErrorKind, PlannerError
     from planner.export import export_plan
@@ -112,11 +115,12 @@ def export(plan_path, fmt, output, force, strict):
         output = None
     if output is not None:
         check_target(output, force=force)
-    result = export_plan(Plan.load(plan_path), fmt)
+    result = export_plan(Plan.load(plan_path), fmt, target_version)
     from cli.console import say
     from cli.render import print_warnings
 
     print_warnings(result.warnings)
+    print_warnings(result.notes, prefix="note")
     if output is not None:
         write_file(result.text, output, force=force, critical=signals.deferred,
                    on_commit=signals.finish)

@@ -119,8 +119,8 @@ def test_megatron_file_is_a_bash_array(tmp_path):
 
 
 @pytest.mark.skipif(tomllib is None, reason="tomllib needs Python 3.11")
-def test_torchtitan_round_trip(plan):
-    result = export_plan(Plan.from_dict(plan), "torchtitan")
+def test_torchtitan_toml_round_trip(plan):
+    result = export_plan(Plan.from_dict(plan), "torchtitan", target_version="0.2.2")
     config = tomllib.loads(result.text)
     p = plan["parallelism"]
     par, training = config["parallelism"], config["training"]
@@ -170,12 +170,12 @@ def test_deepspeed_round_trip(plan):
     assert config["train_batch_size"] == p["global_batch"]
     assert config["train_micro_batch_size_per_gpu"] == p["micro_batch"]
     assert config["gradient_accumulation_steps"] == p["num_micro_batches"]
-    # DeepSpeed's own identity: batch = micro x accumulation x (world / (tp x pp))
-    if p["cp"] == 1:
-        world = p["tp"] * p["pp"] * p["dp"]
-        assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"] *
-                                              config["gradient_accumulation_steps"] *
-                                              world // (p["tp"] * p["pp"]))
+    # DeepSpeed's own identity over the data-parallel size it is told to use (the notes)
+    assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"] *
+                                          config["gradient_accumulation_steps"] * p["dp"])
+    world = p["tp"] * p["pp"] * p["dp"] * p["cp"]
+    notes = "\n".join(result.notes)
+    assert (f"returns {p['dp']}" in notes or f"num_dp={p['dp']})" in notes) == (world != p["dp"])
     stage = config["zero_optimization"]["stage"]
     assert stage == (min(p["zero_stage"], 1) if p["pp"] > 1 else p["zero_stage"])
     assert config.get("tensor_parallel", {}).get("autotp_size", 1) == p["tp"]
@@ -201,8 +201,9 @@ def test_json_is_the_plan(plan):
     assert json.loads(result.text) == plan and result.warnings == ()
 
 
-def _warnings(name: str, fmt: str) -> str:
-    return "\n".join(export_plan(Plan.from_dict(build_plan(**PLANS[name])), fmt).warnings)
+def _warnings(name: str, fmt: str, version: str | None = None) -> str:
+    return "\n".join(export_plan(Plan.from_dict(build_plan(**PLANS[name])), fmt,
+                                 version).warnings)
 
 
 def test_exact_exports_have_no_warnings():
@@ -220,7 +221,8 @@ def test_inexpressible_features_are_named():
     # per-layer recompute mix with unequal per-stage counts
     text = _warnings("mixed-recompute", "megatron")
     assert "recompute" in text and "5, 3" in text and "--recompute-num-layers 5" in text
-    assert "layer-selective" in _warnings("mixed-recompute", "torchtitan")
+    assert "layer-selective" in _warnings("mixed-recompute", "torchtitan", "0.2.2")
+    assert "no layer-selective AC" in _warnings("mixed-recompute", "torchtitan")
     # DeepSpeed: PP is set in code, ZeRO-2/3 refused under PP, interleaving, CP, EP
     text = _warnings("pp2-uneven", "deepspeed")
     assert "PipelineModule" in text and "num_stages=2" in text and "10, 14" in text
@@ -235,7 +237,9 @@ def test_inexpressible_features_are_named():
     # torchtitan: ZeRO-0 with PP is not DDP there; SP is always on with TP
     assert "ZeRO-0" in _warnings("pp-layout", "torchtitan")
     sp_off = build_plan(**GPT, tp=2, sp=False)
-    warnings = export_plan(Plan.from_dict(sp_off), "torchtitan").warnings
+    warnings = export_plan(Plan.from_dict(sp_off), "torchtitan", "0.2.2").warnings
+    assert "sequence parallelism" not in "\n".join(
+        export_plan(Plan.from_dict(sp_off), "torchtitan").warnings)
     assert "sequence parallelism" in "\n".join(warnings)
     assert "fp16" in _warnings("tiny-fp16", "torchtitan")
 

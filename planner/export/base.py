@@ -15,12 +15,15 @@ from planner.plan_types import Plan
 
 @dataclass(frozen=True)
 class ExportResult:
-    """``text`` is the runtime's file; ``warnings`` name each way it differs from the plan."""
+    """``text`` is the runtime's file; ``warnings`` name each way it differs from the plan
+    (``export --strict`` fails on any); ``notes`` say what the user must do for the runtime
+    to run it as planned (they are no difference, and ``--strict`` ignores them)."""
 
     format: str
     text: str
     warnings: tuple[str, ...] = ()
     suffix: str = ".txt"
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,17 @@
 """DeepSpeed config JSON for a plan.
 
 Consumes a validated plan document; produces a ``ds_config.json``. Keys from
-deepspeed.ai/docs/config-json (deepspeed.ai/docs/config-json, AutoTP training docs,
-``deepspeed/runtime/config.py``): ``train_batch_size`` = ``train_micro_batch_size_per_gpu`` x
-``gradient_accumulation_steps`` x data-parallel ranks (world / (tp x pp)), so the three batch
-keys equal the plan's global batch, micro-batch and number of micro-batches;
+deepspeed.ai/docs/config-json, the AutoTP training docs and ``deepspeed/runtime/config.py``.
+
+Batch: ``DeepSpeedConfig`` asserts ``train_batch_size == train_micro_batch_size_per_gpu x
+gradient_accumulation_steps x world_size``, where ``world_size`` is the data-parallel size *it
+is given*: ``mpu.get_data_parallel_world_size()`` when ``deepspeed.initialize`` gets an
+``mpu`` (for a ``PipelineModule`` the mpu is the module's own ``PipelineParallelGrid``, built
+from its ``topology``), else the whole process group. The three keys are the plan's global
+batch, micro-batch and number of micro-batches, which hold for the plan's dp; when dp is not
+the whole world (tp, pp or cp > 1) the export's notes say how the runtime gets dp (a
+``PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)`` for pipeline plans, an
+``mpu`` otherwise). Also
 ``zero_optimization.stage`` (+ ``overlap_comm`` for the plan's overlapped gradient reduction),
 ``bf16.enabled`` / ``fp16.enabled``, ``tensor_parallel.autotp_size``.
 
@@ -16,11 +23,11 @@ and recomputation (``deepspeed.checkpointing.checkpoint`` called in model code).
 """
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from planner.plan_types import Plan
 from planner.export.base import ExportResult, blocks_per_rank, describe_recompute, memory_note
+from planner.export.quoting import json_text
 
 
 def export(plan: Plan) -> ExportResult:
@@ -84,5 +91,32 @@ def export(plan: Plan) -> ExportResult:
                         f"layout; with DeepSpeed's ZeRO optimizer"
                         + (memory_note(plan, zero_stage=zero, runtime_runtime="deepspeed")
                            or " model-state memory differs"))
-    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-    return ExportResult("deepspeed", text, tuple(warnings), ".json")
+    text = json_text(config) + "\n"
+    return ExportResult("deepspeed", text, tuple(warnings), ".json", tuple(_dp_notes(doc)))
+
+
+def data_parallel_size(doc: dict[str, Any]) -> int:
+    """The data-parallel size DeepSpeed must see for the exported batch keys to hold."""
+    return doc["parallelism"]["dp"]
+
+
+def _dp_notes(doc: dict[str, Any]) -> list[str]:
+    p = doc["parallelism"]
+    tp, pp, dp, cp = p["tp"], p["pp"], p["dp"], p["cp"]
+    world = tp * pp * dp * cp
+    if dp == world:
+        return []
+    batch = (f"train_batch_size {p['global_batch']} = micro-batch {p['micro_batch']} x "
+             f"{p['num_micro_batches']} accumulation steps x data-parallel size {dp}, and "
+             f"DeepSpeed checks it against the data-parallel size it is given, not the "
+             f"{world} GPUs")
+    if pp > 1:
+        return [f"deepspeed: {batch}: build the model as PipelineModule(..., topology="
+                f"PipeModelDataParallelTopology(num_pp={pp}, num_mp={tp * cp}, num_dp={dp})) "
+                f"(deepspeed.runtime.pipe.topology), whose grid DeepSpeed uses as the mpu"
+                + (f"; the {cp} context-parallel ranks sit on its model axis with the {tp} "
+                   f"tensor-parallel ones" if cp > 1 else "")]
+    return [f"deepspeed: {batch}: pass deepspeed.initialize(..., mpu=MPU) an object whose "
+            f"get_data_parallel_world_size() returns {dp} (for example Megatron-LM's "
+            f"parallel_state initialised with tensor size {tp}"
+            + (f" and context size {cp}" if cp > 1 else "") + ")"]

@@ -15,7 +15,7 @@ constant, so the three consumers build from these records and nothing else:
 How a stage is made of terms (``S`` = the stage's layers, ``l`` a layer, ``C`` the config terms):
 
 * memory = params + grads + optimizer: ``sum_S state bytes``; activations:
-  ``C.in_flight(stage) * sum_S act_stored + max_S act_working``; buffers:
+  ``C.in_flight[stage] * sum_S act_stored + max_S act_working``; buffers:
   ``C.buffer_bytes + max_S gather_buffer_bytes``; reserve:
   ``C.reserve_bytes + C.allocator_overhead * (activations + buffers)``.
 * time per micro-batch = ``sum_S time_s + C.boundary_s`` plus, when ``C.per_micro_batch_sync``,
@@ -137,6 +137,7 @@ class ConfigTerms:
     pp: int
     num_micro_batches: int
     virtual_stages: int
+    in_flight: tuple[float, ...]  # micro-batches of stored activations held, per stage
     capacity_bytes: float
     reserve_bytes: float  # runtime context and workspaces (Gpu.reserve_gib)
     allocator_overhead: float
@@ -155,10 +156,6 @@ class ConfigTerms:
     overlap_param_gather: bool
     embedding_sync_s: float  # tied embeddings: gradient all-reduce of first and last stage
 
-    def in_flight(self, stage: int) -> float:
-        """Micro-batches of stored activations stage ``stage`` holds at its peak."""
-        return in_flight_micro_batches(stage, self.pp, self.num_micro_batches,
-                                       self.virtual_stages)
 
 
 # Configuration terms the solver's model reads (the mutation test drops each in turn).
@@ -166,7 +163,7 @@ SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "b
                        "zero_reduce_dense", "zero_reduce_expert", "zero_gather_dense",
                        "zero_gather_expert", "dp_reduce_dense",
                        "dp_reduce_expert", "dp_gather_dense", "dp_gather_expert",
-                       "embedding_sync_s", "in_flight")  # in_flight: the method's values
+                       "embedding_sync_s", "in_flight")
 
 
 def config_terms(ctx: CostContext) -> ConfigTerms:
@@ -226,6 +223,7 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         gat_dense, gat_expert = coll(comm.all_gather_s, n), ecoll(comm.all_gather_s, n_expert)
     return ConfigTerms(
         pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
+        in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages),
         capacity_bytes=ctx.cluster.memory_bytes_per_gpu,
         reserve_bytes=ctx.cluster.gpu.reserve_gib * GIB,
         allocator_overhead=ALLOCATOR_OVERHEAD, buffer_bytes=buffers, boundary_s=boundary_s,
@@ -234,6 +232,12 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         dp_reduce_dense=red_dense, dp_reduce_expert=red_expert, dp_gather_dense=gat_dense,
         dp_gather_expert=gat_expert, overlap_grad_reduce=opts.overlap_grad_reduce,
         overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx))
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(pp: int, num_micro_batches: int, virtual_stages: int) -> tuple[float, ...]:
+    return tuple(in_flight_micro_batches(i, pp, num_micro_batches, virtual_stages)
+                 for i in range(pp))
 
 
 def embedding_sync_s(ctx: CostContext) -> float:
@@ -380,7 +384,7 @@ def _charged(layers: Sequence[LayerTerms], slope_sum: float, dense: Affine, expe
 
 def stage_memory(t: ConfigTerms, stage: int, layers: Sequence[LayerTerms]) -> MemoryBreakdown:
     """Peak bytes per GPU of pipeline stage ``stage`` holding ``layers``."""
-    activations = t.in_flight(stage) * sum(x.act_stored_bytes for x in layers) + \
+    activations = t.in_flight[stage] * sum(x.act_stored_bytes for x in layers) + \
         max((x.act_working_bytes for x in layers), default=0.0)
     buffers = t.buffer_bytes + max((x.gather_buffer_bytes for x in layers), default=0.0)
     reserve = t.reserve_bytes + t.allocator_overhead * (activations + buffers)

@@ -95,7 +95,11 @@ class _Builder:
         value = getattr(self.T, name)
         if name not in self.drop:
             return value
-        return NO_COMM if isinstance(value, Affine) else 0.0
+        if isinstance(value, Affine):
+            return NO_COMM
+        if isinstance(value, tuple):
+            return tuple(0.0 for _ in value)
+        return 0.0
 
     # -- integer scaling -------------------------------------------------------------------
     def ticks(self, seconds: float) -> int:
@@ -185,8 +189,7 @@ class _Builder:
 
         alpha = 1.0 + self.ct("allocator_overhead")
         capacity = math.floor(T.capacity_bytes)
-        def in_flight(stage: int) -> float:
-            return 0.0 if "in_flight" in self.drop else T.in_flight(stage)
+        in_flight = self.ct("in_flight")
         moe = [ci for ci, cls in enumerate(P.classes) if cls.costs[0].expert_params > 0]
         zero_dense = self.ct("zero_reduce_dense") + self.ct("zero_gather_dense")
         zero_expert = self.ct("zero_reduce_expert") + self.ct("zero_gather_expert")
@@ -224,7 +227,7 @@ class _Builder:
                         M.add(working >= k * self.u[i, ci, ri])
             for cost in self.fixed(i):
                 M.add(working >= math.ceil(alpha * self.lt(cost, "act_working_bytes")))
-            mem = (self.bytes_lin(states) + self.bytes_lin(stored, in_flight(i) * alpha) + working)
+            mem = (self.bytes_lin(states) + self.bytes_lin(stored, in_flight[i] * alpha) + working)
             gather = M.new_int_var(0, 2**52, f"gather_buffer[{i}]")  # largest ZeRO-3 gather
             for ci, cls in enumerate(P.classes):
                 k = max(math.ceil(alpha * self.lt(x, "gather_buffer_bytes")) for x in cls.costs)
@@ -233,7 +236,7 @@ class _Builder:
             for cost in self.fixed(i):
                 M.add(gather >= math.ceil(alpha * self.lt(cost, "gather_buffer_bytes")))
             mem += gather
-            const = (states_c + in_flight(i) * alpha * stored_c
+            const = (states_c + in_flight[i] * alpha * stored_c
                      + alpha * self.ct("buffer_bytes") + self.ct("reserve_bytes"))
             M.add(mem <= capacity - math.ceil(const))
 

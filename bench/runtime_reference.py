@@ -54,7 +54,39 @@ def _megatron_parser() -> _Parser:
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--bf16", "--fp16", "--tp-comm-overlap"):
         parser.add_argument(flag, action="store_true")
+    # MoE (_add_moe_args; megatron/core/transformer/moe/README.md)
+    for flag in ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
+                 "--moe-shared-expert-intermediate-size"):
+        parser.add_argument(flag, type=int, default=None)
+    parser.add_argument("--moe-layer-freq", type=str, default="1")
+    parser.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"),
+                        default="allgather")
+    parser.add_argument("--moe-expert-capacity-factor", type=float, default=None)
+    for flag in ("--moe-grouped-gemm", "--moe-permute-fusion", "--moe-enable-deepep",
+                 "--moe-pad-expert-input-to-capacity", "--overlap-moe-expert-parallel-comm",
+                 "--delay-wgrad-compute"):
+        parser.add_argument(flag, action="store_true")
     return parser
+
+
+def _moe_rules(a: argparse.Namespace, world_size: int, tp: int, pp: int, ep: int) -> None:
+    """validate_args / transformer_config.py / parallel_state.py rules on the expert options."""
+    etp = a.expert_tensor_parallel_size or tp  # defaults to the tensor-parallel size
+    if world_size % (etp * ep * pp):
+        raise Rejected(f"world_size ({world_size}) is not divisible by expert_tensor_parallel_"
+                       f"size x expert_model_parallel_size x pipeline_model_parallel_size "
+                       f"({etp} x {ep} x {pp})")
+    if ep > 1 and a.num_experts is None:
+        raise Rejected("num_experts must be non None to use expert model parallelism")
+    if a.num_experts is not None and a.num_experts % ep:
+        raise Rejected("num_experts must be divisible by expert_model_parallel_size")
+    if a.moe_enable_deepep and a.moe_token_dispatcher_type != "flex":
+        raise Rejected("DeepEP is only supported with the flex token dispatcher")
+    if a.moe_pad_expert_input_to_capacity and a.moe_expert_capacity_factor is None:
+        raise Rejected("moe_expert_capacity_factor must be set to use "
+                       "moe_pad_expert_input_to_capacity")
+    if a.num_experts is not None and tp > 1 and not a.sequence_parallel:
+        raise Rejected("When using MoE and tensor parallelism, sequence parallelism must be used")
 
 
 def _layout_chunks(layout: str, pp: int) -> list[str]:
@@ -86,6 +118,7 @@ def megatron(args: list[str], *, world_size: int, env: dict[str, str],
         raise Rejected(f"world size ({world_size}) is not divisible by total_model_size "
                        f"({tp * pp * cp})")
     dp = world_size // (tp * pp * cp)
+    _moe_rules(a, world_size, tp, pp, ep)
     if (tp > 1 or cp > 1) and device_arch < 10 and env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
         raise Rejected("Using tensor model parallelism or context parallelism require setting "
                        "the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1")

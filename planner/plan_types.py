@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -25,6 +25,7 @@ from planner.errors import invalid
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.mesh import Mesh
+from planner.moe import MoeOptions
 from planner.strategy import LayerOption, LayerPlacement, Layout, Recompute
 from planner.workload import TrainingWorkload
 
@@ -74,7 +75,8 @@ class Plan:
             model = model_from_dict(doc["inputs"]["model"]["ir"], "$.inputs.model.ir")
             cluster = cluster_from_dict(doc["inputs"]["cluster"]["ir"], "$.inputs.cluster.ir")
             p = doc["parallelism"]
-            config = ParallelConfig(**{k: p[k] for k in _CONFIG_KEYS})
+            config = ParallelConfig(**{k: p[k] for k in _CONFIG_KEYS},
+                                    etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"])
             layers = sorted(doc["layers"], key=lambda layer: layer["index"])
             placement = LayerPlacement(
                 tuple(int(layer["stage"]) for layer in layers),
@@ -82,7 +84,8 @@ class Plan:
                                   Layout(layer.get("layout", Layout.MESH.value)))
                       for layer in layers))
             r = doc["runtime"]
-            runtime = RuntimeOptions(**{k: r[k] for k in _RUNTIME_KEYS if k in r})
+            runtime = RuntimeOptions(**{k: r[k] for k in _RUNTIME_KEYS if k in r},
+                                     moe=MoeOptions(**r["moe"]) if "moe" in r else MoeOptions())
         except (KeyError, TypeError, ValueError) as error:
             raise invalid(f"plan document: missing or invalid {error} (inputs.model.ir, "
                           "inputs.cluster.ir, parallelism, layers and runtime are needed)",
@@ -110,10 +113,15 @@ class Plan:
         doc["inputs"]["cluster"]["ir"] = cluster_to_dict(self.cluster)
         for key in _CONFIG_KEYS:
             doc["parallelism"][key] = getattr(self.config, key)
+        if "etp" in doc["parallelism"] or self.config.etp:  # the expert mesh (planner.mesh)
+            doc["parallelism"]["etp"] = self.mesh.expert_tp
+            doc["parallelism"]["edp"] = self.mesh.expert_dp
         for key in _RUNTIME_KEYS:
             value = getattr(self.runtime, key)
             if key in doc["runtime"] or value != getattr(RuntimeOptions(), key):
                 doc["runtime"][key] = value
+        if "moe" in doc["runtime"] or self.runtime.moe != MoeOptions():
+            doc["runtime"]["moe"] = asdict(self.runtime.moe)
         ordered = sorted(doc["layers"], key=lambda layer: layer["index"])
         for entry, stage, option in zip(ordered, self.placement.stage, self.placement.options):
             entry["stage"] = stage

@@ -64,6 +64,12 @@ def structure_problems(doc: dict[str, Any], model: ModelGraph, cluster: Cluster)
                            ("model.seq_len", inputs["model"]["seq_len"], p["seq_len"])):
         if got != want:
             out.append(Problem("inputs", f"inputs.{key} is {got!r} but parallelism says {want!r}"))
+    if "edp" in p:  # the expert mesh folds the stage's GPUs: etp x ep x edp = tp x cp x dp
+        etp = p.get("etp", tp)
+        if etp * p["ep"] * p["edp"] != tp * cp * dp:
+            out.append(Problem("degrees", f"expert mesh etp x ep x edp = {etp} x {p['ep']} x "
+                                          f"{p['edp']} = {etp * p['ep'] * p['edp']} but a stage "
+                                          f"has tp x cp x dp = {tp * cp * dp} GPUs"))
     expected_schedule = "interleaved-1f1b" if p["virtual_stages"] > 1 else "1f1b"
     if p["schedule"] != expected_schedule:
         out.append(Problem("config", f"schedule {p['schedule']!r} does not match virtual_stages "

@@ -16,6 +16,7 @@ from functools import lru_cache
 from planner.topology import Link, group_link
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.compute import Shard
+from planner.cost.moe import ep_domains
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.mesh import Mesh
@@ -28,6 +29,14 @@ class Links:
     dp: Link  # the dp x cp ranks sharing ZeRO states and reducing gradients
     ep: Link
     pp: Link
+    # The expert mesh (planner.mesh.Mesh): expert tensor and expert data parallel groups, and
+    # for the hierarchical dispatcher the EP members inside one NVLink domain and one member
+    # per domain (the same rail), with the number of domains the EP group spans.
+    etp: Link | None = None
+    edp: Link | None = None
+    ep_intra: Link | None = None
+    ep_inter: Link | None = None
+    ep_domains: int = 1
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: contexts key the per-layer cost cache
@@ -52,17 +61,26 @@ class CostContext:
 def make_context(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
                  options: RuntimeOptions = RuntimeOptions()) -> CostContext:
     c = config
-    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype)
+    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype,
+                  etp=c.mesh.expert_tp, expert_load=options.moe.load_factor)
     return CostContext(model, cluster, config, options, shard, mesh_links(cluster, c.mesh))
 
 
 @lru_cache(maxsize=4096)
 def mesh_links(cluster: Cluster, mesh: Mesh) -> Links:
     """The link of every group of the mesh: a group of ``size`` ranks ``stride`` apart."""
+    ep_stride = mesh.stride("ep")
+    domains = ep_domains(mesh.ep, ep_stride, cluster.tiers[0].domain_gpus)
+    per_domain = max(mesh.ep // domains, 1)
     return Links(
         tp=group_link(cluster, mesh.tp, mesh.stride("tp")),
         cp=group_link(cluster, mesh.cp, mesh.stride("cp")),
         dp=group_link(cluster, mesh.shard_degree, mesh.stride("shard")),
-        ep=group_link(cluster, mesh.ep, mesh.stride("ep")),
+        ep=group_link(cluster, mesh.ep, ep_stride),
         pp=group_link(cluster, 2 if mesh.pp > 1 else 1, mesh.stride("pp")),
+        etp=group_link(cluster, mesh.expert_tp, mesh.stride("etp")),
+        edp=group_link(cluster, mesh.expert_dp, mesh.stride("edp")),
+        ep_intra=group_link(cluster, per_domain, ep_stride),
+        ep_inter=group_link(cluster, domains, ep_stride * per_domain),
+        ep_domains=domains,
     )

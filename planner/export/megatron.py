@@ -121,6 +121,45 @@ def _recompute(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
                     f"--recompute-num-layers {n}: " + "; ".join(reasons))
 
 
+def _experts(plan: Plan, args: list, warnings: list[str]) -> None:
+    """MoE: the expert mesh (``--expert-model-parallel-size``, ``--expert-tensor-parallel-size``;
+    edp follows) and the ``--moe-*`` options the plan's costs assume (Megatron-Core MoE README:
+    grouped GEMM, permute fusion, the alltoall or DeepEP flex dispatcher, capacity, EP overlap).
+    The model-shape flags (experts, top-k, widths, MoE layer pattern) are written too, since
+    the expert split is meaningless without them."""
+    blocks = list(plan.model.blocks())
+    moe = [b.mlp for b in blocks if b.mlp is not None and b.mlp.is_moe]
+    if not moe:
+        return
+    mlp, mesh, opts = moe[0], plan.mesh, plan.runtime.moe
+    if mesh.ep > 1:
+        args.append(("--expert-model-parallel-size", mesh.ep))
+    args.append(("--expert-tensor-parallel-size", mesh.expert_tp))
+    pattern = [1 if (b.mlp is not None and b.mlp.is_moe) else 0 for b in blocks]
+    freq = "([1]*{})".format(len(pattern)) if all(pattern) else "[" + ",".join(map(str, pattern)) + "]"
+    args += [("--num-experts", mlp.num_experts), ("--moe-router-topk", mlp.top_k),
+             ("--moe-ffn-hidden-size", mlp.ffn_hidden), ("--moe-layer-freq", freq)]
+    if mlp.shared_ffn_hidden:
+        args.append(("--moe-shared-expert-intermediate-size", mlp.shared_ffn_hidden))
+    args += [("--moe-grouped-gemm",), ("--moe-permute-fusion",)]
+    if opts.dispatcher == "deepep":
+        args += [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep",)]
+    else:
+        args.append(("--moe-token-dispatcher-type", "alltoall"))
+    if not opts.dropless:
+        args += [("--moe-expert-capacity-factor", opts.capacity_factor),
+                 ("--moe-pad-expert-input-to-capacity",)]
+    if opts.a2a_overlap > 0 and mesh.ep > 1:
+        args += [("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
+        warnings.append(f"moe a2a_overlap {opts.a2a_overlap:g}: exported "
+                        f"--overlap-moe-expert-parallel-comm; how much of the all-to-all it "
+                        f"hides is the runtime's, not the plan's")
+    if len({(b.mlp.num_experts, b.mlp.top_k, b.mlp.ffn_hidden) for b in blocks
+            if b.mlp is not None and b.mlp.is_moe}) > 1:
+        warnings.append("MoE layers of different shapes: Megatron takes one --num-experts / "
+                        "--moe-ffn-hidden-size; the first MoE layer's are exported")
+
+
 def export(plan: Plan) -> ExportResult:
     doc = plan.to_dict()
     p, runtime = doc["parallelism"], doc["runtime"]
@@ -133,8 +172,7 @@ def export(plan: Plan) -> ExportResult:
         args.append(("--sequence-parallel",))
     if p["cp"] > 1:
         args.append(("--context-parallel-size", p["cp"]))
-    if p["ep"] > 1:
-        args.append(("--expert-model-parallel-size", p["ep"]))
+    _experts(plan, args, warnings)
     args += [("--num-layers", doc["model"]["num_layers"]), ("--seq-length", p["seq_len"]),
              ("--micro-batch-size", p["micro_batch"]), ("--global-batch-size", p["global_batch"])]
     _pipeline(doc, args, warnings)

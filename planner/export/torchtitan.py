@@ -110,11 +110,12 @@ def _export_cli(plan: Plan) -> ExportResult:
     ]
     if s.pp > 1 or s.ep > 1:
         rows.append(("--training.disable_cuda_graphs",))
-    if s.ep > 1 and s.tp > 1:
+    etp = plan.mesh.expert_tp
+    if s.ep > 1 and etp > 1:
         warnings.append(f"expert tensor parallelism: torchtitan 0.3 has none (its expert mesh "
-                        f"is efsdp x ep); the plan splits each expert over tp {s.tp}, "
+                        f"is efsdp x ep); the plan splits each expert over etp {etp}, "
                         f"torchtitan keeps experts whole on each of the ep {s.ep} ranks, so "
-                        f"expert weights take up to {s.tp}x the planned memory")
+                        f"expert weights take up to {etp}x the planned memory")
     if s.async_tp:
         rows += [("--compile.enable",), ("--compile.enable_async_tensor_parallel",)]
         warnings.append("tp_comm_overlap: exported async tensor parallelism, which torchtitan "
@@ -169,8 +170,12 @@ def _export_toml(plan: Plan) -> ExportResult:
         "context_parallel_degree": s.cp,
         "expert_parallel_degree": s.ep,
     }
-    if s.ep > 1:
-        parallelism["expert_tensor_parallel_degree"] = s.tp  # the plan splits experts over tp
+    if s.ep > 1:  # the plan's expert mesh (planner.mesh): etp x ep x edp
+        etp = plan.mesh.expert_tp
+        parallelism["expert_tensor_parallel_degree"] = etp
+        if etp not in (1, s.tp):
+            warnings.append(f"expert tensor parallelism {etp}: torchtitan takes "
+                            f"expert_tensor_parallel_degree 1 or tp ({s.tp}) only")
     if s.tp > 1 and not s.sp:
         warnings.append("sequence parallelism: the plan has it off, but torchtitan <= 0.2.2 "
                         "always applies it with TP, which stores less activation memory than "

@@ -52,5 +52,5 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
 
 
 def config_key(c: ParallelConfig) -> tuple:
-    return (c.tp, c.pp, c.dp, c.cp, c.ep, c.micro_batch, c.virtual_stages, c.zero_stage,
-            not c.sp)
+    return (c.tp, c.pp, c.dp, c.cp, c.ep, c.mesh.expert_tp, c.micro_batch, c.virtual_stages,
+            c.zero_stage, not c.sp)

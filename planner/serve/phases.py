@@ -174,7 +174,8 @@ def _moe_part_s(layer: Layer, tokens: float, tp: int, ep: int, dtype: str, gpu: 
         return 0.0
     n = max(1, math.ceil(tokens))
     mlp = layer.mlp
-    gemms = _mlp_gemms(mlp, layer.hidden, n, tp, ep)
+    shard = Shard(micro_batch=n, seq_len=1, tp=tp, ep=ep, dtype=dtype, etp=tp)
+    gemms = _mlp_gemms(mlp, layer.hidden, n, shard)
     # At a small batch not every expert receives a token: with T tokens routed over the group,
     # each expert is hit with probability 1 - (1 - k/E)^T (uniform routing); only hit experts'
     # weights are read, each by a correspondingly larger share of the tokens.
@@ -183,7 +184,6 @@ def _moe_part_s(layer: Layer, tokens: float, tp: int, ep: int, dtype: str, gpu: 
     if hit < 1.0:
         gemms = [replace(g, m=max(1, round(g.m / hit)), count=max(1, math.ceil(local * hit)))
                  if g.count == local and local > 1 else g for g in gemms]
-    shard = Shard(micro_batch=n, seq_len=1, tp=tp, ep=ep, dtype=dtype)
     hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
     moved = elementwise_bytes(replace(layer, attention=None, num_norms=0), shard, OPTIONS)
     return sum(gemm_time_s(g, gpu, dtype) for g in gemms) + moved / hbm

@@ -13,7 +13,7 @@ layout and overlap behaviour from here. Four profiles:
   (``--recompute-modules core_attn`` by default) or ``full`` (``--recompute-method
   uniform|block``, ``--recompute-num-layers``), ``--tp-comm-overlap`` (Transformer Engine
   userbuffers), ``--overlap-grad-reduce`` / ``--overlap-param-gather``
-  (Megatron-LM arguments and examples, ecosystem.md B1).
+  (NVIDIA/Megatron-LM ``megatron/training/arguments.py`` and ``examples/``).
 * ``torchtitan``: FSDP2 (``fully_shard``, ``data_parallel_shard_degree``; HSDP with
   ``data_parallel_replicate_degree``; ``fsdp_reshard_after_forward`` default/always/never),
   DTensor TP with sequence parallel implied, async TP (``enable_async_tensor_parallel``),
@@ -22,13 +22,13 @@ layout and overlap behaviour from here. Four profiles:
   InterleavedZeroBubble, ZBVZeroBubble, DualPipeV), uneven stages via
   ``pipeline_parallel_first/last_stage_less_layers``; ``activation_checkpoint.mode``
   none / full / selective with ``selective_ac_option`` "op" (per-op SAC) or N (every N-th
-  layer) (torchtitan job_config.py v0.2.2, ecosystem.md B2). No ZeRO-1/2: FSDP2 always shards
+  layer) (pytorch/torchtitan v0.2.2 ``torchtitan/config/job_config.py``). No ZeRO-1/2: FSDP2 always shards
   parameters; ``reshard_after_forward=never`` keeps them gathered between forward and
   backward (ZeRO-2-like traffic, ZeRO-3 state layout).
 * ``deepspeed``: DeepSpeed and Megatron-DeepSpeed: ``zero_optimization.stage`` 0-3,
   ``overlap_comm``, AutoTP, PipelineModule (1F1B only, no interleaving), activation
   checkpointing (``checkpoint_num_layers``), fp16 or the BF16_Optimizer (DeepSpeed config-json
-  docs, ecosystem.md B3).
+  docs, deepspeed.ai/docs/config-json).
 * ``fsdp``: PyTorch FSDP1 as used by Composer / llm-foundry and fms-fsdp:
   ``sharding_strategy`` FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD / NO_SHARD, forward and
   backward prefetch, ``activation_checkpointing`` (every block), ``limit_all_gathers``; no TP,

@@ -27,7 +27,7 @@ unpublished field with the runtime's documented default (listed in ``assumptions
   are not evaluated (no FP4 in the cost model);
 * attention: eager for the 2022 stacks (Megatron-DeepSpeed, GPT-NeoX, metaseq), flash otherwise;
 * measured step time: ``iteration_time_s``; else global batch x sequence / (tokens per second
-  per GPU x GPUs); else the published TFLOP/s under the source's convention (formulas.md §2.5):
+  per GPU x GPUs); else the published TFLOP/s under the source's convention:
   Narayanan Eq. 3 (full-recompute hardware FLOPs) for the Megatron-DeepSpeed era, Megatron's
   ``num_floating_point_operations`` (§2.4; SwiGLU x 3/2) for Megatron-Core / NeMo, with causal
   attention halved for Megatron-Bridge and AutoModel (checked: it reproduces their published
@@ -141,7 +141,7 @@ def recompute_of(text: str, prof: RuntimeProfile) -> tuple[Recompute, str, int]:
 
 def megatron_model_flops(model: Mapping[str, Any], global_batch: int, *, gated: bool,
                          causal_halved: bool) -> float:
-    """Megatron-LM ``num_floating_point_operations`` (formulas.md §2.4), per global batch."""
+    """Megatron-LM ``num_floating_point_operations`` (``megatron/training/training.py``, 2024-03 form; SwiGLU x 3/2 as in newer versions), per global batch."""
     L, h, s, V = model["layers"], model["hidden"], model["seq_len"], model["vocab"]
     a = model["heads"] or h // 128
     g = model.get("kv_heads") or a

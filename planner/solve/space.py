@@ -26,7 +26,7 @@ from planner.config import ParallelConfig
 from planner.errors import PlannerError, invalid
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.strategy import LayerOption, Recompute, block_options
+from planner.strategy import LayerOption, Recompute, block_options_for
 
 MAX_MICRO_BATCH = 16
 MAX_VIRTUAL_STAGES = 8
@@ -79,9 +79,12 @@ class Pins:
             raise invalid(f"pin zero={values['zero']}: ZeRO stages are 0, 1, 2, 3")
         return Pins(**values)
 
-    def block_options(self) -> tuple[LayerOption, ...]:
-        """The per-block options these pins allow (all of them unless recompute is pinned)."""
-        return block_options((self.recompute,)) if self.recompute is not None else block_options()
+    def block_options(self, config: ParallelConfig | None = None) -> tuple[LayerOption, ...]:
+        """The per-block options these pins allow under ``config`` (every one
+        :func:`planner.strategy.block_options_for` gives, unless recompute is pinned)."""
+        if self.recompute is not None:
+            return block_options_for(config, (self.recompute,))
+        return block_options_for(config)
 
     def as_dict(self) -> dict:
         return {f.name: (v.value if isinstance(v, Recompute) else v)

@@ -277,7 +277,7 @@ def test_export_command(tmp_path, capsys):
 
 
 def test_every_format_is_registered():
-    assert list(FORMATS) == ["megatron", "torchtitan", "deepspeed", "vllm", "json"]
+    assert list(FORMATS) == ["megatron", "torchtitan", "deepspeed", "vllm", "json", "sglang", "trtllm"]
 
 
 def test_malformed_plans_are_not_exported(tmp_path, capsys):

@@ -68,6 +68,20 @@ def block_options(recompute: Iterable[Recompute] = RECOMPUTE_POLICIES,
 BLOCK_OPTIONS = block_options()
 
 
+def layouts_for(config) -> tuple[Layout, ...]:
+    """The layouts a block may take under ``config`` (a ParallelConfig; None: every layout).
+    The mesh layout is always valid; a layout that needs some degree or divisibility of the
+    mesh (a tensor-parallel degree inside the stage group, an expert layout) says so here."""
+    return LAYOUTS
+
+
+def block_options_for(config, recompute: Iterable[Recompute] = RECOMPUTE_POLICIES
+                      ) -> tuple[LayerOption, ...]:
+    """The option enumeration: every block option the solver, the oracle and the bounds
+    consider under ``config``. The one place that decides which options exist."""
+    return block_options(recompute, layouts_for(config))
+
+
 @dataclass(frozen=True)
 class LayerPlacement:
     """Per-layer decisions: ``stage[i]`` and ``options[i]`` of layer ``i`` of the model."""

@@ -52,12 +52,12 @@ def test_search_space_follows_the_runtime():
 
 
 def test_recompute_policies_follow_the_runtime():
-    options = {o.recompute for o in Pins().block_options(profile("torchtitan"))}
+    options = {o.recompute for o in Pins().block_options(None, profile("torchtitan"))}
     assert options == {Recompute.NONE, Recompute.FULL, Recompute.OP}
-    assert {o.recompute for o in Pins().block_options(profile("deepspeed"))} == \
+    assert {o.recompute for o in Pins().block_options(None, profile("deepspeed"))} == \
         {Recompute.NONE, Recompute.FULL}
     with pytest.raises(PlannerError, match="no such policy"):
-        Pins(recompute=Recompute.SELECTIVE).block_options(profile("fsdp"))
+        Pins(recompute=Recompute.SELECTIVE).block_options(None, profile("fsdp"))
 
 
 def test_pins_the_runtime_cannot_run_are_refused():

@@ -31,7 +31,7 @@ from planner.config import ParallelConfig
 from planner.errors import PlannerError, invalid
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.strategy import RECOMPUTE_POLICIES, LayerOption, Recompute, block_options
+from planner.strategy import RECOMPUTE_POLICIES, LayerOption, Recompute, block_options_for
 
 MAX_MICRO_BATCH = 16
 MAX_VIRTUAL_STAGES = 8
@@ -85,9 +85,12 @@ class Pins:
             raise invalid(f"pin zero={values['zero']}: ZeRO stages are 0, 1, 2, 3")
         return Pins(**values)
 
-    def block_options(self, runtime=None) -> tuple[LayerOption, ...]:
-        """The per-block options these pins allow: the runtime profile's recomputation policies
-        (all of the default ones without a profile) unless recompute is pinned."""
+    def block_options(self, config: ParallelConfig | None = None,
+                      runtime=None) -> tuple[LayerOption, ...]:
+        """The per-block options these pins allow under ``config`` (every one
+        :func:`planner.strategy.block_options_for` gives) with the recomputation policies of
+        the ``runtime`` profile (the default ones without a profile), unless recompute is
+        pinned."""
         if runtime is None:
             allowed = RECOMPUTE_POLICIES
         else:  # every-nth is a mix of none and full blocks, which the solver places itself
@@ -101,7 +104,7 @@ class Pins:
                               f"{runtime.name} has no such policy",
                               f"its policies: {', '.join(p.name for p in runtime.recompute)}")
             allowed = (self.recompute,)
-        return block_options(allowed)
+        return block_options_for(config, allowed)
 
     def check_runtime(self, runtime) -> None:
         """Refuse pins the runtime profile cannot run (before any search)."""

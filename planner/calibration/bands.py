@@ -40,15 +40,18 @@ class Spread:
     sigma: float
     max_gpus: int = 0
     max_params: float = 0.0
+    max_mfu: float = 0.0  # the highest MFU measured among the label's runs (0: unknown)
 
     def to_plain(self) -> dict:
         return {"n": self.n, "mu": round(self.mu, 5), "sigma": round(self.sigma, 5),
-                "max_gpus": self.max_gpus, "max_params": float(f"{self.max_params:.4g}")}
+                "max_gpus": self.max_gpus, "max_params": float(f"{self.max_params:.4g}"),
+                "max_mfu": round(self.max_mfu, 4)}
 
     @staticmethod
     def from_plain(data: Mapping) -> "Spread":
         return Spread(int(data["n"]), float(data["mu"]), float(data["sigma"]),
-                      int(data.get("max_gpus", 0)), float(data.get("max_params", 0.0)))
+                      int(data.get("max_gpus", 0)), float(data.get("max_params", 0.0)),
+                      float(data.get("max_mfu", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -73,31 +76,44 @@ class BandTable:
 
 
 def spread_of(log_ratios: Sequence[float], gpus: Sequence[int] = (),
-              params: Sequence[float] = ()) -> Spread:
+              params: Sequence[float] = (), mfus: Sequence[float] = ()) -> Spread:
     n = len(log_ratios)
     if n == 0:
         return Spread(0, 0.0, 0.0)
     mu = statistics.fmean(log_ratios)
     sigma = statistics.pstdev(log_ratios) if n > 1 else 0.0
-    return Spread(n, mu, sigma, max(gpus, default=0), max(params, default=0.0))
+    return Spread(n, mu, sigma, max(gpus, default=0), max(params, default=0.0),
+                  max(mfus, default=0.0))
 
 
-def build_table(samples: Iterable[tuple[str, float, Sequence[str], int, float]]) -> BandTable:
-    """``samples``: (quantity, log(measured/predicted), labels, GPUs, parameters)."""
+def build_table(samples: Iterable[tuple]) -> BandTable:
+    """``samples``: (quantity, log(measured/predicted), labels, GPUs, parameters[, measured
+    MFU])."""
     by_q: dict[str, list] = {}
-    for quantity, ratio, labels, gpus, params in samples:
-        by_q.setdefault(quantity, []).append((ratio, labels, gpus, params))
+    for quantity, ratio, labels, gpus, params, *rest in samples:
+        by_q.setdefault(quantity, []).append((ratio, labels, gpus, params,
+                                              rest[0] if rest else 0.0))
     pooled, per_label = {}, {}
     for q, items in by_q.items():
-        pooled[q] = spread_of([r for r, *_ in items], [g for *_, g, _ in items],
-                              [p for *_, p in items])
+        pooled[q] = spread_of([x[0] for x in items], [x[2] for x in items],
+                              [x[3] for x in items], [x[4] for x in items])
         groups: dict[str, list] = {}
-        for ratio, labels, gpus, params in items:
-            for label in labels:
-                groups.setdefault(label, []).append((ratio, gpus, params))
-        per_label[q] = {k: spread_of([r for r, _, _ in v], [g for _, g, _ in v],
-                                     [p for _, _, p in v]) for k, v in groups.items()}
+        for item in items:
+            for label in item[1]:
+                groups.setdefault(label, []).append(item)
+        per_label[q] = {k: spread_of([x[0] for x in v], [x[2] for x in v], [x[3] for x in v],
+                                     [x[4] for x in v]) for k, v in groups.items()}
     return BandTable(pooled, per_label)
+
+
+def mfu_reason(table: BandTable, mfu: float, generation: str) -> str | None:
+    """An extrapolation note when a predicted MFU exceeds every MFU measured on that GPU
+    generation in the calibration data."""
+    s = table.labels.get("step_time", {}).get(f"generation:{generation}")
+    if s is None or not s.max_mfu or mfu <= s.max_mfu:
+        return None
+    return (f"predicted MFU {mfu:.1%} is above the highest measured on {generation} GPUs in "
+            f"the calibration data ({s.max_mfu:.1%})")
 
 
 @dataclass(frozen=True)

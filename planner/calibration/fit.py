@@ -106,8 +106,11 @@ def residual_bands(runs: Sequence[CalibrationRun], constants: Constants) -> Band
         m = run.measured
         params = run.model.params
         if m.step_time_s and not m.oom:
+            ev = p.evaluation
+            mfu = ev.model_flops / (m.step_time_s * run.cluster.num_gpus
+                                    * run.cluster.gpu.peak_tflops[run.config.dtype] * 1e12)
             samples.append(("step_time", math.log(m.step_time_s / p.step_time_s), labels,
-                            run.cluster.num_gpus, params))
+                            run.cluster.num_gpus, params, mfu))
         if m.memory_gib:
             samples.append(("memory", math.log(m.memory_gib / p.memory_gib), labels,
                             run.cluster.num_gpus, params))

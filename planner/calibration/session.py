@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.calibration.apply import calibrate
-from planner.calibration.bands import NOMINAL_COVERAGE, band
+from planner.calibration.bands import NOMINAL_COVERAGE, band, mfu_reason
 from planner.calibration.regimes import band_labels, regime_of
 from planner.calibration.store import CalibrationProfile, load, shipped
 from planner.config import RuntimeOptions
@@ -63,7 +63,11 @@ def prediction_intervals(ev, calibration: CalibrationProfile | None,
     t = band(calibration.bands, "step_time", ev.step_time_s, labels, gpus, params, coverage)
     m = band(calibration.bands, "memory", ev.peak_memory_bytes / GIB, labels, gpus, params,
              coverage)
-    reasons = sorted(set(t.extrapolating) | set(m.extrapolating))
+    reasons = set(t.extrapolating) | set(m.extrapolating)
+    high = mfu_reason(calibration.bands, ev.mfu, regime.generation)
+    if high:
+        reasons.add(high)
+    reasons = sorted(reasons)
     def r(values):
         return [float(f"{v:.6g}") for v in values]
 

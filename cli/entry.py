@@ -21,7 +21,6 @@ for _name in ("SIGINT", "SIGTERM", "SIGHUP"):
 
 
 def main() -> None:
-    code = 130
     try:
         from cli import signals
 
@@ -31,7 +30,9 @@ def main() -> None:
 
         guard_standard_streams()
         from cli.main import run
-    except KeyboardInterrupt as stop:
+
+        code = run(started=_STARTED, final=True)
+    except KeyboardInterrupt as stop:  # before run() had its own policy in place
         signum = getattr(stop, "signum", None) or (stop.args[0] if stop.args and
                                                    isinstance(stop.args[0], int) else 2)
         code = 128 + signum
@@ -41,8 +42,7 @@ def main() -> None:
             sys.stderr.flush()
         except (OSError, ValueError, AttributeError):
             pass
-        sys.exit(code)
-    sys.exit(run(started=_STARTED, final=True))
+    sys.exit(code)
 
 
 if __name__ == "__main__":

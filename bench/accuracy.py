@@ -40,7 +40,8 @@ sys.path.insert(0, str(ROOT))
 
 from clusters import load_cluster  # noqa: E402
 from models.native import build_native  # noqa: E402
-from planner.config import ParallelConfig, Recompute, RuntimeOptions  # noqa: E402
+from planner.config import ParallelConfig, RuntimeOptions  # noqa: E402
+from planner.strategy import Recompute  # noqa: E402
 from planner.strategy import LayerOption, default_placement  # noqa: E402
 from planner.cost.model import Evaluation, evaluate  # noqa: E402
 from planner.cost.memory import zero_state_bytes  # noqa: E402

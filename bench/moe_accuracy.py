@@ -45,10 +45,11 @@ sys.path.insert(0, str(ROOT))
 from clusters import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
 from models.catalog import is_preset  # noqa: E402
-from planner.config import ParallelConfig, Recompute, RuntimeOptions  # noqa: E402
-from planner.strategy import uniform  # noqa: E402
+from planner.config import ParallelConfig, RuntimeOptions  # noqa: E402
 from planner.cost.model import evaluate, model_flops_per_step  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
+from planner.moe import MoeOptions  # noqa: E402
+from planner.strategy import Recompute, uniform  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "moe_runs.yaml"
 DOC = ROOT / "docs" / "moe.md"
@@ -138,7 +139,19 @@ def config_of(entry: dict) -> ParallelConfig:
         tp=t["tp"], pp=t["pp"], dp=t["dp"], cp=t.get("cp") or 1, ep=t.get("ep") or 1,
         global_batch=t["global_batch"], seq_len=entry["model"]["seq_len"], sp=t["tp"] > 1,
         zero_stage=1 if zero is None else zero, micro_batch=t["micro_batch"],
-        virtual_stages=t.get("virtual_stages_per_pp_rank") or 1, dtype=dtype_of(entry))
+        virtual_stages=t.get("virtual_stages_per_pp_rank") or 1, dtype=dtype_of(entry),
+        etp=t.get("etp") or 0)
+
+
+def options_of(entry: dict) -> RuntimeOptions:
+    """Routing as the entry states it (token-dropping runs: capacity factor 1, padded, as the
+    Megatron-Bridge token-drop recipes set it); the hierarchical dispatcher where the framework
+    names DeepEP."""
+    t = entry["training"]
+    routing = (t.get("moe_routing") or "").lower()
+    capacity = 1.0 if "token-dropping" in routing else 0.0
+    dispatcher = "deepep" if "deepep" in (t.get("framework") or "").lower() else "alltoall"
+    return RuntimeOptions(moe=MoeOptions(capacity_factor=capacity, dispatcher=dispatcher))
 
 
 def describe(entry: dict) -> str:
@@ -174,9 +187,9 @@ def row_for(entry: dict) -> Row:
     config = config_of(entry)
     published, source = published_time(entry, model, config)
     try:
-        config.validate(model, cluster)
+        config.validate(model, cluster)  # before the placement: it needs a valid split
         ev = evaluate(model, cluster, config, uniform(model, config, recompute_of(entry)),
-                      options=RuntimeOptions())
+                      options=options_of(entry))
     except PlannerError as error:
         return Row(entry["id"], describe(entry), published, None, source, None, None,
                    note=f"rejected: {error.message[:120]}")

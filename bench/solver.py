@@ -35,7 +35,7 @@ import ortools  # noqa: E402
 
 from clusters import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
-from planner.config import Recompute  # noqa: E402
+from planner.strategy import Recompute  # noqa: E402
 from planner.cost.model import Evaluation  # noqa: E402
 from planner.ir import LayerKind  # noqa: E402
 from planner.solve.search import (SearchOptions, SolverRecord, search,  # noqa: E402

@@ -5,9 +5,10 @@ import click
 
 from cli import signals
 from cli.app import emit_json, emit_text
+from cli.moe_options import moe_option, moe_options_from
 from cli.params import FiniteFloat, pin_pairs
-from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, Recompute, RuntimeOptions, resolve_dp
-from planner.strategy import LayerOption, default_placement
+from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions, resolve_dp
+from planner.strategy import LayerOption, Recompute, default_placement
 
 
 def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None):
@@ -68,6 +69,9 @@ def time_limit_slack_s(limit_s: float) -> float:
               help="Context-parallel degree.")
 @click.option("--ep", type=click.IntRange(min=1), default=1, show_default=True,
               help="Expert-parallel degree (MoE models).")
+@click.option("--etp", type=click.IntRange(min=1), default=None,
+              help="Expert tensor-parallel degree (default: tp); expert data parallelism is "
+                   "what the GPUs of a stage leave: tp x cp x dp / (etp x ep).")
 @click.option("--micro-batch", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--zero", "zero_stage", type=click.Choice(["0", "1", "2", "3"]), default="1",
               show_default=True, help="ZeRO stage (1 = distributed optimizer).")
@@ -80,10 +84,11 @@ def time_limit_slack_s(limit_s: float) -> float:
 @dtype_option
 @attention_option
 @runtime_option
+@moe_option
 @json_option
-def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, micro_batch,
+def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
              zero_stage, recompute, sp, virtual_stages, dtype, attention_kernel, runtime,
-             as_json):
+             as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
     from planner.cost.model import evaluate as run
     from planner.report import evaluation_dict
@@ -92,11 +97,12 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, m
     if dp is None:
         dp = resolve_dp(hw.num_gpus, tp, pp, cp)
     config = ParallelConfig(
-        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, global_batch=global_batch,
+        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp or 0, global_batch=global_batch,
         seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
         zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
         dtype=dtype)
-    options = RuntimeOptions(runtime=runtime, attention_kernel=attention_kernel)
+    options = RuntimeOptions(runtime=runtime, attention_kernel=attention_kernel,
+                             moe=moe_options_from(moe))
     config.validate(graph, hw)
     placement = default_placement(graph, config, LayerOption(Recompute(recompute)))
     result = evaluation_dict(run(graph, hw, config, placement, options=options))
@@ -181,10 +187,11 @@ def clusters_command(as_json):
 @click.option("--top-k", type=click.IntRange(min=1, max=50), default=3, show_default=True,
               help="Also report this many runners-up.")
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
-              help="Fix a choice: tp, pp, dp, cp, ep, sp, zero, micro_batch, virtual_stages, "
-                   "recompute. Repeatable.")
+              help="Fix a choice: tp, pp, dp, cp, ep, etp, sp, zero, micro_batch, "
+                   "virtual_stages, recompute. Repeatable.")
 @attention_option
 @runtime_option
+@moe_option
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="Write the plan file here (- for standard output).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
@@ -192,7 +199,7 @@ def clusters_command(as_json):
               help="Record the solve's wall-clock time in the plan (it then differs run to run).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, workers, top_k, pins,
-         attention_kernel, runtime, output, force, timings, as_json):
+         attention_kernel, runtime, output, force, timings, as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.plan import dumps, make_plan, write_plan
     from planner.solve.search import SearchOptions, search
@@ -209,7 +216,8 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, worker
         graph, hw = _load(model, cluster, nodes, seq_len)
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 runtime=RuntimeOptions(runtime=runtime,
-                                                       attention_kernel=attention_kernel))
+                                                       attention_kernel=attention_kernel,
+                                                       moe=moe_options_from(moe)))
         from cli.render import search_progress
 
         with search_progress(enabled=True) as progress:

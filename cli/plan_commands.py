@@ -58,10 +58,27 @@ def show(plan_path, as_json):
 @json_option
 def check(plan_path, model, cluster, nodes, allow_stale, as_json):
     """Check a saved plan still fits: exit 0 if so, 1 if not, 2 on invalid input."""
-    from planner.check import check_file
+    from planner.check import check_plan
+    from planner.plan_types import Plan
 
-    report = check_file(plan_path, model_spec=model, cluster_spec=cluster, nodes=nodes,
-                        allow_stale=allow_stale)
+    plan = Plan.load(plan_path)
+    given_model = given_cluster = None
+    if model is not None:  # the inputs anew, as `shardplan plan` would load them
+        from models import load_model
+
+        given_model = load_model(model, seq_len=plan.config.seq_len)
+    if cluster is not None:
+        from clusters import load_cluster
+
+        given_cluster = load_cluster(cluster, nodes=nodes)
+    elif nodes is not None:
+        from clusters.schema import with_nodes
+
+        given_cluster = with_nodes(plan.cluster, nodes, "--nodes")
+    source = cluster if cluster is not None else (
+        f"embedded, --nodes {nodes}" if nodes is not None else None)
+    report = check_plan(plan, model=given_model, cluster=given_cluster, model_source=model,
+                        cluster_source=source, allow_stale=allow_stale, plan_path=plan_path)
     document = report.to_dict()
     if as_json:
         emit_json(document)
@@ -77,29 +94,33 @@ def check(plan_path, model, cluster, nodes, allow_stale, as_json):
 @plan_argument
 @click.option("--format", "-f", "fmt", required=True, metavar="F",
               type=click.Choice(list(FORMATS)),
-              help="megatron (args file), torchtitan (TOML), deepspeed (config JSON), vllm "
-                   "(engine args), json (the plan).")
+              help="megatron (args file), torchtitan (0.3 args file, or TOML for 0.2.2), "
+                   "deepspeed (config JSON), vllm (engine args), json (the plan).")
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="Write here instead of stdout (- is stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--strict", is_flag=True,
               help="Exit 1 when the runtime cannot express the plan exactly (any warning).")
-def export(plan_path, fmt, output, force, strict):
+@click.option("--target-version", default=None, metavar="V",
+              help="Runtime version to write for, where its format changed (torchtitan: 0.3 "
+                   "command line, the default; 0.2.2 TOML job tables).")
+def export(plan_path, fmt, output, force, strict, target_version):
     """Translate a saved plan into a runtime's configuration; differences go to stderr."""
     from planner.errors import ErrorKind, PlannerError
     from planner.export import export_plan
-    from planner.plan_io import load_plan
+    from planner.plan_types import Plan
     from planner.writer import check_target, write_file
 
     if output == "-":
         output = None
     if output is not None:
         check_target(output, force=force)
-    result = export_plan(load_plan(plan_path), fmt)
+    result = export_plan(Plan.load(plan_path), fmt, target_version)
     from cli.console import say
     from cli.render import print_warnings
 
     print_warnings(result.warnings)
+    print_warnings(result.notes, prefix="note")
     if output is not None:
         write_file(result.text, output, force=force, critical=signals.deferred,
                    on_commit=signals.finish)

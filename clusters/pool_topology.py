@@ -3,11 +3,11 @@
 Consumes: a :class:`~planner.hardware.MultiPoolCluster`.
 Produces: :func:`build_pool_topology` -> one ``networkx.Graph`` of every pool's GPUs, switches,
 NICs, leaves and spine plus the inter-pool switch; :func:`pool_group_link` -> the
-:class:`~clusters.topology.Link` of a group inside one pool; :func:`cross_pool_link` -> the
+:class:`~planner.topology.Link` of a group inside one pool; :func:`cross_pool_link` -> the
 Link of a group whose ring visits several pools (a data-parallel group over replicas in two
 pools, or the point-to-point transfers of a pipeline boundary between pools).
 
-Graph. Each pool's part is the one-pool graph of :func:`clusters.topology.build_topology` for
+Graph. Each pool's part is the one-pool graph of :func:`planner.topology.build_topology` for
 that pool (same edge attributes: ``bandwidth_bytes_per_s`` per direction with efficiency,
 ``latency_s``, ``route_cost``, ``tier``), relabelled to be unique across pools:
 ``("gpu", node, local)`` and ``("switch", node)`` / ``("nic", node, k)`` use *global* node
@@ -26,7 +26,7 @@ crossing hops of the concurrent groups are assumed spread evenly over the pool's
 NICs (one crossing hop per GPU at most): each leaf uplink carries
 ``ceil(concurrent x channels / leaves)`` of them, each NIC ``ceil(concurrent x channels /
 NICs)``. Inside each pool the group's members are a group of that pool's (size, stride) layout,
-costed by :func:`clusters.topology.group_link` on the pool (its concurrent in-pool groups
+costed by :func:`planner.topology.group_link` on the pool (its concurrent in-pool groups
 loading the pool's links); the crossing hop replaces that ring's closing hop, so it adds no
 NIC load there. Bandwidth: the minimum of those bounds; latency: the largest of the segments'
 and of the crossing path's (NIC, leaf, spine, inter-pool switch and back down), read off the
@@ -41,11 +41,11 @@ from typing import Sequence
 
 import networkx as nx
 
-from clusters.topology import Link, _build_graph, _topo, group_link
+from planner.topology import Link, _build_graph, _topo, group_link
 from planner.errors import invalid
 from planner.hardware import MultiPoolCluster, Pool
 
-_COST_NETWORK = 2  # as clusters.topology: network hops cost more than NVLink hops
+_COST_NETWORK = 2  # as planner.topology: network hops cost more than NVLink hops
 INTER_POOL_VERTEX = ("inter_pool",)
 
 

@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from enum import Enum
 
 from planner.errors import invalid
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
 from planner.mesh import Mesh
-from planner.strategy import (LayerOption, LayerPlacement, Recompute,  # noqa: F401 (re-exported)
-                              default_placement, interleaved_rank)
+from planner.moe import MoeOptions
 from planner.workload import TrainingWorkload
 
 
@@ -39,6 +37,7 @@ class ParallelConfig:
     seq_len: int
     cp: int = 1
     ep: int = 1
+    etp: int = 0  # expert tensor parallel degree; 0 = tp (Megatron-Core's default)
     sp: bool = False
     zero_stage: int = 0
     micro_batch: int = 1
@@ -48,7 +47,7 @@ class ParallelConfig:
     @property
     def mesh(self) -> Mesh:
         """The device mesh (degrees, rank order, group strides): :class:`planner.mesh.Mesh`."""
-        return Mesh(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep)
+        return Mesh(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)
 
     @property
     def workload(self) -> TrainingWorkload:
@@ -73,6 +72,8 @@ class ParallelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise invalid(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
+            raise invalid(f"--etp must be a positive integer, got {self.etp!r}")
         if self.zero_stage not in ZERO_STAGES:
             raise invalid(f"--zero must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
         if self.dtype not in DTYPES:
@@ -132,13 +133,16 @@ class ParallelConfig:
                 if layer.mlp.num_experts % self.ep:
                     raise invalid(f"ep {self.ep} does not divide the {layer.mlp.num_experts} "
                                   f"experts of {model.name}")
-        if self.ep > 1:
-            if not model.is_moe:
-                raise invalid(f"--ep {self.ep} needs a mixture-of-experts model; "
-                              f"{model.name} is dense")
-            if (self.dp * self.cp) % self.ep:
-                raise invalid(f"ep {self.ep} must divide dp x cp = {self.dp * self.cp} "
-                              "(experts are spread over the data-parallel ranks, as in Megatron-Core)")
+                etp = self.mesh.expert_tp
+                if layer.mlp.ffn_hidden % etp:
+                    raise invalid(f"etp {etp} does not divide the expert width "
+                                  f"{layer.mlp.ffn_hidden} of {model.name}")
+        if self.ep > 1 and not model.is_moe:
+            raise invalid(f"--ep {self.ep} needs a mixture-of-experts model; "
+                          f"{model.name} is dense")
+        layout_error = self.mesh.expert_layout_error()
+        if layout_error and model.is_moe:
+            raise invalid(layout_error, "choose ep and etp whose product divides tp x cp x dp")
         if self.seq_len > (model.max_seq_len or math.inf) * 64:
             raise invalid(f"sequence length {self.seq_len} is absurd for {model.name} "
                           f"(max positions {model.max_seq_len})")
@@ -196,6 +200,7 @@ class RuntimeOptions:
     overlap_grad_reduce: bool = True  # DP reduce overlapped with the last micro-batch's backward
     overlap_param_gather: bool = True  # ZeRO all-gather overlapped with the next forward
     tp_comm_overlap: float = 0.0  # fraction of TP collectives hidden behind GEMMs (TE userbuffers)
+    moe: MoeOptions = MoeOptions()  # routing and token dispatch of MoE layers (planner/moe.py)
 
     @property
     def state_bytes(self) -> StateBytes:

@@ -65,7 +65,7 @@ class NetworkTier:
     the fraction of it NCCL's bus bandwidth reaches for large messages (nccl-tests busbw / link).
     For the inter-node tier it is per NIC per direction (the NIC line rate): equal to per GPU
     when each GPU has its own NIC; with fewer NICs than GPUs, GPUs share it. Use
-    :func:`clusters.topology.group_link` for the bandwidth a communication group actually gets.
+    :func:`planner.topology.group_link` for the bandwidth a communication group actually gets.
     """
 
     name: str
@@ -97,7 +97,7 @@ class Cluster:
     source: str = ""
     description: str = ""
     extra: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
-    # Fabric shape above the NICs (see docs/clusters.md and clusters/topology.py): rail-optimized
+    # Fabric shape above the NICs (see docs/clusters.md and planner/topology.py): rail-optimized
     # leaves per scalable unit of this many nodes, a spine above them when there is more than one
     # unit, its oversubscription (>= 1) and the extra latency of a path through it.
     scalable_unit_nodes: int = 32
@@ -140,7 +140,7 @@ class Pool:
     What the cost model reads per pool: memory (:attr:`memory_bytes_per_gpu`), compute
     (:meth:`peak_flops`, ``gpu.matmul_efficiency``), HBM bandwidth
     (:attr:`hbm_bandwidth_bytes_per_s`) and the network (``tiers``; :meth:`as_cluster` gives
-    the pool as a :class:`Cluster`, which ``clusters.topology.group_link`` costs groups on).
+    the pool as a :class:`Cluster`, which ``planner.topology.group_link`` costs groups on).
     """
 
     name: str

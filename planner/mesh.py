@@ -8,9 +8,16 @@ Layout (Megatron-LM order, TP innermost): dimensions ``pp, dp, cp, tp`` from out
 innermost, so the global rank is ``((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank``.
 TP groups are contiguous ranks (inside an NVLink domain when tp <= GPUs per node), CP groups have
 stride tp, DP groups stride tp x cp, PP neighbours stride tp x cp x dp. ZeRO shards dense states
-over the dp x cp ranks (stride tp). Expert parallelism does not add ranks: EP groups are ``ep``
-consecutive members of the dp x cp ranks (stride tp), and routed-expert states are sharded over
-the ``dp x cp / ep`` ranks holding the same experts (Megatron-Core's expert data parallelism).
+over the dp x cp ranks (stride tp).
+
+Expert layers fold the same ``tp x cp x dp`` ranks of a pipeline stage into their own mesh
+``etp x ep x edp`` (Megatron-Core MoE parallel folding, expert rank order ``tp-ep-dp-pp``;
+torchtitan's expert mesh): expert tensor parallelism innermost (ETP groups: ``etp`` contiguous
+ranks), then expert parallelism (EP groups: ``ep`` ranks at stride ``etp``), then expert data
+parallelism (EDP groups: stride ``etp x ep``), which shards the routed experts' ZeRO states. So
+``edp = tp x cp x dp / (etp x ep)``; EP spans TP and CP ranks whenever ``etp x ep`` exceeds what
+dp alone provides. ``etp = tp`` (Megatron's default) gives EP groups of ``ep`` consecutive
+members of the dp x cp ranks at stride tp.
 """
 from __future__ import annotations
 
@@ -25,7 +32,8 @@ class Mesh:
     dp: int = 1
     cp: int = 1
     tp: int = 1
-    ep: int = 1  # expert parallel degree, carved out of dp x cp (adds no ranks)
+    ep: int = 1  # expert parallel degree (adds no ranks: folded into tp x cp x dp)
+    etp: int = 0  # expert tensor parallel degree; 0 = tp (Megatron-Core's default)
 
     @property
     def num_gpus(self) -> int:
@@ -37,9 +45,17 @@ class Mesh:
         return tuple(getattr(self, d) for d in DIMS)
 
     def stride(self, dim: str) -> int:
-        """Rank distance between neighbours of a ``dim`` group (``ep`` and ``shard``: stride tp)."""
-        if dim in ("ep", "shard", "expert_shard"):
+        """Rank distance between neighbours of a ``dim`` group. ``shard`` (the dense ZeRO group,
+        dp x cp) has stride tp; the expert mesh: ``etp`` 1, ``ep`` etp, ``edp`` (= ``expert_shard``)
+        etp x ep."""
+        if dim == "shard":
             return self.tp
+        if dim == "etp":
+            return 1
+        if dim == "ep":
+            return self.expert_tp
+        if dim in ("edp", "expert_shard"):
+            return self.expert_tp * self.ep
         inner = DIMS[DIMS.index(dim) + 1:]
         out = 1
         for d in inner:
@@ -53,9 +69,32 @@ class Mesh:
         return self.dp * self.cp
 
     @property
+    def stage_size(self) -> int:
+        """Ranks of one pipeline stage: tp x cp x dp, which the expert mesh folds anew."""
+        return self.tp * self.cp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        """Expert tensor parallel degree (``etp``; tp when not given)."""
+        return self.etp or self.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert data parallel degree: tp x cp x dp / (etp x ep) (at least 1)."""
+        return max(self.stage_size // (self.expert_tp * self.ep), 1)
+
+    @property
     def expert_shard_degree(self) -> int:
-        """Ranks sharing the ZeRO states of one routed expert: dp x cp / ep (at least 1)."""
-        return max(self.shard_degree // self.ep, 1)
+        """Ranks sharing the ZeRO states of one routed expert: the expert data parallel group."""
+        return self.expert_dp
+
+    def expert_layout_error(self) -> str | None:
+        """Why the expert mesh does not fold into the stage's ranks, or None."""
+        if self.stage_size % (self.expert_tp * self.ep):
+            return (f"etp x ep = {self.expert_tp} x {self.ep} = {self.expert_tp * self.ep} does "
+                    f"not divide the tp x cp x dp = {self.stage_size} GPUs of a pipeline stage "
+                    "(the expert mesh etp x ep x edp folds the same GPUs)")
+        return None
 
     # -- ranks -------------------------------------------------------------------------------
     def rank(self, pp: int = 0, dp: int = 0, cp: int = 0, tp: int = 0) -> int:
@@ -68,17 +107,27 @@ class Mesh:
             out[d] = rank // self.stride(d) % getattr(self, d)
         return out
 
+    def expert_coords(self, rank: int) -> dict[str, int]:
+        """``rank``'s place in the expert mesh of its stage: pp, edp, ep, etp indices."""
+        stage, flat = divmod(rank, self.stage_size)
+        etp, ep = self.expert_tp, self.ep
+        return {"pp": stage, "edp": flat // (etp * ep), "ep": flat // etp % ep, "etp": flat % etp}
+
     def group(self, dim: str, rank: int) -> tuple[int, ...]:
-        """The ranks of ``rank``'s group along ``dim`` (pp, dp, cp, tp, or ep), in order."""
+        """The ranks of ``rank``'s group along ``dim`` (pp, dp, cp, tp; or the expert mesh's
+        etp, ep, edp), in order."""
+        if dim in ("etp", "ep", "edp"):
+            e = self.expert_coords(rank)
+            size = {"etp": self.expert_tp, "ep": self.ep, "edp": self.expert_dp}[dim]
+            stride = self.stride(dim)
+            first = rank - e[dim] * stride
+            return tuple(first + k * stride for k in range(size))
         c = self.coords(rank)
-        if dim == "ep":  # ep consecutive members of the flattened dp x cp index
-            flat = c["dp"] * self.cp + c["cp"]
-            first = flat - flat % self.ep
-            return tuple(self.rank(c["pp"], f // self.cp, f % self.cp, c["tp"])
-                         for f in range(first, first + self.ep))
         return tuple(self.rank(**{**c, dim: k}) for k in range(getattr(self, dim)))
 
     def describe(self) -> str:
-        """'64 GPUs = dp 8 x tp 4 x pp 2 x cp 1' (plus ', ep E' when experts are split)."""
+        """'64 GPUs = dp 8 x tp 4 x pp 2 x cp 1' (plus the expert mesh when experts are split)."""
+        experts = (f", experts etp {self.expert_tp} x ep {self.ep} x edp {self.expert_dp}"
+                   if self.ep > 1 or self.expert_tp != self.tp else "")
         return (f"{self.num_gpus} GPUs = dp {self.dp} x tp {self.tp} x pp {self.pp} x cp {self.cp}"
-                + (f", ep {self.ep}" if self.ep > 1 else ""))
+                + experts)

@@ -42,7 +42,9 @@ def parallelism_dict(ev: Evaluation) -> dict[str, Any]:
     c = ev.config
     recompute = sorted({r.value for r, layer in zip(ev.placement.recompute, ev.model.layers)
                         if layer.kind.value == "block"})
-    return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "ep": c.ep, "sp": c.sp,
+    mesh = c.mesh
+    return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "ep": c.ep,
+            "etp": mesh.expert_tp, "edp": mesh.expert_dp, "sp": c.sp,
             "zero_stage": c.zero_stage, "micro_batch": c.micro_batch,
             "global_batch": c.global_batch, "seq_len": c.seq_len,
             "num_micro_batches": c.num_micro_batches, "virtual_stages": c.virtual_stages,
@@ -92,7 +94,9 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
         "runtime": {"runtime": o.runtime, "attention_kernel": o.attention_kernel,
                     "dropout": o.dropout, "overlap_grad_reduce": o.overlap_grad_reduce,
                     "overlap_param_gather": o.overlap_param_gather,
-                    "tp_comm_overlap": o.tp_comm_overlap},
+                    "tp_comm_overlap": o.tp_comm_overlap,
+                    "moe": {"imbalance": o.moe.imbalance, "capacity_factor": o.moe.capacity_factor,
+                            "dispatcher": o.moe.dispatcher, "a2a_overlap": o.moe.a2a_overlap}},
         "stages": stages_list(ev),
         "predicted": predicted_dict(ev),
     })

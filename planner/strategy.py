@@ -123,6 +123,7 @@ def default_placement(model: ModelGraph, config, block_option: LayerOption = NO_
     return LayerPlacement(tuple(stages), options)
 
 
-def uniform(model: ModelGraph, config, recompute: Recompute | str = Recompute.NONE) -> LayerPlacement:
+def uniform(model: ModelGraph, config,
+            recompute: Recompute | str = Recompute.NONE) -> LayerPlacement:
     """:func:`default_placement` with the mesh layout and ``recompute`` for every block."""
     return default_placement(model, config, LayerOption(Recompute(recompute)))

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from planner.check import check_plan
+from planner.plan_types import Plan
 from planner.plan_io import validate_plan
 from test_plan_helpers import MIXTRAL, build_plan, edited, run_cli, write
 
@@ -181,12 +182,12 @@ def test_interleaved_and_moe_plans_check_clean():
                            virtual_stages=2),
                 build_plan(model=MIXTRAL, cluster="dgx-h100", nodes=2, global_batch=32, tp=2,
                            pp=2, ep=4, cp=2, seq_len=4096, recompute="full")):
-        report = check_plan(doc)
+        report = check_plan(Plan.from_dict(doc))
         assert not [p for p in report.problems if p.code != "memory"], report.problems
         assert report.evaluated and len(report.stages) == doc["parallelism"]["pp"]
 
 
 def test_report_is_pure_data(gpt_plan):
-    report = check_plan(gpt_plan)
+    report = check_plan(Plan.from_dict(gpt_plan))
     assert report.ok and report.exit_code == 0
     assert json.loads(json.dumps(report.to_dict())) == report.to_dict()

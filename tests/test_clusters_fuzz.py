@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from clusters import load_cluster
-from clusters.topology import group_link
+from planner.topology import group_link
 from planner.errors import PlannerError
 from planner.hardware import Cluster
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from clusters import load_cluster
-from clusters.topology import Link, _group_link, build_topology, group_link
+from planner.topology import Link, _group_link, build_topology, group_link
 from planner.errors import ErrorKind, PlannerError
 
 H100_NVLINK = 450e9 * 0.8

@@ -9,8 +9,9 @@ import math
 
 import pytest
 
-from clusters.topology import Link
-from planner.config import RUNTIME_STATE_BYTES, Recompute
+from planner.topology import Link
+from planner.config import RUNTIME_STATE_BYTES
+from planner.strategy import Recompute
 from planner.cost import comm
 from planner.cost.memory import (block_activation_bytes_per_token, in_flight_micro_batches,
                                  layer_activation_bytes, zero_state_bytes)

@@ -28,7 +28,7 @@ from planner.solve.bounds import memory_lower_bound, time_lower_bound
 from planner.solve.costs import stage_problem
 from planner.solve.inner import solve_stages
 from planner.solve.search import uniform_placement
-from planner.solve.space import Pins, enumerate_configs
+from planner.solve.space import enumerate_configs
 
 REL = 1e-6
 TINY = load_cluster("tiny")  # 2 nodes x 4 GPUs, NVLink inside a node, Ethernet across

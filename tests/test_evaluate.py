@@ -9,7 +9,8 @@ import pytest
 from clusters import load_cluster
 from cli.main import main
 from models import load_model
-from planner.config import ParallelConfig, Recompute, RuntimeOptions
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.strategy import Recompute
 from planner.cost.model import evaluate
 from planner.strategy import uniform
 

@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from planner.export import FORMATS, export_plan
+from planner.plan_types import Plan
 from planner.export.base import blocks_per_rank
 from planner.export.megatron import ARRAY, parse_args_file
 from test_plan_helpers import MIXTRAL, build_plan, run_cli, write
@@ -62,7 +63,7 @@ def _layout_blocks_per_rank(layout: str, pp: int) -> tuple[list[int], str]:
 
 
 def test_megatron_round_trip(plan):
-    result = export_plan(plan, "megatron")
+    result = export_plan(Plan.from_dict(plan), "megatron")
     p = plan["parallelism"]
     flags = _megatron_flags(result.text)
     assert int(flags["--tensor-model-parallel-size"]) == p["tp"]
@@ -108,7 +109,7 @@ def test_megatron_round_trip(plan):
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_megatron_file_is_a_bash_array(tmp_path):
     plan = build_plan(**PLANS["pp-layout"])
-    text = export_plan(plan, "megatron").text
+    text = export_plan(Plan.from_dict(plan), "megatron").text
     path = tmp_path / "args.sh"
     path.write_text(text)
     out = subprocess.run(["bash", "-c", f'source "$1"; printf "%s\\n" "${{{ARRAY}[@]}}"', "_",
@@ -118,8 +119,8 @@ def test_megatron_file_is_a_bash_array(tmp_path):
 
 
 @pytest.mark.skipif(tomllib is None, reason="tomllib needs Python 3.11")
-def test_torchtitan_round_trip(plan):
-    result = export_plan(plan, "torchtitan")
+def test_torchtitan_toml_round_trip(plan):
+    result = export_plan(Plan.from_dict(plan), "torchtitan", target_version="0.2.2")
     config = tomllib.loads(result.text)
     p = plan["parallelism"]
     par, training = config["parallelism"], config["training"]
@@ -163,18 +164,18 @@ def test_torchtitan_round_trip(plan):
 
 
 def test_deepspeed_round_trip(plan):
-    result = export_plan(plan, "deepspeed")
+    result = export_plan(Plan.from_dict(plan), "deepspeed")
     config = json.loads(result.text)
     p = plan["parallelism"]
     assert config["train_batch_size"] == p["global_batch"]
     assert config["train_micro_batch_size_per_gpu"] == p["micro_batch"]
     assert config["gradient_accumulation_steps"] == p["num_micro_batches"]
-    # DeepSpeed's own identity: batch = micro x accumulation x (world / (tp x pp))
-    if p["cp"] == 1:
-        world = p["tp"] * p["pp"] * p["dp"]
-        assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"] *
-                                              config["gradient_accumulation_steps"] *
-                                              world // (p["tp"] * p["pp"]))
+    # DeepSpeed's own identity over the data-parallel size it is told to use (the notes)
+    assert config["train_batch_size"] == (config["train_micro_batch_size_per_gpu"] *
+                                          config["gradient_accumulation_steps"] * p["dp"])
+    world = p["tp"] * p["pp"] * p["dp"] * p["cp"]
+    notes = "\n".join(result.notes)
+    assert (f"returns {p['dp']}" in notes or f"num_dp={p['dp']})" in notes) == (world != p["dp"])
     stage = config["zero_optimization"]["stage"]
     assert stage == (min(p["zero_stage"], 1) if p["pp"] > 1 else p["zero_stage"])
     assert config.get("tensor_parallel", {}).get("autotp_size", 1) == p["tp"]
@@ -182,7 +183,7 @@ def test_deepspeed_round_trip(plan):
 
 
 def test_vllm_round_trip(plan):
-    result = export_plan(plan, "vllm")
+    result = export_plan(Plan.from_dict(plan), "vllm")
     assert result.text.count("\n") == 1
     args = shlex.split(result.text)
     values = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")
@@ -196,12 +197,13 @@ def test_vllm_round_trip(plan):
 
 
 def test_json_is_the_plan(plan):
-    result = export_plan(plan, "json")
+    result = export_plan(Plan.from_dict(plan), "json")
     assert json.loads(result.text) == plan and result.warnings == ()
 
 
-def _warnings(name: str, fmt: str) -> str:
-    return "\n".join(export_plan(build_plan(**PLANS[name]), fmt).warnings)
+def _warnings(name: str, fmt: str, version: str | None = None) -> str:
+    return "\n".join(export_plan(Plan.from_dict(build_plan(**PLANS[name])), fmt,
+                                 version).warnings)
 
 
 def test_exact_exports_have_no_warnings():
@@ -219,7 +221,8 @@ def test_inexpressible_features_are_named():
     # per-layer recompute mix with unequal per-stage counts
     text = _warnings("mixed-recompute", "megatron")
     assert "recompute" in text and "5, 3" in text and "--recompute-num-layers 5" in text
-    assert "layer-selective" in _warnings("mixed-recompute", "torchtitan")
+    assert "layer-selective" in _warnings("mixed-recompute", "torchtitan", "0.2.2")
+    assert "no layer-selective AC" in _warnings("mixed-recompute", "torchtitan")
     # DeepSpeed: PP is set in code, ZeRO-2/3 refused under PP, interleaving, CP, EP
     text = _warnings("pp2-uneven", "deepspeed")
     assert "PipelineModule" in text and "num_stages=2" in text and "10, 14" in text
@@ -234,14 +237,17 @@ def test_inexpressible_features_are_named():
     # torchtitan: ZeRO-0 with PP is not DDP there; SP is always on with TP
     assert "ZeRO-0" in _warnings("pp-layout", "torchtitan")
     sp_off = build_plan(**GPT, tp=2, sp=False)
-    assert "sequence parallelism" in "\n".join(export_plan(sp_off, "torchtitan").warnings)
+    warnings = export_plan(Plan.from_dict(sp_off), "torchtitan", "0.2.2").warnings
+    assert "sequence parallelism" not in "\n".join(
+        export_plan(Plan.from_dict(sp_off), "torchtitan").warnings)
+    assert "sequence parallelism" in "\n".join(warnings)
     assert "fp16" in _warnings("tiny-fp16", "torchtitan")
 
 
 def test_exact_megatron_recompute_mix_is_silent():
     # first N blocks of every stage, the same N: Megatron's block method exactly
     plan = build_plan(**GPT, pp=2, block_recompute=(["full"] * 4 + ["none"] * 8) * 2)
-    result = export_plan(plan, "megatron")
+    result = export_plan(Plan.from_dict(plan), "megatron")
     flags = _megatron_flags(result.text)
     assert flags["--recompute-method"] == "block" and flags["--recompute-num-layers"] == "4"
     assert result.warnings == ()

@@ -173,3 +173,16 @@ def test_expert_parameters_split_from_dense():
                 per_expert = layer.expert_params // layer.mlp.num_experts
                 assert layer.params - layer.active_params == \
                     per_expert * (layer.mlp.num_experts - layer.mlp.top_k)
+
+
+def test_tiny_moe_preset_counts():
+    """h 256, 8 heads / 4 KV heads of 32; one dense block (F 512), three MoE blocks of 8
+    experts (F 256, top-2) + a shared expert (F 256); untied 1024-token vocabulary."""
+    graph = load_model("tiny-moe")
+    h, attn, norms = 256, 256 * 256 * 2 + 256 * 128 * 2, 2 * 256
+    expert = 3 * h * 256
+    dense = attn + 3 * h * 512 + norms
+    moe = attn + 8 * expert + h * 8 + expert + norms
+    embeddings = 2 * 1024 * h + h
+    assert graph.params == dense + 3 * moe + embeddings
+    assert graph.active_params == dense + 3 * (moe - 6 * expert) + embeddings

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from clusters import load_cluster
 from models import load_model
-from planner.config import LayerPlacement, ParallelConfig, Recompute, RuntimeOptions, resolve_dp
+from planner.config import ParallelConfig, RuntimeOptions, resolve_dp
+from planner.strategy import LayerPlacement, Recompute
 from planner.cost.model import evaluate
 from planner.strategy import uniform
 from planner.ir import LayerKind

@@ -12,7 +12,7 @@ import pytest
 
 from clusters import load_cluster
 from models.native import build_native
-from planner.config import Recompute, interleaved_rank
+from planner.strategy import Recompute, interleaved_rank
 from planner.ir import LayerKind
 from planner.solve.bruteforce import _splits, brute_force, count_placements
 from planner.solve.space import Pins

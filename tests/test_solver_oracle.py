@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from clusters import load_cluster
 from models import load_model
 from models.native import build_native
-from planner.config import Recompute, RuntimeOptions, interleaved_rank
+from planner.config import RuntimeOptions
+from planner.strategy import Recompute, interleaved_rank
 from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import GIB, Cluster

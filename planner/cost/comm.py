@@ -1,7 +1,7 @@
 """Communication time: alpha-beta collectives over a group's link, and the volumes each kind of
 parallelism moves.
 
-Consumes byte counts, group sizes and a :class:`clusters.topology.Link` (per-GPU bus bandwidth and
+Consumes byte counts, group sizes and a :class:`planner.topology.Link` (per-GPU bus bandwidth and
 latency of the slowest tier the group spans, derived from the topology graph); produces seconds.
 
 Collective model (NVIDIA nccl-tests ``doc/PERFORMANCE.md``; Thakur et al. 2005 for ring and tree
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from clusters.topology import Link
+from planner.topology import Link
 
 
 def all_reduce_s(size_bytes: float, n: int, link: Link) -> float:

@@ -26,7 +26,9 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.config import Recompute, RuntimeOptions
+from planner.config import RuntimeOptions
+from planner.cost import moe
+from planner.strategy import Recompute
 from planner.hardware import Gpu
 from planner.ir import Attention, Layer, LayerKind, Mlp
 
@@ -59,11 +61,17 @@ class Shard:
     ep: int = 1
     sp: bool = False
     dtype: str = "bf16"
+    etp: int = 0  # expert tensor parallel degree (0: tp)
+    expert_load: float = 1.0  # busiest expert rank's tokens over the balanced share
 
     @property
     def tokens(self) -> int:
         """Tokens of one micro-batch on one GPU (context parallelism splits the sequence)."""
         return self.micro_batch * self.seq_len // self.cp
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp or self.tp
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,7 @@ class LayerCompute:
 
     @property
     def attn_core_s(self) -> float:
-        """Forward plus backward seconds of the attention core (what ring attention hides behind)."""
+        """Forward plus backward seconds of the attention core (ring attention hides behind it)."""
         return self.attn_core_fwd_s + self.attn_core_bwd_s
 
     def recompute_s(self, recompute: Recompute) -> float:
@@ -169,20 +177,23 @@ def _attention_gemms(att: Attention, h: int, tokens: int, tp: int) -> list[Gemm]
     return gemms
 
 
-def _mlp_gemms(mlp: Mlp, h: int, tokens: int, tp: int, ep: int) -> list[Gemm]:
+def _mlp_gemms(mlp: Mlp, h: int, tokens: int, shard: Shard) -> list[Gemm]:
     up = 2 if mlp.gated else 1
+    tp = shard.tp
     gemms: list[Gemm] = []
     if not mlp.is_moe:
         width = mlp.ffn_hidden // tp
         return [Gemm(tokens, up * width, h), Gemm(tokens, h, width)]
-    # Routed experts: each GPU of an EP group holds num_experts/ep experts and receives, on
-    # average, tokens * top_k * ep / num_experts tokens per local expert (balanced routing).
-    local = mlp.num_experts // ep
-    per_expert = max(1, round(tokens * mlp.top_k * ep / mlp.num_experts))
-    width = max(mlp.ffn_hidden // tp, 1)
-    gemms += [Gemm(tokens, mlp.num_experts, h),  # router
+    # Routed experts on the expert mesh: num_experts / ep local experts of width F / etp, one
+    # grouped GEMM each (planner.cost.moe.tokens_per_expert: balanced share x load factor).
+    local = mlp.num_experts // shard.ep
+    per_expert = max(1, round(moe.tokens_per_expert(tokens, mlp, tp, shard.expert_tp, shard.ep,
+                                                    shard.expert_load)))
+    width = max(mlp.ffn_hidden // shard.expert_tp, 1)
+    router_tokens = tokens // tp if shard.sp else tokens  # each rank routes its sequence shard
+    gemms += [Gemm(max(router_tokens, 1), mlp.num_experts, h),  # router
               Gemm(per_expert, up * width, h, local), Gemm(per_expert, h, width, local)]
-    if mlp.shared_ffn_hidden:
+    if mlp.shared_ffn_hidden:  # shared experts run like a dense MLP on the attention mesh
         shared = mlp.shared_ffn_hidden // tp
         gemms += [Gemm(tokens, up * shared, h), Gemm(tokens, h, shared)]
     return gemms
@@ -201,7 +212,7 @@ def layer_gemms(layer: Layer, shard: Shard) -> list[Gemm]:
     if layer.attention is not None:
         gemms += _attention_gemms(layer.attention, layer.hidden, t, shard.tp)
     if layer.mlp is not None:
-        gemms += _mlp_gemms(layer.mlp, layer.hidden, t, shard.tp, shard.ep)
+        gemms += _mlp_gemms(layer.mlp, layer.hidden, t, shard)
     return gemms
 
 
@@ -260,13 +271,14 @@ def elementwise_bytes(layer: Layer, shard: Shard, options: RuntimeOptions) -> fl
     per_token /= seq_split
     mlp = layer.mlp
     if mlp is not None:
-        act = (6.0 if mlp.gated else 4.0) * mlp.ffn_hidden / tp
-        routed = mlp.top_k if mlp.is_moe else 1
-        per_token += act * routed
+        if mlp.is_moe:  # per routed token copy on this GPU: activation, permute / unpermute
+            copies = moe.routed_tokens(1.0, mlp, tp, shard.expert_tp, shard.expert_load)
+            act = (6.0 if mlp.gated else 4.0) * mlp.ffn_hidden / shard.expert_tp
+            per_token += copies * (act + 4.0 * h)
+        else:
+            per_token += (6.0 if mlp.gated else 4.0) * mlp.ffn_hidden / tp
         if mlp.shared_ffn_hidden:
             per_token += (6.0 if mlp.gated else 4.0) * mlp.shared_ffn_hidden / tp
-        if mlp.is_moe:
-            per_token += 4.0 * h * mlp.top_k  # permute / unpermute copies of the routed tokens
     att = layer.attention
     if att is not None:
         heads = att.num_heads / tp

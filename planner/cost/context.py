@@ -3,18 +3,20 @@ options), with the per-GPU :class:`~planner.cost.compute.Shard` and the link eac
 spans.
 
 Consumes a ModelGraph, a Cluster, a ParallelConfig and RuntimeOptions; produces a
-:class:`CostContext` that :mod:`planner.cost.terms` turns into cost terms. Which ranks form a
+:class:`CostContext` that :mod:`planner.cost.terms` turns into cost terms
+(``config_terms(ctx)``, ``layer_terms(ctx, layer, option)``). Which ranks form a
 group (and so which link it spans) is read from :class:`planner.mesh.Mesh`: its strides are the
 one statement of the rank layout.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import lru_cache
 
-from clusters.topology import Link, group_link
+from planner.topology import Link, group_link
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.compute import Shard
+from planner.cost.moe import ep_domains
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.mesh import Mesh
@@ -27,6 +29,14 @@ class Links:
     dp: Link  # the dp x cp ranks sharing ZeRO states and reducing gradients
     ep: Link
     pp: Link
+    # The expert mesh (planner.mesh.Mesh): expert tensor and expert data parallel groups, and
+    # for the hierarchical dispatcher the EP members inside one NVLink domain and one member
+    # per domain (the same rail), with the number of domains the EP group spans.
+    etp: Link | None = None
+    edp: Link | None = None
+    ep_intra: Link | None = None
+    ep_inter: Link | None = None
+    ep_domains: int = 1
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: contexts key the per-layer cost cache
@@ -47,28 +57,30 @@ class CostContext:
         """Ranks sharing ZeRO states of dense parameters (Megatron shards over dp x cp)."""
         return self.mesh.shard_degree
 
-    @cached_property
-    def terms(self):
-        """The configuration's :class:`~planner.cost.terms.ConfigTerms` (computed once)."""
-        from planner.cost.terms import config_terms
-
-        return config_terms(self)
-
 
 def make_context(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
                  options: RuntimeOptions = RuntimeOptions()) -> CostContext:
     c = config
-    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype)
+    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype,
+                  etp=c.mesh.expert_tp, expert_load=options.moe.load_factor)
     return CostContext(model, cluster, config, options, shard, mesh_links(cluster, c.mesh))
 
 
 @lru_cache(maxsize=4096)
 def mesh_links(cluster: Cluster, mesh: Mesh) -> Links:
     """The link of every group of the mesh: a group of ``size`` ranks ``stride`` apart."""
+    ep_stride = mesh.stride("ep")
+    domains = ep_domains(mesh.ep, ep_stride, cluster.tiers[0].domain_gpus)
+    per_domain = max(mesh.ep // domains, 1)
     return Links(
         tp=group_link(cluster, mesh.tp, mesh.stride("tp")),
         cp=group_link(cluster, mesh.cp, mesh.stride("cp")),
         dp=group_link(cluster, mesh.shard_degree, mesh.stride("shard")),
-        ep=group_link(cluster, mesh.ep, mesh.stride("ep")),
+        ep=group_link(cluster, mesh.ep, ep_stride),
         pp=group_link(cluster, 2 if mesh.pp > 1 else 1, mesh.stride("pp")),
+        etp=group_link(cluster, mesh.expert_tp, mesh.stride("etp")),
+        edp=group_link(cluster, mesh.expert_dp, mesh.stride("edp")),
+        ep_intra=group_link(cluster, per_domain, ep_stride),
+        ep_inter=group_link(cluster, domains, ep_stride * per_domain),
+        ep_domains=domains,
     )

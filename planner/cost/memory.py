@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.config import Recompute, StateBytes
+from planner.config import StateBytes
+from planner.strategy import Recompute
 from planner.ir import Attention, Layer, LayerKind
 
 ACT_BYTES = 2  # 16-bit activations
@@ -48,13 +49,14 @@ def zero_state_bytes(num_params: float, shard_degree: int, zero_stage: int,
     return ModelStates(weights, grads, optimizer)
 
 
-def layer_params_on_gpu(layer: Layer, tp: int, ep: int) -> tuple[float, float]:
-    """(dense, expert) parameters of ``layer`` held by one GPU before ZeRO sharding.
+def layer_params_on_gpu(layer: Layer, tp: int, ep: int, etp: int = 0) -> tuple[float, float]:
+    """(dense, expert) parameters of ``layer`` held by one GPU before ZeRO sharding: dense ones
+    split by tp, routed experts by the expert mesh's ep x etp (``etp`` 0: tp).
 
     Tied weights count here: the stage holding the LM head keeps a copy of the embedding.
     """
     held = layer.params + layer.tied_params
-    expert = layer.expert_params / (ep * tp)
+    expert = layer.expert_params / (ep * (etp or tp))
     sharded = held - layer.tp_replicated_params - layer.expert_params
     return sharded / tp + layer.tp_replicated_params, expert
 
@@ -81,12 +83,15 @@ def _attention_act_per_token(att: Attention, h: int, tp: int, seq_len: int, kern
 
 
 def block_activation_bytes_per_token(layer: Layer, tp: int, sp: bool, seq_len: int,
-                                     kernel: str, dropout: bool) -> tuple[float, float]:
+                                     kernel: str, dropout: bool, etp: int = 0,
+                                     expert_load: float = 1.0) -> tuple[float, float]:
     """(stored bytes per token without recomputation, of which attention-core internals).
 
     Replicated across TP ranks unless sequence-parallel: the norm inputs, the GEMM inputs after
     each norm and the dropout masks (Korthikanti's ``10 sbh``). TP-sharded: Q, K, V, the
-    attention output, the MLP's intermediate activations.
+    attention output, the MLP's intermediate activations. Routed experts store, per token copy
+    their GPU computes (:func:`planner.cost.moe.routed_tokens`: ``top_k x etp / tp x load`` per
+    token), the permuted input and the expert's intermediate activations at width F / etp.
     """
     h = layer.hidden
     replicated = layer.num_norms * ACT_BYTES * h + 2 * ACT_BYTES * h  # norm inputs + GEMM inputs
@@ -101,7 +106,10 @@ def block_activation_bytes_per_token(layer: Layer, tp: int, sp: bool, seq_len: i
     if mlp is not None:
         per_expert = ACT_BYTES * (3 if mlp.gated else 2) * mlp.ffn_hidden / tp  # GEMM1 out + act out
         if mlp.is_moe:
-            sharded += mlp.top_k * (per_expert + ACT_BYTES * h)  # + permuted expert inputs
+            etp = etp or tp
+            copies = mlp.top_k * etp / tp * expert_load
+            width = ACT_BYTES * (3 if mlp.gated else 2) * mlp.ffn_hidden / etp
+            sharded += copies * (width + ACT_BYTES * h)  # + permuted expert inputs
             replicated += 4.0 * mlp.num_experts  # fp32 router logits
             if mlp.shared_ffn_hidden:
                 sharded += ACT_BYTES * (3 if mlp.gated else 2) * mlp.shared_ffn_hidden / tp
@@ -112,7 +120,8 @@ def block_activation_bytes_per_token(layer: Layer, tp: int, sp: bool, seq_len: i
 
 def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int, cp: int,
                            sp: bool, recompute: Recompute, kernel: str,
-                           dropout: bool) -> tuple[float, float]:
+                           dropout: bool, etp: int = 0,
+                           expert_load: float = 1.0) -> tuple[float, float]:
     """(stored, working) activation bytes of one layer for one micro-batch on one GPU.
 
     ``stored`` stays alive until the micro-batch's backward reaches the layer; ``working`` is the
@@ -129,7 +138,8 @@ def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int
         # While the loss runs backward the 16-bit logits and their fp32 gradient coexist.
         stored = tokens * (2 * ACT_BYTES * h / seq_split + 4.0 * layer.vocab / tp)
         return stored, tokens * (ACT_BYTES + 4.0) * layer.vocab / tp
-    full, core = block_activation_bytes_per_token(layer, tp, sp, seq_len, kernel, dropout)
+    full, core = block_activation_bytes_per_token(layer, tp, sp, seq_len, kernel, dropout, etp,
+                                                  expert_load)
     if recompute is Recompute.FULL:
         return tokens * ACT_BYTES * h / seq_split, tokens * full
     if recompute is Recompute.SELECTIVE:

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.config import LayerPlacement, ParallelConfig, RuntimeOptions
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.strategy import LayerPlacement
 from planner.cost.compute import Shard, attention_core_flops, layer_gemms
 from planner.cost.context import make_context
-from planner.cost.terms import (LayerTerms, MemoryBreakdown, StepBreakdown, layer_terms,
-                                stage_memory, stage_time, step_time)
+from planner.cost.terms import (LayerTerms, MemoryBreakdown, StepBreakdown, config_terms,
+                                layer_terms, stage_memory, stage_time, step_time)
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.strategy import default_placement
@@ -96,7 +97,7 @@ def evaluate(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
     if placement is None:
         placement = default_placement(model, config)
     ctx = make_context(model, cluster, config, options)
-    terms = ctx.terms
+    terms = config_terms(ctx)
     stage_layers = [placement.layers_of_stage(s) for s in range(config.pp)]
     cache: dict = {}  # identical layers (same signature) cost the same: compute each once
 

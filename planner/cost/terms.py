@@ -41,7 +41,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 from typing import Sequence
 
-from planner.cost import comm
+from planner.cost import comm, moe
 from planner.cost.compute import hbm_bytes_per_s, layer_compute
 from planner.cost.context import CostContext
 from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches,
@@ -165,6 +165,12 @@ SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "b
 
 
 def config_terms(ctx: CostContext) -> ConfigTerms:
+    """The configuration's terms (computed once per context)."""
+    return _config_terms(ctx)
+
+
+@lru_cache(maxsize=4096)
+def _config_terms(ctx: CostContext) -> ConfigTerms:
     c, mesh, opts = ctx.config, ctx.mesh, ctx.options
     state = opts.state_bytes
     zero = c.zero_stage
@@ -182,10 +188,13 @@ def config_terms(ctx: CostContext) -> ConfigTerms:
         boundary = hidden_bytes / (c.tp if c.sp else 1)
         # forward activation out, backward gradient out, once per model chunk (Narayanan §4.1)
         boundary_s = 2 * c.virtual_stages * comm.p2p_s(boundary, ctx.links.pp)
-    link = ctx.links.dp
+    link, expert_link = ctx.links.dp, ctx.links.edp or ctx.links.dp
 
     def coll(fn, size: int) -> Affine:
         return Affine.of(fn, size, link) if size > 1 else NO_COMM
+
+    def ecoll(fn, size: int) -> Affine:  # routed experts: over the expert data parallel group
+        return Affine.of(fn, size, expert_link) if size > 1 else NO_COMM
 
     per_mb = zero >= 2 and n > 1
     # Sharded gradients cannot accumulate locally: ZeRO-2 reduce-scatters them every
@@ -194,22 +203,22 @@ def config_terms(ctx: CostContext) -> ConfigTerms:
     zr_dense = zr_expert = zg_dense = zg_expert = NO_COMM
     if per_mb:
         zr_dense = coll(comm.reduce_scatter_s, n)
-        zr_expert = coll(comm.reduce_scatter_s, n_expert)
+        zr_expert = ecoll(comm.reduce_scatter_s, n_expert)
         if zero >= 3:
             zg_dense = coll(comm.all_gather_s, n).scaled(2)
-            zg_expert = coll(comm.all_gather_s, n_expert).scaled(2)
+            zg_expert = ecoll(comm.all_gather_s, n_expert).scaled(2)
     # Once per step: ZeRO-0 all-reduces the gradients, ZeRO-1 reduce-scatters them and
     # all-gathers the updated weights; ZeRO-2 reduced per micro-batch and still gathers once;
     # ZeRO-3 does everything per micro-batch.
     red_dense = red_expert = gat_dense = gat_expert = NO_COMM
     if zero == 0:
-        red_dense, red_expert = coll(comm.all_reduce_s, n), coll(comm.all_reduce_s, n_expert)
+        red_dense, red_expert = coll(comm.all_reduce_s, n), ecoll(comm.all_reduce_s, n_expert)
     elif zero < 3:
         if not per_mb:
             red_dense = coll(comm.reduce_scatter_s, n)
         if not (zero == 2 and n > 1):
-            red_expert = coll(comm.reduce_scatter_s, n_expert)
-        gat_dense, gat_expert = coll(comm.all_gather_s, n), coll(comm.all_gather_s, n_expert)
+            red_expert = ecoll(comm.reduce_scatter_s, n_expert)
+        gat_dense, gat_expert = coll(comm.all_gather_s, n), ecoll(comm.all_gather_s, n_expert)
     return ConfigTerms(
         pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
         in_flight=tuple(in_flight_micro_batches(i, c.pp, c.num_micro_batches, c.virtual_stages)
@@ -267,9 +276,17 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         tp_comm += tp_fwd * (1.0 - opts.tp_comm_overlap)
     other = 0.0
     mlp = layer.mlp
-    if mlp is not None and mlp.is_moe and c.ep > 1:
-        # token dispatch and combine, forward and backward (Megatron-Core alltoall dispatcher)
-        other += 4 * comm.all_to_all_s(hidden_bytes * mlp.top_k, c.ep, links.ep)
+    moe_buffer = 0.0
+    if mlp is not None and mlp.is_moe:
+        # token dispatch and combine over the expert mesh, forward and backward (planner.cost.moe)
+        etp = mesh.expert_tp
+        passes = 3 if recompute is Recompute.FULL else 2
+        other += moe.dispatch_combine_s(
+            tokens, layer.hidden, mlp, c.tp, etp, c.ep, ACT_BYTES, opts.moe, links.ep,
+            links.ep_intra or links.ep, links.ep_inter or links.ep, links.ep_domains,
+            links.etp or links.tp, passes)
+        moe_buffer = moe.dispatch_buffer_bytes(tokens, layer.hidden, mlp, c.tp, etp, ACT_BYTES,
+                                               opts.moe)
     att = layer.attention
     if att is not None and c.cp > 1:
         # ring attention: cp-1 exchanges of the local K and V chunk forward, twice that (K, V and
@@ -279,14 +296,16 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         core_s = compute.attn_core_s  # the core's forward + backward time (compute.py)
         other += max(0.0, ring - core_s)
     stored, working = layer_activation_bytes(layer, c.micro_batch, c.seq_len, c.tp, c.cp, c.sp,
-                                             recompute, opts.attention_kernel, opts.dropout)
-    dense, expert = layer_params_on_gpu(layer, c.tp, c.ep)
+                                             recompute, opts.attention_kernel, opts.dropout,
+                                             mesh.expert_tp, opts.moe.load_factor)
+    working += moe_buffer
+    dense, expert = layer_params_on_gpu(layer, c.tp, c.ep, mesh.expert_tp)
     state = opts.state_bytes
     zero = c.zero_stage
     n, n_expert = mesh.shard_degree, mesh.expert_shard_degree
     dense_states = zero_state_bytes(dense, n, zero, state)
     expert_states = zero_state_bytes(expert, n_expert, zero, state)
-    t = ctx.terms
+    t = config_terms(ctx)
     grad_dense, grad_expert = dense * state.grad_reduce_bytes, expert * state.grad_reduce_bytes
     w_dense, w_expert = dense * state.weights, expert * state.weights
     zero_traffic = (t.zero_reduce_dense.slope_s_per_byte * grad_dense
@@ -300,7 +319,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         params_bytes=dense_states.params + expert_states.params,
         grads_bytes=dense_states.grads + expert_states.grads,
         optimizer_bytes=dense_states.optimizer + expert_states.optimizer,
-        gather_buffer_bytes=2 * dense * state.weights if zero >= 3 else 0.0,
+        gather_buffer_bytes=2 * (dense + expert) * state.weights if zero >= 3 else 0.0,
         zero_traffic_s=zero_traffic,
         dp_reduce_s=(t.dp_reduce_dense.slope_s_per_byte * grad_dense
                      + t.dp_reduce_expert.slope_s_per_byte * grad_expert),

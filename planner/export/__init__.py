@@ -1,52 +1,69 @@
 """Exporters: a plan in the form a runtime reads.
 
-Consumes a validated plan document (:func:`planner.plan_io.load_plan`); produces an
+Consumes a :class:`~planner.plan_types.Plan` (``Plan.load(path)``); produces an
 :class:`ExportResult` (the file's text and the warnings naming each way it differs from the
 plan). One module per runtime; :data:`FORMATS` is the registry the CLI offers.
 
-    export_plan(doc, "megatron") -> ExportResult
+    export_plan(plan, "megatron") -> ExportResult
+    export_plan(plan, "torchtitan", target_version="0.2.2") -> ExportResult
+
+Formats whose file changed between runtime versions take ``target_version`` (default: the
+newest supported); the others have one form and accept only their own version label.
+Every string an exporter writes goes through :mod:`planner.export.quoting`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 from planner.errors import invalid
 from planner.export import deepspeed, json, megatron, torchtitan, vllm
 from planner.export.base import ExportResult
+from planner.plan_types import Plan
 
 
 @dataclass(frozen=True)
 class Format:
     name: str
     description: str
-    run: Callable[[dict[str, Any]], ExportResult]
+    run: Callable[..., ExportResult]
+    versions: tuple[str, ...] = ()  # supported target versions, newest first; () = one form
+    resolve: Callable[[str | None], str] | None = None  # version label -> supported version
 
 
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("megatron", "Megatron-LM arguments (bash array)", megatron.export),
-    Format("torchtitan", "torchtitan job tables (TOML) + CLI overrides", torchtitan.export),
+    Format("torchtitan", "torchtitan command line (0.3) or job tables (TOML, <= 0.2.2)",
+           torchtitan.export, torchtitan.VERSIONS, torchtitan.resolve_version),
     Format("deepspeed", "DeepSpeed config JSON", deepspeed.export),
     Format("vllm", "vLLM engine arguments (one line)", vllm.export),
     Format("json", "the plan itself, pretty-printed", json.export),
 )}
 
 
-def export_plan(doc: dict[str, Any], fmt: str) -> ExportResult:
-    """Translate a validated plan document into ``fmt`` (a key of :data:`FORMATS`)."""
+def export_plan(plan: Plan, fmt: str, target_version: str | None = None) -> ExportResult:
+    """Translate a plan into ``fmt`` (a key of :data:`FORMATS`), for
+    ``target_version`` of the runtime where its format changed between versions."""
     entry = FORMATS.get(fmt)
     if entry is None:
         raise invalid(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
-    _refuse_malformed(doc)
-    return entry.run(doc)
+    _refuse_malformed(plan)
+    if entry.resolve is not None:
+        return entry.run(plan, entry.resolve(target_version))
+    if target_version is not None:
+        raise invalid(f"the {fmt} export has one form and takes no --target-version",
+                      "formats with versions: " + ", ".join(
+                          f"{f.name} ({', '.join(f.versions)})" for f in FORMATS.values()
+                          if f.versions))
+    return entry.run(plan)
 
 
-def _refuse_malformed(doc: dict[str, Any]) -> None:
+def _refuse_malformed(plan: Plan) -> None:
     """A plan that ``check`` finds malformed (degrees, placement, batch split) would export
     as something no runtime runs as planned: refuse it (exit code 2)."""
-    from planner.check import embedded_cluster, embedded_model, structure_problems
+    from planner.plan_validate import plan_problems
 
-    problems = structure_problems(doc, embedded_model(doc), embedded_cluster(doc))
+    problems = plan_problems(plan)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         raise invalid(f"the plan is malformed, not exporting it: {problems[0].message}{more}",

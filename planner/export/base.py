@@ -1,7 +1,7 @@
 """What every exporter shares: the result type and read-only views of a plan document.
 
-Consumes a validated plan document (:func:`planner.plan_io.load_plan`); produces facts the
-exporters translate (pipeline chunks, per-chunk recomputation, memory under a changed setting).
+Consumes a :class:`~planner.plan_types.Plan` (its document, for the per-layer views); produces
+facts the exporters translate (pipeline chunks, per-chunk recomputation, memory under a changed setting).
 """
 from __future__ import annotations
 
@@ -10,16 +10,20 @@ from typing import Any
 
 from planner.errors import PlannerError
 from planner.hardware import GIB
+from planner.plan_types import Plan
 
 
 @dataclass(frozen=True)
 class ExportResult:
-    """``text`` is the runtime's file; ``warnings`` name each way it differs from the plan."""
+    """``text`` is the runtime's file; ``warnings`` name each way it differs from the plan
+    (``export --strict`` fails on any); ``notes`` say what the user must do for the runtime
+    to run it as planned (they are no difference, and ``--strict`` ignores them)."""
 
     format: str
     text: str
     warnings: tuple[str, ...] = ()
     suffix: str = ".txt"
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -100,19 +104,17 @@ def describe_recompute(doc: dict[str, Any]) -> str:
     return "; ".join(parts) if parts else "none"
 
 
-def memory_note(doc: dict[str, Any], **changes: Any) -> str:
+def memory_note(plan: Plan, **changes: Any) -> str:
     """' (the cost model predicts 41.2 GiB peak per GPU of 80 GiB: fits)' for the plan with
     ``changes`` (ParallelConfig fields, or ``runtime_*`` RuntimeOptions fields); '' if the
     changed plan cannot be evaluated."""
-    from planner.check import evaluate_plan
-
     try:
-        ev = evaluate_plan(doc, **changes)
+        ev = plan.with_changes(**changes).evaluate()
     except (PlannerError, KeyError, ValueError, TypeError):
         return ""
     peak = ev.peak_memory_bytes / GIB
     capacity = ev.cluster.gpu.memory_gib
-    was = doc["predicted"]["peak_memory_gib"]
+    was = plan.document["predicted"]["peak_memory_gib"]
     verdict = "fits" if ev.fits else "does NOT fit"
     return (f" (the cost model predicts {peak:.1f} GiB peak per GPU instead of the plan's "
             f"{was:.1f}, of {capacity:g} GiB: {verdict})")

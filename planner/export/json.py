@@ -3,11 +3,13 @@ exporter reads, for tools that consume the plan file directly. Nothing is lost, 
 """
 from __future__ import annotations
 
-from typing import Any
-
+from planner.plan_types import Plan
 from planner.export.base import ExportResult
+from planner.export.quoting import check_strings
 from planner.plan import dumps
 
 
-def export(doc: dict[str, Any]) -> ExportResult:
+def export(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
+    check_strings(doc)  # a lone surrogate would come back as another character
     return ExportResult("json", dumps(doc), (), ".json")

@@ -1,12 +1,13 @@
 """Megatron-LM / Megatron-Core command-line arguments for a plan.
 
 Consumes a validated plan document; produces a bash file defining an array
-``MEGATRON_PARALLEL_ARGS`` (one flag and its value per line, values shell-quoted) to splice into
+``MEGATRON_PARALLEL_ARGS`` (one flag and its value per line, every word and comment through
+:mod:`planner.export.quoting`) to splice into
 a ``pretrain_gpt.py`` command line next to the model-shape, data and optimizer arguments, which
 the plan does not fix.
 
-Flag names from /work/shared/reference/ecosystem.md B1 (Megatron-LM HEAD d98e8a64, flags seen in
-its examples/ and tests/functional_tests/): parallel sizes, ``--sequence-parallel``,
+Flag names from Megatron-LM (``megatron/training/arguments.py`` at d98e8a64, and the flags its
+examples/ and tests/functional_tests/ scripts use): parallel sizes, ``--sequence-parallel``,
 ``--num-virtual-stages-per-pipeline-rank`` (works with even and uneven splits;
 ``--virtual-pipeline-model-parallel-size`` has no CLI flag), ``--decoder-first/last-pipeline-
 num-layers``, ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` decoder layer, ``L``
@@ -24,11 +25,12 @@ other split (and uneven chunks when interleaved) is written exactly as a
 """
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
+from planner.plan_types import Plan
 from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
                                  headline, memory_note, recompute_counts)
+from planner.export.quoting import bash_array_file, parse_bash_array_file
 
 ARRAY = "MEGATRON_PARALLEL_ARGS"
 
@@ -119,7 +121,47 @@ def _recompute(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
                     f"--recompute-num-layers {n}: " + "; ".join(reasons))
 
 
-def export(doc: dict[str, Any]) -> ExportResult:
+def _experts(plan: Plan, args: list, warnings: list[str]) -> None:
+    """MoE: the expert mesh (``--expert-model-parallel-size``, ``--expert-tensor-parallel-size``;
+    edp follows) and the ``--moe-*`` options the plan's costs assume (Megatron-Core MoE README:
+    grouped GEMM, permute fusion, the alltoall or DeepEP flex dispatcher, capacity, EP overlap).
+    The model-shape flags (experts, top-k, widths, MoE layer pattern) are written too, since
+    the expert split is meaningless without them."""
+    blocks = list(plan.model.blocks())
+    moe = [b.mlp for b in blocks if b.mlp is not None and b.mlp.is_moe]
+    if not moe:
+        return
+    mlp, mesh, opts = moe[0], plan.mesh, plan.runtime.moe
+    if mesh.ep > 1:
+        args.append(("--expert-model-parallel-size", mesh.ep))
+    args.append(("--expert-tensor-parallel-size", mesh.expert_tp))
+    pattern = [1 if (b.mlp is not None and b.mlp.is_moe) else 0 for b in blocks]
+    freq = "([1]*{})".format(len(pattern)) if all(pattern) else "[" + ",".join(map(str, pattern)) + "]"
+    args += [("--num-experts", mlp.num_experts), ("--moe-router-topk", mlp.top_k),
+             ("--moe-ffn-hidden-size", mlp.ffn_hidden), ("--moe-layer-freq", freq)]
+    if mlp.shared_ffn_hidden:
+        args.append(("--moe-shared-expert-intermediate-size", mlp.shared_ffn_hidden))
+    args += [("--moe-grouped-gemm",), ("--moe-permute-fusion",)]
+    if opts.dispatcher == "deepep":
+        args += [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep",)]
+    else:
+        args.append(("--moe-token-dispatcher-type", "alltoall"))
+    if not opts.dropless:
+        args += [("--moe-expert-capacity-factor", opts.capacity_factor),
+                 ("--moe-pad-expert-input-to-capacity",)]
+    if opts.a2a_overlap > 0 and mesh.ep > 1:
+        args += [("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
+        warnings.append(f"moe a2a_overlap {opts.a2a_overlap:g}: exported "
+                        f"--overlap-moe-expert-parallel-comm; how much of the all-to-all it "
+                        f"hides is the runtime's, not the plan's")
+    if len({(b.mlp.num_experts, b.mlp.top_k, b.mlp.ffn_hidden) for b in blocks
+            if b.mlp is not None and b.mlp.is_moe}) > 1:
+        warnings.append("MoE layers of different shapes: Megatron takes one --num-experts / "
+                        "--moe-ffn-hidden-size; the first MoE layer's are exported")
+
+
+def export(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
     p, runtime = doc["parallelism"], doc["runtime"]
     warnings: list[str] = []
     args: list[tuple[str, Any] | tuple[str]] = [
@@ -130,8 +172,7 @@ def export(doc: dict[str, Any]) -> ExportResult:
         args.append(("--sequence-parallel",))
     if p["cp"] > 1:
         args.append(("--context-parallel-size", p["cp"]))
-    if p["ep"] > 1:
-        args.append(("--expert-model-parallel-size", p["ep"]))
+    _experts(plan, args, warnings)
     args += [("--num-layers", doc["model"]["num_layers"]), ("--seq-length", p["seq_len"]),
              ("--micro-batch-size", p["micro_batch"]), ("--global-batch-size", p["global_batch"])]
     _pipeline(doc, args, warnings)
@@ -151,7 +192,7 @@ def export(doc: dict[str, Any]) -> ExportResult:
         warnings.append(
             f"ZeRO-{zero}: Megatron's data parallelism has no ZeRO-{zero}; exported "
             f"--use-distributed-optimizer, which shards only the optimizer states (ZeRO-1)"
-            + memory_note(doc, zero_stage=1) + ". Megatron-FSDP (--use-megatron-fsdp "
+            + memory_note(plan, zero_stage=1) + ". Megatron-FSDP (--use-megatron-fsdp "
             f"--data-parallel-sharding-strategy "
             f"{'optim_grads' if zero == 2 else 'optim_grads_params'}) is the sharded "
             f"alternative; it needs its own checkpoint format and is not emitted")
@@ -178,31 +219,28 @@ def export(doc: dict[str, Any]) -> ExportResult:
     if runtime["runtime"] != "megatron":
         warnings.append(f"runtime: the plan's memory assumed the {runtime['runtime']!r} "
                         f"optimizer-state layout; Megatron's differs"
-                        + memory_note(doc, runtime_runtime="megatron"))
-    lines = [
-        f"# Megatron-LM parallelism arguments for {headline(doc)}",
-        f"# Generated by shardplan from a plan (schema_version {doc['schema_version']}). Model "
+                        + memory_note(plan, runtime_runtime="megatron"))
+    # validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for tp or cp > 1 before Blackwell
+    # (megatron/training/arguments.py); it does no harm on newer GPUs
+    env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if p["tp"] > 1 or p["cp"] > 1 else ""
+    comments = [
+        f"Megatron-LM parallelism arguments for {headline(doc)}",
+        f"Generated by shardplan from a plan (schema_version {doc['schema_version']}). Model "
         f"shape, data, tokenizer and",
-        "# optimizer arguments are not part of the plan: add them to the command line.",
-        f"# Use:  source THIS_FILE; torchrun --nproc-per-node {doc['cluster']['gpus_per_node']} "
-        f"--nnodes {doc['cluster']['num_nodes']} pretrain_gpt.py \"${{{ARRAY}[@]}}\" ...",
-        f"{ARRAY}=(",
+        "optimizer arguments are not part of the plan: add them to the command line.",
+        f"Use:  source THIS_FILE; {env}torchrun --nproc-per-node "
+        f"{doc['cluster']['gpus_per_node']} --nnodes {doc['cluster']['num_nodes']} "
+        f"pretrain_gpt.py \"${{{ARRAY}[@]}}\" ...",
     ]
-    for item in args:
-        lines.append("  " + " ".join(shlex.quote(_text(x)) for x in item))
-    lines.append(")")
-    return ExportResult("megatron", "\n".join(lines) + "\n", tuple(warnings), ".sh")
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+    notes = []
+    if env:
+        notes.append(f"megatron: run with {env.strip()} in the environment (tensor or context "
+                     f"parallelism; Megatron's validate_args asserts it on GPUs before "
+                     f"Blackwell), as the file's Use line does")
+    return ExportResult("megatron", bash_array_file(comments, ARRAY, args), tuple(warnings),
+                        ".sh", tuple(notes))
 
 
 def parse_args_file(text: str) -> list[str]:
     """The argument list of an exported file (for tests and tools): shlex, comments dropped."""
-    tokens = shlex.split(text, comments=True)
-    if not tokens or tokens[0] != f"{ARRAY}=(" or tokens[-1] != ")":
-        raise ValueError(f"not a {ARRAY} file")
-    return tokens[1:-1]
+    return parse_bash_array_file(text, ARRAY)

@@ -1,201 +1,229 @@
-"""torchtitan job configuration for a plan: TOML tables plus the CLI-override form.
+"""torchtitan configuration for a plan, for the torchtitan version the user runs.
 
-Consumes a validated plan document; produces a TOML fragment with the ``[training]``,
-``[parallelism]`` and ``[activation_checkpoint]`` tables of a torchtitan job file (TOML era, up
-to v0.2.2, ``torchtitan/config/job_config.py``), merged into the user's job file, and in its
-header the equivalent ``--parallelism.*`` overrides, which torchtitan >= 0.3 (Python config
-registry, tyro CLI) accepts too. Key names from /work/shared/reference/ecosystem.md B2.
+Consumes a validated plan document and a target version; produces
 
-Mapping:
+* ``0.3`` (default; torchtitan >= 0.3, Python config registry parsed by tyro): a bash file
+  defining ``TORCHTITAN_ARGS``, the complete command line after ``-m torchtitan.train``:
+  ``--module`` / ``--config`` (the registry entry of the model, when one matches), every
+  parallelism, batch, pipeline micro-batch, split and recomputation setting the plan fixes,
+  so no registry default is left standing for them. tyro's forms, read from torchtitan 0.3's
+  ``ConfigManager`` (``tyro.cli`` over ``Trainer.Config``): booleans are flags
+  (``--parallelism.enable_sequence_parallel`` / ``--parallelism.no-enable-sequence-parallel``,
+  ``--training.disable_cuda_graphs``), a ``list[list[str]]`` is one comma-joined word per
+  inner list, and activation checkpointing is a subcommand (``activation_checkpoint:full`` /
+  ``:selective`` / ``:none``), which comes last because tyro reads the parent's flags before
+  it. ``Trainer.Config`` refuses CUDA graphs with pipeline parallelism and with the
+  expert-parallel token dispatchers, so ``--training.disable_cuda_graphs`` is set for pp > 1
+  or ep > 1. 0.3 has no expert tensor parallelism and no layer-selective recomputation.
+* ``0.2.2`` (torchtitan <= 0.2.2): the ``[training]``, ``[parallelism]`` and
+  ``[activation_checkpoint]`` TOML tables of a job file. A per-layer mix of recomputation
+  becomes layer-selective AC (``selective_ac_option = "N"``: every N-th block).
 
-* ZeRO -> FSDP2 over ``data_parallel_shard_degree`` (torchtitan shards over dp_shard x cp, as
-  the plan's ZeRO does over dp x cp): ZeRO-3 = ``fsdp_reshard_after_forward = "always"``,
-  ZeRO-2 = ``"never"`` (parameters stay gathered between forward and backward). ZeRO-1 has no
-  FSDP2 form (exported as ZeRO-2, with a warning); ZeRO-0 is DDP (``data_parallel_replicate_
-  degree``) when nothing else is parallel, since torchtitan's DDP is 1-D only.
-* Batch: ``local_batch_size`` is per data-parallel rank. Without PP it is the micro-batch and
-  ``global_batch_size`` makes torchtitan accumulate gradients over the plan's micro-batches;
-  with PP it is the whole per-rank batch, split into ``pipeline_parallel_microbatch_size``.
-* Pipeline split: ``module_fqns_per_model_part`` lists the modules of each model part exactly
-  (torchtitan's own split counts the embedding and output as layers and would differ), with
-  torchtitan's decoder module names ``tok_embeddings``, ``layers.N``, ``norm``, ``output``
-  (llama3, qwen3, deepseek_v3). Interleaved plans have pp x v parts; torchtitan's looped
-  schedules give part k to rank k mod pp, as the plan does.
-* Recomputation: ``mode`` none / full / selective (``selective_ac_option = "op"``); a per-layer
-  mix becomes layer-selective AC (``selective_ac_option = "N"``: every N-th block).
+The mapping itself (FSDP, batch, split) is :mod:`planner.export.torchtitan_settings`.
 """
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
-from planner.export.base import (ExportResult, chunks, describe_recompute, headline, memory_note,
-                                 recompute_counts)
+from planner.errors import invalid
+from planner.plan_types import Plan
+from planner.export.base import ExportResult, describe_recompute, headline, memory_note
+from planner.export.quoting import bash_array_file, comment, toml_key, toml_value
+from planner.export.torchtitan_settings import (block_recompute, checkpoint_every,
+                                                registry_entry, settings, uniform_recompute)
 
-MODULE_NAMES = ("tok_embeddings", "layers.{}", "norm", "output")
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a TOML basic string: same escapes as JSON
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise TypeError(f"no TOML form for {type(value).__name__}")
+ARRAY = "TORCHTITAN_ARGS"
+VERSIONS = ("0.3", "0.2.2")  # newest first: the default is VERSIONS[0]
 
 
-def model_parts(doc: dict[str, Any]) -> list[list[str]]:
-    parts = []
-    for c in chunks(doc):
-        names = [MODULE_NAMES[0]] if c.has_embedding else []
-        names += [MODULE_NAMES[1].format(i) for i in c.block_indices]
-        if c.has_head:
-            names += [MODULE_NAMES[2], MODULE_NAMES[3]]
-        parts.append(names)
-    return parts
+def export(plan: Plan, version: str | None = None) -> ExportResult:
+    version = resolve_version(version)
+    if version == "0.3":
+        return _export_cli(plan)
+    return _export_toml(plan)
 
 
-def export(doc: dict[str, Any]) -> ExportResult:
-    p, runtime = doc["parallelism"], doc["runtime"]
-    warnings: list[str] = []
-    tp, pp, dp, cp, ep, v = p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p["virtual_stages"]
-    zero = p["zero_stage"]
-    # -- data parallelism / ZeRO
-    replicate, shard, reshard = 1, dp, "never"
-    if zero == 3:
-        reshard = "always"
-    elif zero == 1 and dp * cp > 1:
-        warnings.append("ZeRO-1: torchtitan's FSDP2 cannot shard optimizer states alone; "
-                        "exported FSDP with fsdp_reshard_after_forward = \"never\" (ZeRO-2: "
-                        "gradients sharded too)" + memory_note(doc, zero_stage=2))
-    elif zero == 0 and dp > 1:
-        if tp == pp == cp == 1:
-            replicate, shard = dp, 1
-        else:
-            warnings.append("ZeRO-0: torchtitan's DDP (data_parallel_replicate_degree) does not "
-                            "combine with tensor, pipeline or context parallelism; exported FSDP "
-                            "with fsdp_reshard_after_forward = \"never\" (ZeRO-2)"
-                            + memory_note(doc, zero_stage=2))
-    parallelism: dict[str, Any] = {
-        "data_parallel_replicate_degree": replicate,
-        "data_parallel_shard_degree": shard,
-        "fsdp_reshard_after_forward": reshard,
-        "tensor_parallel_degree": tp,
-        "enable_async_tensor_parallel": bool(tp > 1 and runtime["tp_comm_overlap"] > 0),
-        "pipeline_parallel_degree": pp,
-        "context_parallel_degree": cp,
-        "expert_parallel_degree": ep,
-    }
-    if ep > 1:
-        parallelism["expert_tensor_parallel_degree"] = tp  # the plan splits experts over tp too
-    if tp > 1 and not p["sp"]:
-        warnings.append("sequence parallelism: the plan has it off, but TOML-era torchtitan "
-                        "always applies it with TP, which stores less activation memory than "
-                        "planned" + memory_note(doc, sp=True) + "; torchtitan >= 0.3 takes "
-                        "--parallelism.enable_sequence_parallel false (in the header)")
-    if parallelism["enable_async_tensor_parallel"]:
-        warnings.append("enable_async_tensor_parallel needs [compile] enable = true in the job "
-                        "file")
-    if pp > 1:
-        parallelism["pipeline_parallel_schedule"] = "Interleaved1F1B" if v > 1 else "1F1B"
-        parallelism["pipeline_parallel_microbatch_size"] = p["micro_batch"]
-        parallelism["module_fqns_per_model_part"] = model_parts(doc)
-    # -- batch
-    per_rank = p["global_batch"] // dp
-    training = {
-        "local_batch_size": per_rank if pp > 1 else p["micro_batch"],
-        "global_batch_size": p["global_batch"],
-        "seq_len": p["seq_len"],
-        "mixed_precision_param": "bfloat16",
-    }
-    if p["dtype"] != "bf16":
-        warnings.append(f"dtype {p['dtype']}: exported mixed_precision_param = \"bfloat16\"; "
-                        + ("enable Float8 training in the job file's [float8] / converters "
-                           "settings yourself" if p["dtype"] == "fp8" else
-                           "torchtitan's FSDP mixed precision has no fp16 setting"))
-    # -- recomputation
-    values = [x["recompute"] for x in doc["layers"] if x["kind"] == "block"]
-    counts = recompute_counts(values)
-    ac: dict[str, Any]
-    if counts["full"] == counts["selective"] == 0:
-        ac = {"mode": "none"}
-    elif counts["full"] == len(values):
-        ac = {"mode": "full"}
-    elif counts["selective"] == len(values):
-        ac = {"mode": "selective", "selective_ac_option": "op"}
-        warnings.append("recompute selective: torchtitan's op-level selective AC (\"op\") "
-                        "saves matmul outputs and recomputes the rest, which is not the plan's "
-                        "attention-core recomputation; activation memory differs")
-    else:
-        every = _checkpoint_every(doc)
-        ac = {"mode": "selective", "selective_ac_option": str(every)}
-        warnings.append(
-            f"recompute: plan has {describe_recompute(doc)}; torchtitan has one setting for all "
-            f"blocks, so exported layer-selective AC checkpointing every {every}"
-            f"{_ordinal(every)} block (full recomputation of about "
-            f"{math.ceil(len(values) / every)} of {len(values)} blocks"
-            + (", selective blocks made full" if counts["selective"] else "")
-            + "): on every stage at least as many blocks as planned, so more recomputation "
-              "than planned and never more activation memory")
-    warnings.append(f"memory: the plan's model states were predicted for the "
-                    f"{runtime['runtime']!r} optimizer layout; torchtitan's FSDP2 keeps fp32 "
-                    f"sharded parameters and gradients with bf16 compute copies, so model-state "
-                    f"memory per GPU differs from the plan's")
-    tables = {"training": training, "parallelism": parallelism, "activation_checkpoint": ac}
-    overrides = " ".join(f"--parallelism.{k} {_cli_value(parallelism[k])}"
-                         for k in ("data_parallel_replicate_degree", "data_parallel_shard_degree",
-                                   "fsdp_reshard_after_forward", "tensor_parallel_degree",
-                                   "pipeline_parallel_degree", "context_parallel_degree",
-                                   "expert_parallel_degree", "pipeline_parallel_schedule")
-                         if k in parallelism)
-    if tp > 1:
-        overrides += f" --parallelism.enable_sequence_parallel {_cli_value(p['sp'])}"
-    lines = [
-        f"# torchtitan job settings for {headline(doc)}",
-        f"# Generated by shardplan from a plan (schema_version {doc['schema_version']}); merge "
-        f"these tables into your job file",
-        "# (torchtitan <= 0.2.2 TOML). Module names assume torchtitan's decoder models "
-        "(tok_embeddings, layers.N, norm, output).",
-        "# torchtitan >= 0.3 (Python configs): pass the parallelism as CLI overrides:",
-        f"#   {overrides}",
-        "# (batch sizes there are counted in tokens: num_tokens_per_train_step = "
-        f"{p['global_batch'] * p['seq_len']})",
-    ]
-    for table, values_ in tables.items():
-        lines.append("")
-        lines.append(f"[{table}]")
-        for key, value in values_.items():
-            lines.append(f"{key} = {_toml_value(value)}")
-    return ExportResult("torchtitan", "\n".join(lines) + "\n", tuple(warnings), ".toml")
-
-
-def _checkpoint_every(doc: dict[str, Any]) -> int:
-    """The largest N such that checkpointing every N-th block recomputes, on every pipeline
-    rank, at least as many blocks as the plan does there (full or selective)."""
-    pp = doc["parallelism"]["pp"]
-    blocks = [0] * pp
-    wanted = [0] * pp
-    for layer in doc["layers"]:
-        if layer["kind"] == "block":
-            blocks[layer["stage"]] += 1
-            wanted[layer["stage"]] += layer["recompute"] != "none"
-    for every in range(max(blocks), 1, -1):
-        if all(b // every >= w for b, w in zip(blocks, wanted)):
-            return every
-    return 1
-
-
-def _cli_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+def resolve_version(version: str | None) -> str:
+    """'0.3' for any 0.3.x, '0.2.2' for 0.1 .. 0.2.2 (the TOML era); refuses others."""
+    if version is None:
+        return VERSIONS[0]
+    parts = version.strip().lstrip("v").split(".")
+    try:
+        numbers = tuple(int(x) for x in parts)
+    except ValueError:
+        numbers = ()
+    if not numbers or len(numbers) > 3:
+        raise invalid(f"torchtitan target version {version!r} is not a version number",
+                      f"supported: {', '.join(VERSIONS)} (default {VERSIONS[0]})")
+    numbers = numbers + (0,) * (3 - len(numbers))
+    if numbers[:2] == (0, 3):
+        return "0.3"
+    if (0, 1, 0) <= numbers <= (0, 2, 2):
+        return "0.2.2"
+    raise invalid(f"torchtitan {version} is not a supported target version",
+                  f"supported: 0.1 .. 0.2.2 (TOML job files) and 0.3.x (command line); "
+                  f"default {VERSIONS[0]}")
 
 
 def _ordinal(n: int) -> str:
     if 10 <= n % 100 <= 20:
         return "th"
     return {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+
+
+def _export_cli(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
+    s = settings(plan)
+    p = doc["parallelism"]
+    warnings, notes = list(s.warnings), []
+    rows: list[tuple[Any, ...]] = []
+    entry = registry_entry(doc)
+    if entry:
+        rows.append(("--module", entry[0], "--config", entry[1]))
+    else:
+        notes.append(f"torchtitan: no config registry entry matches the model "
+                     f"({doc['model']['num_layers']} blocks, hidden "
+                     f"{doc['model'].get('hidden')}); put --module and --config for your "
+                     f"model in front of {ARRAY} (see the Use line)")
+    rows += [
+        ("--parallelism.data_parallel_replicate_degree", s.replicate),
+        ("--parallelism.data_parallel_shard_degree", s.shard),
+        ("--parallelism.fsdp_reshard_after_forward", s.reshard),
+        ("--parallelism.tensor_parallel_degree", s.tp),
+        ("--parallelism.enable_sequence_parallel" if s.sp or s.tp == 1 else
+         "--parallelism.no-enable-sequence-parallel",),
+        ("--parallelism.pipeline_parallel_degree", s.pp),
+    ]
+    if s.pp > 1:  # the split takes one word per part: the next flag ends it
+        rows += [("--parallelism.pipeline_parallel_schedule", s.schedule),
+                 ("--parallelism.pipeline_parallel_microbatch_size", s.pp_micro_batch),
+                 ("--parallelism.module_fqns_per_model_part",
+                  *(",".join(part) for part in s.parts))]
+    rows += [
+        ("--parallelism.context_parallel_degree", s.cp),
+        ("--parallelism.expert_parallel_degree", s.ep),
+        ("--training.local_batch_size", s.local_batch),
+        ("--training.global_batch_size", s.global_batch),
+        ("--training.seq_len", s.seq_len),
+        ("--training.mixed_precision_param", "bfloat16"),
+    ]
+    if s.pp > 1 or s.ep > 1:
+        rows.append(("--training.disable_cuda_graphs",))
+    etp = plan.mesh.expert_tp
+    if s.ep > 1 and etp > 1:
+        warnings.append(f"expert tensor parallelism: torchtitan 0.3 has none (its expert mesh "
+                        f"is efsdp x ep); the plan splits each expert over etp {etp}, "
+                        f"torchtitan keeps experts whole on each of the ep {s.ep} ranks, so "
+                        f"expert weights take up to {etp}x the planned memory")
+    if s.async_tp:
+        rows += [("--compile.enable",), ("--compile.enable_async_tensor_parallel",)]
+        warnings.append("tp_comm_overlap: exported async tensor parallelism, which torchtitan "
+                        "runs only with torch.compile (--compile.enable); compiled memory and "
+                        "time differ from the plan's eager model")
+    rows.append((f"activation_checkpoint:{_cli_recompute(doc, warnings)}",))
+    gpus, nodes = doc["cluster"]["gpus_per_node"], doc["cluster"]["num_nodes"]
+    module = "" if entry else "--module MODULE --config CONFIG "
+    comments = [
+        f"torchtitan 0.3 command line for {headline(doc)}",
+        f"Generated by shardplan from a plan (schema_version {doc['schema_version']}): every "
+        f"parallelism, batch, pipeline and recomputation setting of the plan; data, tokenizer,",
+        "optimizer and checkpoint settings come from the --config registry entry.",
+        f"Use:  source THIS_FILE; torchrun --nproc-per-node {gpus} --nnodes {nodes} "
+        f"-m torchtitan.train {module}\"${{{ARRAY}[@]}}\"",
+    ]
+    text = bash_array_file(comments, ARRAY, rows)
+    return ExportResult("torchtitan", text, tuple(warnings), ".sh", tuple(notes))
+
+
+def _cli_recompute(doc: dict[str, Any], warnings: list[str]) -> str:
+    kind = uniform_recompute(doc)
+    if kind == "none":
+        return "none"
+    if kind == "full":
+        return "full"
+    if kind == "selective":
+        warnings.append("recompute selective: torchtitan's selective AC saves matmul outputs "
+                        "and recomputes the other ops, which is not the plan's attention-core "
+                        "recomputation; activation memory differs")
+        return "selective"
+    values = block_recompute(doc)
+    warnings.append(f"recompute: the plan has {describe_recompute(doc)}; torchtitan 0.3 has one "
+                    f"setting for all blocks (no layer-selective AC), so exported full "
+                    f"recomputation of all {len(values)} blocks: slower than planned, never more "
+                    f"activation memory")
+    return "full"
+
+
+def _export_toml(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
+    s = settings(plan)
+    p = doc["parallelism"]
+    warnings = list(s.warnings)
+    parallelism: dict[str, Any] = {
+        "data_parallel_replicate_degree": s.replicate,
+        "data_parallel_shard_degree": s.shard,
+        "fsdp_reshard_after_forward": s.reshard,
+        "tensor_parallel_degree": s.tp,
+        "enable_async_tensor_parallel": s.async_tp,
+        "pipeline_parallel_degree": s.pp,
+        "context_parallel_degree": s.cp,
+        "expert_parallel_degree": s.ep,
+    }
+    if s.ep > 1:  # the plan's expert mesh (planner.mesh): etp x ep x edp
+        etp = plan.mesh.expert_tp
+        parallelism["expert_tensor_parallel_degree"] = etp
+        if etp not in (1, s.tp):
+            warnings.append(f"expert tensor parallelism {etp}: torchtitan takes "
+                            f"expert_tensor_parallel_degree 1 or tp ({s.tp}) only")
+    if s.tp > 1 and not s.sp:
+        warnings.append("sequence parallelism: the plan has it off, but torchtitan <= 0.2.2 "
+                        "always applies it with TP, which stores less activation memory than "
+                        "planned" + memory_note(plan, sp=True) + "; torchtitan 0.3 can turn it "
+                        "off (--target-version 0.3)")
+    if s.async_tp:
+        warnings.append("enable_async_tensor_parallel needs [compile] enable = true in the job "
+                        "file")
+    if s.pp > 1:
+        parallelism["pipeline_parallel_schedule"] = s.schedule
+        parallelism["pipeline_parallel_microbatch_size"] = s.pp_micro_batch
+        parallelism["module_fqns_per_model_part"] = s.parts
+    training = {"local_batch_size": s.local_batch, "global_batch_size": s.global_batch,
+                "seq_len": s.seq_len, "mixed_precision_param": "bfloat16"}
+    kind = uniform_recompute(doc)
+    ac: dict[str, Any]
+    if kind in ("none", "full"):
+        ac = {"mode": kind}
+    elif kind == "selective":
+        ac = {"mode": "selective", "selective_ac_option": "op"}
+        warnings.append("recompute selective: torchtitan's op-level selective AC (\"op\") "
+                        "saves matmul outputs and recomputes the rest, which is not the plan's "
+                        "attention-core recomputation; activation memory differs")
+    else:
+        values = block_recompute(doc)
+        every = checkpoint_every(doc)
+        selective = sum(1 for v in values if v == "selective")
+        ac = {"mode": "selective", "selective_ac_option": str(every)}
+        warnings.append(
+            f"recompute: plan has {describe_recompute(doc)}; torchtitan has one setting for all "
+            f"blocks, so exported layer-selective AC checkpointing every {every}"
+            f"{_ordinal(every)} block (full recomputation of about "
+            f"{math.ceil(len(values) / every)} of {len(values)} blocks"
+            + (", selective blocks made full" if selective else "")
+            + "): on every stage at least as many blocks as planned, so more recomputation "
+              "than planned and never more activation memory")
+    lines = [
+        f"# torchtitan job settings for {comment(headline(doc))}",
+        f"# Generated by shardplan from a plan (schema_version {doc['schema_version']}) for "
+        f"torchtitan <= 0.2.2 (TOML job files); merge",
+        "# these tables into your job file. Module names assume torchtitan's decoder models "
+        "(tok_embeddings, layers.N, norm, output).",
+        "# torchtitan 0.3 reads no TOML: export with --target-version 0.3 for its command line.",
+    ]
+    for table, values_ in (("training", training), ("parallelism", parallelism),
+                           ("activation_checkpoint", ac)):
+        lines.append("")
+        lines.append(f"[{toml_key(table)}]")
+        for key, value in values_.items():
+            lines.append(f"{toml_key(key)} = {toml_value(value, key)}")
+    return ExportResult("torchtitan", "\n".join(lines) + "\n", tuple(warnings), ".toml")

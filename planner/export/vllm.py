@@ -1,7 +1,7 @@
 """vLLM engine arguments for serving a model with a plan's tensor / pipeline / data degrees.
 
 Consumes a validated plan document; produces one line of engine arguments for ``vllm serve
-MODEL ...``. Names from /work/shared/reference/ecosystem.md B4 (vllm ``engine/arg_utils.py``):
+MODEL ...``. Names from vLLM's ``vllm/engine/arg_utils.py``:
 ``--tensor-parallel-size``, ``--pipeline-parallel-size``, ``--data-parallel-size``,
 ``--enable-expert-parallel``; plus vLLM's long-standing ``--max-model-len`` and ``--dtype``.
 
@@ -12,15 +12,17 @@ degree other than tp x dp) gets its own.
 """
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
+from planner.plan_types import Plan
 from planner.export.base import ExportResult, blocks_per_rank
+from planner.export.quoting import shell_word
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp8": "bfloat16"}
 
 
-def export(doc: dict[str, Any]) -> ExportResult:
+def export(plan: Plan) -> ExportResult:
+    doc = plan.to_dict()
     p = doc["parallelism"]
     warnings: list[str] = []
     tp, pp, dp, cp, ep = p["tp"], p["pp"], p["dp"], p["cp"], p["ep"]
@@ -59,5 +61,5 @@ def export(doc: dict[str, Any]) -> ExportResult:
     warnings.append(f"serving from a training plan: dropped the training-only "
                     f"{', '.join(training)}; serving memory (KV cache, no optimizer states) was "
                     f"not planned")
-    return ExportResult("vllm", " ".join(shlex.quote(a) for a in args) + "\n", tuple(warnings),
+    return ExportResult("vllm", " ".join(shell_word(a) for a in args) + "\n", tuple(warnings),
                         ".args")

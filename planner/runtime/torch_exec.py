@@ -64,7 +64,10 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
                                                RowwiseParallel, SequenceParallel,
                                                parallelize_module)
 
-from planner.config import LayerPlacement, ParallelConfig, Recompute, RuntimeOptions
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.strategy import LayerPlacement
+from planner.mesh import DIMS, Mesh
+from planner.plan_types import Plan
 from planner.errors import ErrorKind, PlannerError, invalid
 from planner.ir import LayerKind, ModelGraph
 from planner.runtime.measure import SavedTensorTracker, held_state_bytes, local, unique_params
@@ -83,7 +86,7 @@ DEFAULT_LR = 3e-3
 LOSS_RTOL = 1e-4
 MAX_PROCESSES = 16
 DEFAULT_TIMEOUT_S = 600.0
-MESH_DIMS = ("pp", "dp", "cp", "tp")
+MESH_DIMS = DIMS  # the rank layout is planner.mesh.Mesh's (TP innermost, PP outermost)
 
 ZERO_IMPLEMENTATION = {
     0: "replicated parameters; gradients all-reduced (averaged) over dp after the last "
@@ -106,55 +109,29 @@ ZERO_IMPLEMENTATION = {
 # The plan: inputs, support checks, pipeline chunks
 # ---------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class PlanInputs:
-    model: ModelGraph
-    cluster: Any
-    config: ParallelConfig
-    placement: LayerPlacement
-    runtime: dict
+def read_plan(plan: "str | os.PathLike | dict | Plan") -> tuple[Plan, str]:
+    """The :class:`~planner.plan_types.Plan` (read and schema-validated by
+    :mod:`planner.plan_io` when given a path) and its name."""
+    from planner.plan_types import Plan
 
-
-def read_plan(plan: str | os.PathLike | dict) -> tuple[dict, str]:
-    """The plan document (read and schema-validated by :mod:`planner.plan_io`) and its name."""
+    if isinstance(plan, Plan):
+        return plan, "<plan>"
     if isinstance(plan, dict):
-        return plan, "<plan document>"
+        return Plan.from_dict(plan), "<plan document>"
     from planner.plan_io import load_plan, read_json_file
 
     try:
-        return load_plan(plan), str(plan)
+        doc = load_plan(plan)
     except PlannerError as error:
         if "jsonschema" not in error.message:
             raise
-        # without jsonschema: strict JSON parsing only; plan_inputs checks what it reads
-        return read_json_file(plan, "plan file"), str(plan)
-
-
-def plan_inputs(doc: dict) -> PlanInputs:
-    """Model, cluster, config and placement a plan document describes."""
-    from planner.serialize import cluster_from_dict, model_from_dict
-
-    try:
-        model = model_from_dict(doc["inputs"]["model"]["ir"], "$.inputs.model.ir")
-        cluster = cluster_from_dict(doc["inputs"]["cluster"]["ir"], "$.inputs.cluster.ir")
-        par = doc["parallelism"]
-        layers = doc["layers"]
-        config = ParallelConfig(
-            tp=par["tp"], pp=par["pp"], dp=par["dp"], cp=par.get("cp", 1), ep=par.get("ep", 1),
-            global_batch=par["global_batch"], seq_len=par["seq_len"],
-            sp=bool(par.get("sp", False)), zero_stage=par.get("zero_stage", 0),
-            micro_batch=par.get("micro_batch", 1), virtual_stages=par.get("virtual_stages", 1),
-            dtype=par.get("dtype", "bf16"))
-        placement = LayerPlacement.of((int(x["stage"]) for x in layers),
-                                      (x["recompute"] for x in layers))
-    except (KeyError, TypeError, ValueError) as error:
-        raise invalid(f"plan document: missing or invalid {error} (inputs.model.ir, "
-                      "inputs.cluster.ir, parallelism and layers are needed)",
-                      "re-create the plan with `shardplan plan ... -o FILE`") from None
-    if len(layers) != len(model.layers):
-        raise invalid(f"plan has {len(layers)} layer decisions for a model of "
-                      f"{len(model.layers)} layers")
-    return PlanInputs(model, cluster, config, placement, dict(doc.get("runtime") or {}))
+        # without jsonschema: strict JSON parsing only; Plan.from_dict checks what it reads
+        doc = read_json_file(plan, "plan file")
+    decoded = Plan.from_dict(doc)
+    if len(decoded.placement.stage) != len(decoded.model.layers):
+        raise invalid(f"plan has {len(decoded.placement.stage)} layer decisions for a model of "
+                      f"{len(decoded.model.layers)} layers")
+    return decoded, str(plan)
 
 
 def pipeline_chunks(stages: Sequence[int], pp: int, virtual_stages: int) -> list[list[int]]:
@@ -178,7 +155,7 @@ def unsupported(message: str) -> PlannerError:
     return PlannerError(ErrorKind.UNSUPPORTED, message)
 
 
-def check_supported(inputs: PlanInputs, max_processes: int = MAX_PROCESSES) -> None:
+def check_supported(inputs: Plan, max_processes: int = MAX_PROCESSES) -> None:
     c, model = inputs.config, inputs.model
     shape = decoder_shape(model)  # raises UNSUPPORTED for non-llama graphs
     if c.cp > 1:
@@ -200,12 +177,11 @@ def check_supported(inputs: PlanInputs, max_processes: int = MAX_PROCESSES) -> N
     pipeline_chunks(inputs.placement.stage, c.pp, c.virtual_stages)
 
 
-def runtime_options(inputs: PlanInputs) -> RuntimeOptions:
+def runtime_options(inputs: Plan) -> RuntimeOptions:
     """What the CPU runtime is: torch-fp32 states, the plan's attention kernel and dropout."""
     rt = inputs.runtime
-    return RuntimeOptions(runtime="torch-fp32",
-                          attention_kernel=rt.get("attention_kernel", "flash"),
-                          dropout=bool(rt.get("dropout", False)))
+    return RuntimeOptions(runtime="torch-fp32", attention_kernel=rt.attention_kernel,
+                          dropout=rt.dropout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,8 +349,9 @@ def _run_rank(rank: int, job: dict) -> dict:
     t0 = time.perf_counter()
     c = job["config"]
     graph = model_from_dict(job["model"])
-    pp, dp, cp, tp = c["pp"], c["dp"], c["cp"], c["tp"]
-    mesh = init_device_mesh("cpu", (pp, dp, cp, tp), mesh_dim_names=MESH_DIMS)
+    layout = Mesh(pp=c["pp"], dp=c["dp"], cp=c["cp"], tp=c["tp"])
+    pp, dp, tp = layout.pp, layout.dp, layout.tp
+    mesh = init_device_mesh("cpu", layout.shape, mesh_dim_names=MESH_DIMS)
     coords = dict(zip(MESH_DIMS, mesh.get_coordinate()))
     m = c["global_batch"] // (c["micro_batch"] * dp)
     chunks = job["chunks"]
@@ -805,7 +782,7 @@ def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
     return out
 
 
-def verify_plan(plan: str | os.PathLike | dict, *, steps: int = DEFAULT_STEPS,
+def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_STEPS,
                 seed: int = DEFAULT_SEED, lr: float = DEFAULT_LR, rtol: float = LOSS_RTOL,
                 timeout_s: float = DEFAULT_TIMEOUT_S,
                 max_processes: int = MAX_PROCESSES) -> VerifyReport:
@@ -818,14 +795,14 @@ def verify_plan(plan: str | os.PathLike | dict, *, steps: int = DEFAULT_STEPS,
     if steps < 1:
         raise invalid(f"--steps must be at least 1, got {steps}")
     t0 = time.perf_counter()
-    doc, name = read_plan(plan)
-    inputs = plan_inputs(doc)
+    inputs, name = read_plan(plan)
+    doc = inputs.document
     check_supported(inputs, max_processes)
     c = inputs.config
     options = runtime_options(inputs)
     ev = evaluate(inputs.model, inputs.cluster, c, inputs.placement, options)
     notes = []
-    plan_runtime = inputs.runtime.get("runtime")
+    plan_runtime = inputs.runtime.runtime
     if plan_runtime != "torch-fp32":
         notes.append(f"the plan was made for runtime {plan_runtime!r}; predictions here are "
                      "re-evaluated with the torch-fp32 state layout this runtime has")
@@ -891,7 +868,7 @@ def verify_plan(plan: str | os.PathLike | dict, *, steps: int = DEFAULT_STEPS,
     return report
 
 
-def predicted_stored_activations(inputs: PlanInputs, options: RuntimeOptions) -> list[float]:
+def predicted_stored_activations(inputs: Plan, options: RuntimeOptions) -> list[float]:
     """Per stage: micro-batches in flight x the bytes its layers store for backward (the
     cost model's activations without the transient working set of the layer in backward),
     which is what the saved-tensor measurement sees."""

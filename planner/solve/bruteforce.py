@@ -10,10 +10,10 @@ What is enumerated (the solver's space, nothing else):
 * every outer configuration of :func:`planner.solve.space.enumerate_configs`;
 * every contiguous split of the blocks into ``pp`` stages of >= 1 block; with interleaving
   (``virtual_stages > 1``) only Megatron-LM's: pp x v equal chunks, chunk k on rank k mod pp
-  (:func:`planner.config.interleaved_rank`), as the solver does;
+  (:func:`planner.strategy.interleaved_rank`), as the solver does;
 * every per-block :class:`~planner.strategy.LayerOption` assignment from the options the pins
   allow (``Pins.block_options``: the mesh layout with none / selective / full recomputation);
-* non-block layers exactly as :func:`planner.config.default_placement`: the embedding on stage
+* non-block layers exactly as :func:`planner.strategy.default_placement`: the embedding on stage
   0, the other non-block layers (head) on the last stage, with ``NO_OPTION``.
 
 Each placement is scored by the cost model. ``literal=True`` calls
@@ -37,7 +37,8 @@ from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.context import make_context
 from planner.cost.model import Evaluation, evaluate
 from planner.cost.pipeline import pipeline_time_s
-from planner.cost.terms import LayerTerms, layer_terms, stage_memory, stage_time, step_time
+from planner.cost.terms import (LayerTerms, config_terms, layer_terms, stage_memory, stage_time,
+                                step_time)
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
 from planner.solve.space import Pins, enumerate_configs
@@ -153,7 +154,7 @@ def _literal(model, cluster, config, runtime, allowed, incumbent):
 def _fast(model, cluster, config, runtime, allowed, incumbent):
     """The same numbers as ``evaluate`` from its building blocks, with exact cuts."""
     ctx = make_context(model, cluster, config, runtime)
-    terms = ctx.terms
+    terms = config_terms(ctx)
     capacity = cluster.memory_bytes_per_gpu
     pp, m, v = config.pp, config.num_micro_batches, config.virtual_stages
     layers = model.layers

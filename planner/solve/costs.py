@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.context import CostContext
-from planner.cost.terms import ConfigTerms, LayerTerms, layer_terms
+from planner.cost.terms import ConfigTerms, LayerTerms, config_terms, layer_terms
 from planner.ir import LayerKind
 from planner.strategy import BLOCK_OPTIONS, NO_OPTION, LayerOption
 
@@ -40,7 +40,7 @@ class StageProblem:
 
     @property
     def terms(self) -> ConfigTerms:
-        return self.ctx.terms
+        return config_terms(self.ctx)
 
 
 def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPTIONS) -> StageProblem:

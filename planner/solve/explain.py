@@ -15,6 +15,7 @@ from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import GIB, Cluster
 from planner.ir import ModelGraph
+from planner.solve.candidates import candidates
 from planner.solve.space import Pins
 from planner.strategy import LayerOption, default_placement
 
@@ -45,9 +46,6 @@ def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins
     allowed option that fits under the user's pins; None when none does, the cluster has no
     inter-node tier, or time is up. Pinned degrees that grow with the GPU count (dp) are
     dropped: they cannot hold on a bigger cluster."""
-    from planner.errors import PlannerError as Error
-    from planner.solve.search import candidates
-
     if len(cluster.tiers) < 2:
         return None
     for factor in (2, 4, 8, 16, 32, 64):
@@ -55,7 +53,7 @@ def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins
         try:
             found = candidates(model, bigger, global_batch, seq_len, dtype, pins, runtime,
                                deadline)
-        except Error:  # out of time
+        except PlannerError:  # out of time
             return None
         option = leanest_option(pins)
         for cand in sorted(found, key=lambda c: c.memory_lb_bytes)[:10]:

@@ -3,7 +3,7 @@ block's :class:`~planner.strategy.LayerOption` (layout and recomputation) with C
 the cost model's step time under each stage's memory limit.
 
 Consumes a :class:`~planner.solve.costs.StageProblem`; produces an :class:`InnerResult` (a
-:class:`~planner.config.LayerPlacement`, objective and bound in seconds, CP-SAT status).
+:class:`~planner.strategy.LayerPlacement`, objective and bound in seconds, CP-SAT status).
 
 Why not one boolean per (layer, stage, option): that model does not scale (96 layers x 16 stages
 x 3 options finds no good solution in a minute). Identical blocks make a stage's decision a few

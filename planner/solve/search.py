@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 import ortools
 
 from planner.config import ParallelConfig, RuntimeOptions
-from planner.cost.context import make_context
 from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError, invalid
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.solve.bounds import memory_lower_bound, time_lower_bound
-from planner.solve.costs import StageProblem, stage_problem
+from planner.solve.candidates import candidates, config_key
+from planner.solve.explain import does_not_fit
 from planner.solve.inner import solve_stages
-from planner.solve.space import Pins, enumerate_configs
+from planner.solve.space import Pins
 from planner.strategy import LayerOption, default_placement
 
 
@@ -40,14 +39,6 @@ class SearchOptions:
     top_k: int = 1
     runtime: RuntimeOptions = RuntimeOptions()
     inner_deterministic_time: float = 5.0  # CP-SAT deterministic-time budget per configuration
-
-
-@dataclass(frozen=True)
-class Candidate:
-    config: ParallelConfig
-    problem: StageProblem
-    time_lb_s: float
-    memory_lb_bytes: float
 
 
 @dataclass
@@ -80,32 +71,6 @@ class SearchResult:
 
 
 Progress = Callable[[int, int, float, float], None]
-
-
-def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
-               dtype: str, pins: Pins, runtime: RuntimeOptions,
-               deadline: float = math.inf) -> list[Candidate]:
-    """Every valid outer configuration with its bounds, sorted by time bound; raises
-    SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating."""
-    allowed = pins.block_options()
-    out = []
-    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
-        if time.monotonic() > deadline:
-            raise PlannerError(ErrorKind.SOLVER_LIMIT,
-                               f"the time limit ran out while enumerating configurations "
-                               f"({len(out)} so far) before any plan was solved",
-                               ("raise --time-limit", "pin some degrees with --pin"))
-        problem = stage_problem(make_context(model, cluster, config, runtime), allowed)
-        out.append(Candidate(config, problem, time_lower_bound(problem),
-                             memory_lower_bound(problem)))
-    # stable, deterministic order: bound first, then the config's fields
-    out.sort(key=lambda c: (c.time_lb_s, _config_key(c.config)))
-    return out
-
-
-def _config_key(c: ParallelConfig) -> tuple:
-    return (c.tp, c.pp, c.dp, c.cp, c.ep, c.micro_batch, c.virtual_stages, c.zero_stage,
-            not c.sp)
 
 
 def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
@@ -177,15 +142,13 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         if hint is not None and (ev is None or hint.step_time_s < ev.step_time_s):
             ev = hint  # never worse than the uniform plan, whatever the solver's limits
         if ev is not None and ev.fits:
-            kept.append((ev.step_time_s, _config_key(cand.config), ev))
+            kept.append((ev.step_time_s, config_key(cand.config), ev))
             kept.sort(key=lambda item: (item[0], item[1]))
             del kept[options.top_k:]
         if progress is not None:
             progress(index + 1, len(fitting), kept[0][0] if kept else math.inf,
                      min(cand.time_lb_s, open_bound))
     if not kept:
-        from planner.solve.explain import does_not_fit
-
         raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out, deadline, pins)
     best = kept[0][2]
     bound = min(open_bound, best.step_time_s)

@@ -8,7 +8,10 @@ Choices (each documented so users know what is searched):
   domain); wider TP only when pinned.
 * cp: 1, and for sequences of 16k tokens or more, 2..8 (powers of two).
 * pp: every divisor of the remaining GPUs up to the number of blocks; dp is what is left.
-* ep (MoE only): divisors of dp x cp that divide the experts.
+* ep, etp (MoE only): the expert mesh folds the tp x cp x dp GPUs of a stage into
+  etp x ep x edp (planner.mesh.Mesh). etp is 1 or tp (both runtimes support these; other values
+  only when pinned); ep every divisor of tp x cp x dp / etp that divides the experts; edp is
+  what is left.
 * micro-batch: divisors of global_batch / dp up to 16.
 * virtual stages: 1, and v in 2..8 when pp > 1, the blocks split into pp x v equal chunks and the
   micro-batches are a multiple of pp (Megatron-LM's interleaving rules).
@@ -29,7 +32,7 @@ MAX_MICRO_BATCH = 16
 MAX_VIRTUAL_STAGES = 8
 LONG_SEQUENCE = 16384
 
-PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "micro_batch", "virtual_stages",
+PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "virtual_stages",
             "recompute")
 
 
@@ -42,6 +45,7 @@ class Pins:
     dp: int | None = None
     cp: int | None = None
     ep: int | None = None
+    etp: int | None = None
     sp: bool | None = None
     zero: int | None = None
     micro_batch: int | None = None
@@ -93,12 +97,33 @@ def _choices(pinned, default: list) -> list:
     return [pinned] if pinned is not None else default
 
 
+def _expert_meshes(pins: Pins, tp: int, cp: int, dp: int, experts: int,
+                   expert_ffn: int) -> list[tuple[int, int]]:
+    """(ep, etp) choices of a stage of tp x cp x dp GPUs; etp 0 means "= tp" (dense models: the
+    one choice (1, 0))."""
+    if experts <= 1:
+        return [(1, 0)] if pins.ep in (None, 1) else []
+    stage = tp * cp * dp
+    etps = [pins.etp] if pins.etp is not None else sorted({1, tp})
+    out = []
+    for etp in etps:
+        if stage % etp or expert_ffn % etp:
+            continue
+        eps = [e for e in _divisors(stage // etp) if experts % e == 0]
+        for ep in _choices(pins.ep, eps):
+            if (stage // etp) % ep == 0:
+                out.append((ep, 0 if etp == tp else etp))
+    return out
+
+
 def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                       dtype: str, pins: Pins = Pins()) -> Iterator[ParallelConfig]:
     n = cluster.num_gpus
     blocks = model.num_blocks
     heads = min((b.attention.num_heads for b in model.blocks() if b.attention), default=1)
     experts = max((b.mlp.num_experts for b in model.blocks() if b.mlp), default=1)
+    expert_ffn = min((b.mlp.ffn_hidden for b in model.blocks() if b.mlp and b.mlp.is_moe),
+                     default=1)
     tp_default = [t for t in _divisors(cluster.gpus_per_node) if heads % t == 0 and n % t == 0]
     cp_default = [1] + ([c for c in (2, 4, 8) if seq_len % (2 * c) == 0]
                         if seq_len >= LONG_SEQUENCE else [])
@@ -114,10 +139,7 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                     continue
                 if global_batch % dp:
                     continue
-                eps = [1]
-                if experts > 1:
-                    eps = [e for e in _divisors(dp * cp) if experts % e == 0]
-                for ep in _choices(pins.ep, eps):
+                for ep, etp in _expert_meshes(pins, tp, cp, dp, experts, expert_ffn):
                     for mbs in _choices(pins.micro_batch, [b for b in _divisors(global_batch // dp)
                                                            if b <= MAX_MICRO_BATCH]):
                         m = global_batch // (dp * mbs) if global_batch % (dp * mbs) == 0 else 0
@@ -131,7 +153,7 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                             for zero in _choices(pins.zero, [0, 1, 2, 3]):
                                 for sp in _choices(pins.sp, [True, False] if tp > 1 else [False]):
                                     config = ParallelConfig(
-                                        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp,
+                                        tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp,
                                         zero_stage=zero, micro_batch=mbs,
                                         global_batch=global_batch, seq_len=seq_len,
                                         virtual_stages=v, dtype=dtype)

@@ -1,0 +1,43 @@
+"""Mixture-of-experts command-line options (evaluate, plan): routing and token dispatch.
+
+One decorator adds them; :func:`moe_options_from` turns the parsed values into
+:class:`planner.moe.MoeOptions` (validated; bad values exit 2 with the reason).
+"""
+from __future__ import annotations
+
+import click
+
+from cli.params import FiniteFloat
+from planner.moe import DISPATCHERS, MoeOptions
+
+_OPTIONS = (
+    click.option("--moe-imbalance", type=FiniteFloat(1.0, 64.0), default=1.0, show_default=True,
+                 help="MoE routing imbalance: the busiest expert rank's tokens over the mean "
+                      "(1 = balanced, as force-balanced benchmarks run)."),
+    click.option("--moe-capacity-factor", type=FiniteFloat(0.0, 64.0), default=0.0,
+                 show_default=True,
+                 help="Expert capacity factor (tokens beyond it are dropped); 0 = dropless."),
+    click.option("--moe-dispatcher", type=click.Choice(DISPATCHERS), default="alltoall",
+                 show_default=True,
+                 help="Token dispatch: one flat all-to-all, or deepep (hierarchical: each "
+                      "token crosses the network once per remote NVLink domain)."),
+    click.option("--moe-a2a-overlap", type=FiniteFloat(0.0, 1.0), default=0.0,
+                 show_default=True,
+                 help="Fraction of the dispatch/combine time hidden behind compute."),
+)
+
+
+def moe_option(func):
+    for option in reversed(_OPTIONS):
+        func = option(func)
+    return func
+
+
+def moe_options_from(kwargs: dict) -> MoeOptions:
+    """Pop the MoE options from a command's keyword arguments."""
+    options = MoeOptions(imbalance=kwargs.pop("moe_imbalance"),
+                         capacity_factor=kwargs.pop("moe_capacity_factor"),
+                         dispatcher=kwargs.pop("moe_dispatcher"),
+                         a2a_overlap=kwargs.pop("moe_a2a_overlap"))
+    options.validate()
+    return options

@@ -1,0 +1,130 @@
+"""Mixture-of-experts cost formulas: the tokens each GPU's experts compute, the token dispatch and
+combine all-to-all over the expert-parallel group (flat or hierarchical), the expert-tensor-
+parallel gather, and the bytes of the dispatch buffers.
+
+Consumes an :class:`~planner.ir.Mlp`, the expert mesh degrees (``tp``, ``etp``, ``ep``; see
+:class:`planner.mesh.Mesh`), a micro-batch's tokens on one GPU, the links of the expert groups
+(:class:`planner.cost.context.Links`) and :class:`planner.moe.MoeOptions`; produces token counts,
+seconds and bytes. :mod:`planner.cost.terms` puts them into each layer's terms.
+
+Model (Megatron-Core ``MoEAlltoAllTokenDispatcher`` / ``MoEFlexTokenDispatcher``; torchtitan
+``ExpertParallel``):
+
+* Tokens. A MoE layer's input on one GPU is its sequence shard (``tokens / tp``: Megatron-Core
+  requires sequence parallelism for MoE with TP). Each token goes to ``top_k`` experts; with
+  balanced routing each of the ``ep`` ranks of the EP group receives ``tokens / tp x top_k``
+  copies, and an ETP group gathers its members' copies, so one GPU's ``E / ep`` local experts
+  compute ``tokens / tp x top_k x etp`` copies (times the load factor: the busiest rank sets the
+  pace) at width ``F / etp``. The FLOPs per GPU do not depend on ep or etp; the per-expert GEMM
+  shape does (grouped-GEMM tile efficiency, :mod:`planner.cost.compute`).
+* Dispatch and combine. Each moves ``tokens / tp x top_k x h`` elements per GPU, forward and
+  (as their transposes) backward: four all-to-alls per layer and micro-batch, two more when the
+  block is recomputed. Flat: one all-to-all over the EP group's link (the topology's all-to-all
+  bandwidth: across nodes every member talks to every other node). Hierarchical (``deepep``): a
+  token crosses the network once per remote NVLink domain holding one of its experts -- with the
+  experts spread evenly over ``D`` domains, ``(D - 1)(1 - (1 - 1/D)^top_k)`` times -- and is
+  forwarded over NVLink inside the domain; the network and NVLink phases overlap, so the time is
+  the larger of the two (DeepSeek-V3 report §3.2.2: IB 50 GB/s vs NVLink 160 GB/s, each token to
+  at most 4 nodes).
+* ETP. With ``etp > 1`` the received copies are all-gathered over the ETP group before the
+  experts and reduce-scattered after them (and the transposes backward).
+* Dropless routing with the flat dispatcher sizes the grouped GEMMs from token counts the host
+  reads back, one device-to-host synchronisation per layer pass (Megatron-Core
+  ``tokens_per_expert.cpu()``); a capacity factor makes the shapes static.
+* Overlap: ``MoeOptions.a2a_overlap`` of the all-to-all time is hidden behind independent
+  compute.
+"""
+from __future__ import annotations
+
+import math
+
+from planner.topology import Link
+from planner.cost import comm
+from planner.ir import Mlp
+from planner.moe import MoeOptions
+
+# One device-to-host synchronisation of the dropless flat dispatcher per layer pass: the host
+# waits for the token counts, the GPU drains its queue and then waits for the next launches.
+# CUDA synchronisation plus re-launch latency is tens of microseconds (CUDA programming guide,
+# "Asynchronous concurrent execution"); calibrated in docs/moe.md.
+DROPLESS_SYNC_S = 60e-6
+
+
+def routed_tokens(tokens: float, mlp: Mlp, tp: int, etp: int, load: float = 1.0) -> float:
+    """Token copies one GPU's local experts compute for ``tokens`` (its micro-batch tokens)."""
+    return tokens / tp * mlp.top_k * etp * load
+
+
+def tokens_per_expert(tokens: float, mlp: Mlp, tp: int, etp: int, ep: int,
+                      load: float = 1.0) -> float:
+    """Rows of one local expert's grouped GEMM: the GPU's routed copies over its E / ep experts."""
+    return routed_tokens(tokens, mlp, tp, etp, load) * ep / mlp.num_experts
+
+
+def dispatch_elements(tokens: float, h: int, mlp: Mlp, tp: int) -> float:
+    """Elements one GPU sends in one dispatch (and, balanced, receives): its sequence shard's
+    token copies."""
+    return tokens / tp * mlp.top_k * h
+
+
+def remote_domain_copies(domains: int, top_k: int) -> float:
+    """Expected remote NVLink domains one token's ``top_k`` experts fall into, the experts
+    spread evenly over ``domains`` domains of the EP group (each expert drawn independently)."""
+    if domains <= 1:
+        return 0.0
+    return (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** top_k)
+
+
+def all_to_all_s(elements: float, elem_bytes: float, mlp: Mlp, ep: int, options: MoeOptions,
+                 flat: Link, intra: Link, inter: Link, domains: int) -> float:
+    """Seconds of one dispatch (or combine) of ``elements`` per GPU over the EP group.
+
+    ``flat`` is the EP group's link; ``intra`` the link among the EP members of one NVLink
+    domain and ``inter`` the link among one member per domain (the same rail), ``domains`` the
+    NVLink domains the group spans: the hierarchical dispatcher uses those.
+    """
+    if ep <= 1 or elements <= 0:
+        return 0.0
+    size = elements * elem_bytes * options.load_factor
+    if options.dispatcher != "deepep" or domains <= 1:
+        return comm.all_to_all_s(size, ep, flat)
+    per_domain = max(ep // domains, 1)
+    network = size / mlp.top_k * remote_domain_copies(domains, mlp.top_k)
+    net_s = network / inter.bandwidth_bytes_per_s + (domains - 1) * inter.latency_s
+    nvl_s = comm.all_to_all_s(size, per_domain, intra) if per_domain > 1 else 0.0
+    return max(net_s, nvl_s)
+
+
+def dispatch_combine_s(tokens: float, h: int, mlp: Mlp, tp: int, etp: int, ep: int,
+                       elem_bytes: float, options: MoeOptions, flat: Link, intra: Link,
+                       inter: Link, domains: int, etp_link: Link, passes: int) -> float:
+    """Exposed seconds of a MoE layer's token movement for one micro-batch: ``passes`` of
+    dispatch + combine (2 forward and backward, 3 when the block is recomputed), each with its
+    ETP gather and scatter, less the overlapped fraction; plus the dropless host syncs."""
+    elements = dispatch_elements(tokens, h, mlp, tp)
+    one = 2 * all_to_all_s(elements, elem_bytes, mlp, ep, options, flat, intra, inter, domains)
+    if etp > 1:
+        gathered = elements * etp * elem_bytes * options.load_factor
+        one += comm.all_gather_s(gathered, etp, etp_link) + comm.reduce_scatter_s(
+            gathered, etp, etp_link)
+    exposed = passes * one * (1.0 - options.a2a_overlap)
+    if ep > 1 and options.dropless and options.dispatcher == "alltoall":
+        exposed += passes * DROPLESS_SYNC_S
+    return exposed
+
+
+def dispatch_buffer_bytes(tokens: float, h: int, mlp: Mlp, tp: int, etp: int,
+                          elem_bytes: float, options: MoeOptions) -> float:
+    """Transient bytes while a MoE layer runs backward: the send and receive buffers of one
+    all-to-all (the permuted copies and the received ones, gathered over ETP)."""
+    elements = dispatch_elements(tokens, h, mlp, tp) * options.load_factor
+    return elements * elem_bytes * (1 + etp)
+
+
+def ep_domains(ep: int, stride: int, domain_gpus: int) -> int:
+    """NVLink domains an EP group of ``ep`` ranks ``stride`` apart spans (ranks node-major,
+    groups aligned): 1 while ``ep x stride`` fits in one domain."""
+    span = ep * stride
+    if span <= domain_gpus:
+        return 1
+    return math.ceil(span / domain_gpus) if stride <= domain_gpus else ep

@@ -1,0 +1,170 @@
+"""What a plan means in torchtitan, before it is written for one torchtitan version.
+
+Consumes a validated plan document; produces :class:`Settings` (the data-parallel / FSDP
+degrees, batch, pipeline schedule and split, recomputation) and the warnings that hold for
+every torchtitan version. :mod:`planner.export.torchtitan` writes them as the 0.2.2 TOML job
+tables or the 0.3 command line. Option names were read from torchtitan's
+``torchtitan/config/configs.py`` (``TrainingConfig``, ``ParallelismConfig``; tag v0.2.2's
+``torchtitan/config/job_config.py`` for the TOML era) and ``torchtitan/trainer.py``
+(``Trainer.Config.__post_init__``: the pipeline micro-batch must divide ``local_batch_size``).
+
+* ZeRO -> FSDP2 over ``data_parallel_shard_degree`` (torchtitan shards over dp_shard x cp, as
+  the plan's ZeRO does over dp x cp): ZeRO-3 = ``fsdp_reshard_after_forward = "always"``,
+  ZeRO-2 = ``"never"`` (parameters stay gathered between forward and backward). ZeRO-1 has no
+  FSDP2 form (exported as ZeRO-2, with a warning); ZeRO-0 is DDP
+  (``data_parallel_replicate_degree``) when nothing else is parallel, since torchtitan's DDP
+  is 1-D only.
+* Batch: ``local_batch_size`` is per data-parallel rank (torchtitan's batch mesh is
+  dp_replicate x dp_shard, without cp, like the plan's dp). Without PP it is the micro-batch
+  and ``global_batch_size`` makes torchtitan accumulate gradients over the plan's
+  micro-batches; with PP it is the whole per-rank batch, split into
+  ``pipeline_parallel_microbatch_size``.
+* Pipeline split: ``module_fqns_per_model_part`` lists the modules of each model part exactly
+  (torchtitan's own split counts the embedding and output as layers and would differ), with
+  torchtitan's decoder module names ``tok_embeddings``, ``layers.N``, ``norm``, ``output``.
+  Interleaved plans have pp x v parts; torchtitan's looped schedules give part k to rank
+  k mod pp, as the plan does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from planner.export.base import chunks, memory_note, recompute_counts
+from planner.plan_types import Plan
+
+MODULE_NAMES = ("tok_embeddings", "layers.{}", "norm", "output")
+
+
+@dataclass
+class Settings:
+    replicate: int
+    shard: int
+    reshard: str
+    tp: int
+    sp: bool
+    pp: int
+    cp: int
+    ep: int
+    local_batch: int
+    global_batch: int
+    seq_len: int
+    schedule: str | None = None
+    pp_micro_batch: int | None = None
+    parts: list[list[str]] | None = None
+    async_tp: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+def model_parts(doc: dict[str, Any]) -> list[list[str]]:
+    parts = []
+    for c in chunks(doc):
+        names = [MODULE_NAMES[0]] if c.has_embedding else []
+        names += [MODULE_NAMES[1].format(i) for i in c.block_indices]
+        if c.has_head:
+            names += [MODULE_NAMES[2], MODULE_NAMES[3]]
+        parts.append(names)
+    return parts
+
+
+def settings(plan: Plan) -> Settings:
+    doc = plan.to_dict()
+    p, runtime = doc["parallelism"], doc["runtime"]
+    warnings: list[str] = []
+    tp, pp, dp, cp, ep, v = p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p["virtual_stages"]
+    zero = p["zero_stage"]
+    replicate, shard, reshard = 1, dp, "never"
+    if zero == 3:
+        reshard = "always"
+    elif zero == 1 and dp * cp > 1:
+        warnings.append("ZeRO-1: torchtitan's FSDP2 cannot shard optimizer states alone; "
+                        "exported FSDP with fsdp_reshard_after_forward \"never\" (ZeRO-2: "
+                        "gradients sharded too)" + memory_note(plan, zero_stage=2))
+    elif zero == 0 and dp > 1:
+        if tp == pp == cp == 1:
+            replicate, shard = dp, 1
+        else:
+            warnings.append("ZeRO-0: torchtitan's DDP (data_parallel_replicate_degree) does not "
+                            "combine with tensor, pipeline or context parallelism; exported FSDP "
+                            "with fsdp_reshard_after_forward \"never\" (ZeRO-2)"
+                            + memory_note(plan, zero_stage=2))
+    per_rank = p["global_batch"] // dp
+    out = Settings(replicate=replicate, shard=shard, reshard=reshard, tp=tp, sp=bool(p["sp"]),
+                   pp=pp, cp=cp, ep=ep,
+                   local_batch=per_rank if pp > 1 else p["micro_batch"],
+                   global_batch=p["global_batch"], seq_len=p["seq_len"],
+                   async_tp=bool(tp > 1 and runtime["tp_comm_overlap"] > 0),
+                   warnings=warnings)
+    if pp > 1:
+        out.schedule = "Interleaved1F1B" if v > 1 else "1F1B"
+        out.pp_micro_batch = p["micro_batch"]
+        out.parts = model_parts(doc)
+    if p["dtype"] != "bf16":
+        warnings.append(f"dtype {p['dtype']}: exported mixed_precision_param bfloat16; "
+                        + ("enable Float8 training yourself (torchtitan's Float8 linear "
+                           "converter in the job's model settings)" if p["dtype"] == "fp8" else
+                           "torchtitan's FSDP mixed precision has no fp16 setting"))
+    warnings.append(f"memory: the plan's model states were predicted for the "
+                    f"{runtime['runtime']!r} optimizer layout; torchtitan's FSDP2 keeps fp32 "
+                    f"sharded parameters and gradients with bf16 compute copies, so model-state "
+                    f"memory per GPU differs from the plan's")
+    return out
+
+
+def block_recompute(doc: dict[str, Any]) -> list[str]:
+    return [x["recompute"] for x in sorted(doc["layers"], key=lambda x: x["index"])
+            if x["kind"] == "block"]
+
+
+def uniform_recompute(doc: dict[str, Any]) -> str | None:
+    """'none' / 'full' / 'selective' when every block has that setting, else None."""
+    values = block_recompute(doc)
+    counts = recompute_counts(values)
+    for kind in ("none", "full", "selective"):
+        if counts[kind] == len(values):
+            return kind
+    return None
+
+
+def checkpoint_every(doc: dict[str, Any]) -> int:
+    """The largest N such that checkpointing every N-th block recomputes, on every pipeline
+    rank, at least as many blocks as the plan does there (full or selective)."""
+    pp = doc["parallelism"]["pp"]
+    blocks = [0] * pp
+    wanted = [0] * pp
+    for layer in doc["layers"]:
+        if layer["kind"] == "block":
+            blocks[layer["stage"]] += 1
+            wanted[layer["stage"]] += layer["recompute"] != "none"
+    for every in range(max(blocks), 1, -1):
+        if all(b // every >= w for b, w in zip(blocks, wanted)):
+            return every
+    return 1
+
+
+# torchtitan >= 0.3 config registry entries (``torchtitan/models/*/config_registry.py``) by
+# model shape: (family prefix, blocks, hidden) -> (--module, --config)
+REGISTRY = {
+    ("llama", 32, 4096): ("llama3", "llama3_8b"),
+    ("llama", 80, 8192): ("llama3", "llama3_70b"),
+    ("llama", 126, 16384): ("llama3", "llama3_405b"),
+    ("qwen3", 28, 1024): ("qwen3", "qwen3_0_6b"),
+    ("qwen3", 28, 2048): ("qwen3", "qwen3_1_7b"),
+    ("qwen3", 40, 5120): ("qwen3", "qwen3_14b"),
+    ("qwen3", 48, 2048): ("qwen3", "qwen3_30b_a3b"),
+    ("qwen3", 64, 5120): ("qwen3", "qwen3_32b"),
+    ("deepseek_v3", 27, 2048): ("deepseek_v3", "deepseek_v3_16b"),
+    ("deepseek_v3", 61, 7168): ("deepseek_v3", "deepseek_v3_671b"),
+    ("gpt_oss", 24, 2880): ("gpt_oss", "gpt_oss_20b"),
+    ("gpt_oss", 36, 2880): ("gpt_oss", "gpt_oss_120b"),
+}
+
+
+def registry_entry(doc: dict[str, Any]) -> tuple[str, str] | None:
+    model = doc["model"]
+    family = str(model.get("family", ""))
+    for (prefix, blocks, hidden), entry in REGISTRY.items():
+        if family.startswith(prefix) and model["num_layers"] == blocks and \
+                model.get("hidden") == hidden:
+            return entry
+    return None

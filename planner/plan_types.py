@@ -1,0 +1,148 @@
+"""The typed plan: a plan file decoded once into the domain objects every consumer needs.
+
+Consumes a plan document (a dict as :func:`planner.plan_io.load_plan` returns it, shaped by
+``planner/plan_schema.json``, which stays the contract); produces a :class:`Plan` holding the
+embedded model and cluster, the :class:`~planner.config.ParallelConfig` (so the
+:class:`~planner.mesh.Mesh` and the workload), the :class:`~planner.strategy.LayerPlacement` and
+the :class:`~planner.config.RuntimeOptions`, next to the document itself for the sections that
+are records of a prediction (stages, predicted, solver, alternatives, inputs). ``check``, the
+exporters and ``verify`` take a Plan; nothing else decodes a plan document.
+
+Round trip: ``Plan.from_dict(doc).to_dict() == doc`` for every valid document; ``to_dict``
+writes the decisions from the typed fields (so a Plan changed with :meth:`Plan.with_changes`
+serialises its new decisions) and every other section as recorded.
+"""
+from __future__ import annotations
+
+import copy
+import os
+from dataclasses import asdict, dataclass, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions
+from planner.errors import invalid
+from planner.hardware import Cluster
+from planner.ir import ModelGraph
+from planner.mesh import Mesh
+from planner.moe import MoeOptions
+from planner.strategy import LayerOption, LayerPlacement, Layout, Recompute
+from planner.workload import TrainingWorkload
+
+# parallelism keys that are decisions (the others are derived: num_micro_batches, schedule,
+# recompute summary)
+_CONFIG_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero_stage", "micro_batch",
+                "global_batch", "seq_len", "virtual_stages", "dtype")
+_RUNTIME_KEYS = ("runtime", "attention_kernel", "dropout", "overlap_grad_reduce",
+                 "overlap_param_gather", "tp_comm_overlap")
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    model: ModelGraph
+    cluster: Cluster
+    config: ParallelConfig
+    placement: LayerPlacement
+    runtime: RuntimeOptions
+    document: Mapping[str, Any]  # the document as read (read-only); see to_dict
+
+    # -- views -----------------------------------------------------------------------------
+    @property
+    def mesh(self) -> Mesh:
+        return self.config.mesh
+
+    @property
+    def workload(self) -> TrainingWorkload:
+        return self.config.workload
+
+    @property
+    def layers(self) -> list[dict[str, Any]]:
+        """The plan's per-layer entries in layer order (a copy)."""
+        return sorted(copy.deepcopy(list(self.document["layers"])), key=lambda x: x["index"])
+
+    def section(self, name: str) -> Any:
+        """A copy of a recorded section of the document (``stages``, ``predicted``, ...)."""
+        return copy.deepcopy(self.document[name])
+
+    # -- decoding --------------------------------------------------------------------------
+    @staticmethod
+    def from_dict(doc: Mapping[str, Any]) -> "Plan":
+        """Decode a plan document (schema-validated, or at least with the keys read here);
+        raises PlannerError (INVALID_INPUT) naming what is missing or wrong."""
+        from planner.serialize import cluster_from_dict, model_from_dict
+
+        try:
+            model = model_from_dict(doc["inputs"]["model"]["ir"], "$.inputs.model.ir")
+            cluster = cluster_from_dict(doc["inputs"]["cluster"]["ir"], "$.inputs.cluster.ir")
+            p = doc["parallelism"]
+            config = ParallelConfig(**{k: p[k] for k in _CONFIG_KEYS},
+                                    etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"])
+            layers = sorted(doc["layers"], key=lambda layer: layer["index"])
+            placement = LayerPlacement(
+                tuple(int(layer["stage"]) for layer in layers),
+                tuple(LayerOption(Recompute(layer["recompute"]),
+                                  Layout(layer.get("layout", Layout.MESH.value)))
+                      for layer in layers))
+            r = doc["runtime"]
+            runtime = RuntimeOptions(**{k: r[k] for k in _RUNTIME_KEYS if k in r},
+                                     moe=MoeOptions(**r["moe"]) if "moe" in r else MoeOptions())
+        except (KeyError, TypeError, ValueError) as error:
+            raise invalid(f"plan document: missing or invalid {error} (inputs.model.ir, "
+                          "inputs.cluster.ir, parallelism, layers and runtime are needed)",
+                          "re-create the plan with `shardplan plan ... -o FILE`") from None
+        if runtime.runtime not in RUNTIME_STATE_BYTES:
+            raise invalid(f"$.runtime.runtime: unknown runtime {runtime.runtime!r}; this "
+                          f"shardplan knows {', '.join(sorted(RUNTIME_STATE_BYTES))}")
+        return Plan(model, cluster, config, placement, runtime,
+                    MappingProxyType(copy.deepcopy(dict(doc))))
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> "Plan":
+        """Read, schema-validate and decode a plan file."""
+        from planner.plan_io import load_plan
+
+        return Plan.from_dict(load_plan(path))
+
+    # -- encoding --------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The document: decisions from the typed fields, every other section as recorded."""
+        from planner.serialize import cluster_to_dict, model_to_dict
+
+        doc = copy.deepcopy(dict(self.document))
+        doc["inputs"]["model"]["ir"] = model_to_dict(self.model)
+        doc["inputs"]["cluster"]["ir"] = cluster_to_dict(self.cluster)
+        for key in _CONFIG_KEYS:
+            doc["parallelism"][key] = getattr(self.config, key)
+        if "etp" in doc["parallelism"] or self.config.etp:  # the expert mesh (planner.mesh)
+            doc["parallelism"]["etp"] = self.mesh.expert_tp
+            doc["parallelism"]["edp"] = self.mesh.expert_dp
+        for key in _RUNTIME_KEYS:
+            value = getattr(self.runtime, key)
+            if key in doc["runtime"] or value != getattr(RuntimeOptions(), key):
+                doc["runtime"][key] = value
+        if "moe" in doc["runtime"] or self.runtime.moe != MoeOptions():
+            doc["runtime"]["moe"] = asdict(self.runtime.moe)
+        ordered = sorted(doc["layers"], key=lambda layer: layer["index"])
+        for entry, stage, option in zip(ordered, self.placement.stage, self.placement.options):
+            entry["stage"] = stage
+            entry["recompute"] = option.recompute.value
+            if "layout" in entry or option.layout is not Layout.MESH:
+                entry["layout"] = option.layout.value
+        return doc
+
+    # -- the cost model on this plan -------------------------------------------------------
+    def with_changes(self, **changes: Any) -> "Plan":
+        """The plan with ParallelConfig fields changed (``zero_stage=1``) and RuntimeOptions
+        fields changed (``runtime_overlap_grad_reduce=False``)."""
+        runtime = {k[len("runtime_"):]: v for k, v in changes.items() if k.startswith("runtime_")}
+        config = {k: v for k, v in changes.items() if not k.startswith("runtime_")}
+        return replace(self, config=replace(self.config, **config),
+                       runtime=replace(self.runtime, **runtime))
+
+    def evaluate(self, *, model: ModelGraph | None = None, cluster: Cluster | None = None):
+        """The current cost model's :class:`~planner.cost.model.Evaluation` of this plan (the
+        embedded model and cluster unless others are given)."""
+        from planner.cost.model import evaluate
+
+        return evaluate(model or self.model, cluster or self.cluster, self.config,
+                        self.placement, self.runtime)

@@ -1,0 +1,56 @@
+"""Propose and bound: every valid outer configuration of the space with its lower bounds.
+
+Consumes a model, a cluster, the training inputs, the user's pins and the runtime options;
+produces :class:`Candidate` values (configuration, its :class:`~planner.solve.costs.StageProblem`
+and its time and memory lower bounds from :mod:`planner.solve.bounds`), sorted by time bound.
+The search (:mod:`planner.solve.search`) solves them in that order; the infeasibility
+explanation (:mod:`planner.solve.explain`) reads them to say how close the space came.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.cost.context import make_context
+from planner.errors import ErrorKind, PlannerError
+from planner.hardware import Cluster
+from planner.ir import ModelGraph
+from planner.solve.bounds import memory_lower_bound, time_lower_bound
+from planner.solve.costs import StageProblem, stage_problem
+from planner.solve.space import Pins, enumerate_configs
+
+
+@dataclass(frozen=True)
+class Candidate:
+    config: ParallelConfig
+    problem: StageProblem
+    time_lb_s: float
+    memory_lb_bytes: float
+
+
+def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
+               dtype: str, pins: Pins, runtime: RuntimeOptions,
+               deadline: float = math.inf) -> list[Candidate]:
+    """Every valid outer configuration with its bounds, sorted by time bound; raises
+    SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating."""
+    allowed = pins.block_options()
+    out = []
+    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
+        if time.monotonic() > deadline:
+            raise PlannerError(ErrorKind.SOLVER_LIMIT,
+                               f"the time limit ran out while enumerating configurations "
+                               f"({len(out)} so far) before any plan was solved",
+                               ("raise --time-limit", "pin some degrees with --pin"))
+        problem = stage_problem(make_context(model, cluster, config, runtime), allowed)
+        out.append(Candidate(config, problem, time_lower_bound(problem),
+                             memory_lower_bound(problem)))
+    # stable, deterministic order: bound first, then the config's fields
+    out.sort(key=lambda c: (c.time_lb_s, config_key(c.config)))
+    return out
+
+
+def config_key(c: ParallelConfig) -> tuple:
+    return (c.tp, c.pp, c.dp, c.cp, c.ep, c.mesh.expert_tp, c.micro_batch, c.virtual_stages,
+            c.zero_stage, not c.sp)

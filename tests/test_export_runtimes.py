@@ -1,0 +1,112 @@
+"""The 75 export cases (15 plans x 5 exports) fed to the runtimes' own parsers.
+
+DeepSpeed (``DeepSpeedConfig`` on a fake process group) and torchtitan 0.3 (``ConfigManager``
++ ``ParallelDims.build_mesh`` on the fake backend) run for real when the ``runtimes`` extra is
+installed, as ``.ci/run`` does; Megatron-LM (Python >= 3.12) and vLLM (its own torch) are
+checked against :mod:`bench.runtime_reference`, and the torchtitan 0.2.2 TOML against tomllib
+and the v0.2.2 job-config fields. Each case compares what the runtime derives (degrees,
+data-parallel size, micro-batches, layers per chunk, recomputation) with the plan.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from bench.export_runtimes import Case, compare, megatron_reference, run_cases, run_worker
+from bench.runtime_reference import Rejected
+from export_corpus import CORPUS, EXPORTS, corpus_plan
+from planner.export import export_plan
+from planner.plan_types import Plan
+
+HAVE = {name: importlib.util.find_spec(name) is not None for name in ("deepspeed", "torchtitan")}
+REAL = {"deepspeed": ("deepspeed", None), "torchtitan": ("torchtitan", "0.3")}
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict[tuple[str, str, str | None], Case]:
+    found = run_cases({name: corpus_plan(name) for name in CORPUS})
+    return {(c.plan, c.format, c.version): c for c in found}
+
+
+@pytest.mark.parametrize("fmt,version", EXPORTS, ids=[f"{f}-{v}" if v else f for f, v in EXPORTS])
+@pytest.mark.parametrize("plan", list(CORPUS))
+def test_export_accepted_as_planned(cases, plan, fmt, version):
+    runtime = next((r for r, fv in REAL.items() if fv == (fmt, version)), None)
+    if runtime and not HAVE[runtime]:
+        pytest.skip(f"{runtime} is not installed (pip install -e '.[runtimes]')")
+    case = cases[(plan, fmt, version)]
+    assert case.accepted, f"{case.parser} refused it: {case.message}"
+    assert case.mismatches == [], case.mismatches
+    if runtime:
+        assert "(real)" in case.parser
+
+
+def test_every_case_is_counted(cases):
+    assert len(CORPUS) == 15 and len(EXPORTS) == 5
+    expected = 75 - sum(15 for runtime, have in HAVE.items() if not have)
+    assert len(cases) == expected
+
+
+# -- the checks fail on the defects issue 15 found ----------------------------------------
+
+def _megatron_args(plan: str) -> tuple[dict, str]:
+    doc = corpus_plan(plan)
+    return doc, export_plan(Plan.from_dict(doc), "megatron").text
+
+
+def test_megatron_reference_needs_cuda_device_max_connections():
+    doc, text = _megatron_args("zero1-tp2-pp2")
+    megatron_reference(doc, text)  # the Use line sets it
+    with pytest.raises(Rejected, match="CUDA_DEVICE_MAX_CONNECTIONS"):
+        megatron_reference(doc, text.replace("CUDA_DEVICE_MAX_CONNECTIONS=1 ", ""))
+
+
+def test_megatron_reference_rejects_unknown_flags_and_bad_splits():
+    doc, text = _megatron_args("pp4-first-last")
+    with pytest.raises(Rejected, match="unrecognized"):
+        megatron_reference(doc, text.replace("--sequence-parallel", "--sequence-parallelism"))
+    with pytest.raises(Rejected, match="evenly"):
+        megatron_reference(doc, text.replace("--decoder-first-pipeline-num-layers 5",
+                                             "--decoder-first-pipeline-num-layers 4"))
+    derived = megatron_reference(doc, text)
+    assert derived["layers_per_chunk"] == [[5], [7], [7], [5]]
+
+
+def test_compare_names_every_difference():
+    doc = corpus_plan("interleaved-v4")
+    derived = {"tp": 2, "pp": 2, "dp": 4, "layers_per_chunk": [[3, 3, 3, 3], [3, 3, 3, 3]]}
+    assert compare(doc, derived, ("tp", "pp", "dp", "layers_per_chunk")) == [
+        "dp: runtime 4, plan 2"]
+
+
+@pytest.mark.skipif(not HAVE["deepspeed"], reason="deepspeed is not installed")
+def test_deepspeed_refuses_the_old_batch_arithmetic():
+    """Issue 15: batch over the whole world for tp/pp > 1 is refused by DeepSpeedConfig; the
+    export's note (mpu / topology) is what makes it hold."""
+    doc = corpus_plan("zero1-tp2-pp2")
+    result = export_plan(Plan.from_dict(doc), "deepspeed")
+    world = 8
+    no_note = {"text": result.text, "notes": [], "world": world}
+    with_note = {"text": result.text, "notes": list(result.notes), "world": world}
+    refused, accepted, _ = run_worker("deepspeed", [no_note, with_note])
+    assert not refused["accepted"] and "train_batch_size is not equal" in refused["message"]
+    assert accepted["accepted"] and accepted["derived"]["dp"] == doc["parallelism"]["dp"]
+
+
+@pytest.mark.skipif(not HAVE["torchtitan"], reason="torchtitan is not installed")
+def test_torchtitan_refuses_the_old_overrides():
+    """Issue 15: `--parallelism.enable_sequence_parallel true` and pp > 1 without
+    `--training.disable_cuda_graphs` are refused by torchtitan 0.3's parser."""
+    doc = corpus_plan("zero1-tp2-pp2")
+    text = export_plan(Plan.from_dict(doc), "torchtitan").text
+    old_bool = text.replace("  --parallelism.enable_sequence_parallel\n",
+                            "  --parallelism.enable_sequence_parallel true\n")
+    graphs = text.replace("  --training.disable_cuda_graphs\n", "")
+    assert old_bool != text and graphs != text
+    results = run_worker("torchtitan", [{"text": t, "notes": [], "world": 8, "arch": 8}
+                                        for t in (old_bool, graphs, text)])
+    assert [r["accepted"] for r in results[:3]] == [False, False, True]
+    assert "CUDA graphs" in results[1]["message"]
+    assert json.dumps(results[2]["derived"])  # plain data back from the worker

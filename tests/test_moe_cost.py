@@ -1,0 +1,245 @@
+"""MoE cost terms: the folded expert mesh, the tokens each GPU's experts compute, the dispatch /
+combine all-to-all over the topology, routing imbalance and capacity, expert states over edp."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from clusters import load_cluster
+from models import load_model
+from models.native import build_native
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.cost import moe
+from planner.cost.compute import Shard, layer_gemms
+from planner.cost.context import make_context
+from planner.cost.model import evaluate
+from planner.cost.terms import layer_terms
+from planner.errors import ErrorKind, PlannerError
+from planner.mesh import Mesh
+from planner.moe import MoeOptions
+from planner.strategy import LayerOption, Recompute, uniform
+
+MOE = build_native({"name": "moe", "num_layers": 4, "hidden_size": 1024, "num_heads": 8,
+                    "vocab_size": 4096, "seq_len": 2048,
+                    "moe": {"num_experts": 16, "top_k": 4, "expert_ffn_hidden_size": 1024}})
+H100 = load_cluster("dgx-h100", nodes=2)  # 16 GPUs, 2 NVLink domains
+
+
+def config(**kw) -> ParallelConfig:
+    base = dict(tp=1, pp=1, dp=16, global_batch=32, seq_len=2048)
+    base.update(kw)
+    return ParallelConfig(**base)
+
+
+def block_terms(cfg: ParallelConfig, options: RuntimeOptions = RuntimeOptions(),
+                recompute: Recompute = Recompute.NONE, cluster=H100):
+    ctx = make_context(MOE, cluster, cfg, options)
+    return ctx, layer_terms(ctx, MOE.layers[1], LayerOption(recompute))
+
+
+# -- the folded expert mesh --------------------------------------------------------------------
+
+def test_expert_mesh_partitions_each_stage():
+    mesh = Mesh(pp=2, dp=4, cp=2, tp=2, ep=4, etp=1)  # stage of 16 GPUs: etp 1 x ep 4 x edp 4
+    assert mesh.expert_dp == 4 and mesh.expert_shard_degree == 4
+    for dim, size in (("etp", 1), ("ep", 4), ("edp", 4)):
+        groups = {mesh.group(dim, r) for r in range(mesh.num_gpus)}
+        assert all(len(g) == size for g in groups)
+        assert sorted(r for g in groups for r in g) == list(range(32))  # a partition
+    assert mesh.group("ep", 0) == (0, 1, 2, 3)  # EP spans the TP and CP ranks
+    assert mesh.group("edp", 0) == (0, 4, 8, 12)
+    assert mesh.group("ep", 16) == (16, 17, 18, 19)  # second pipeline stage
+
+
+def test_expert_tp_equal_tp_keeps_ep_inside_dp_x_cp():
+    """Megatron-Core's default (etp = tp): EP groups are ep consecutive dp x cp members."""
+    mesh = Mesh(dp=4, cp=1, tp=2, ep=2)
+    assert mesh.expert_tp == 2 and mesh.stride("ep") == 2
+    assert mesh.group("ep", 0) == (0, 2) and mesh.group("ep", 5) == (5, 7)
+    assert mesh.expert_dp == mesh.dp * mesh.cp // mesh.ep == 2
+
+
+def test_expert_mesh_must_fold_into_the_stage():
+    with pytest.raises(PlannerError) as info:
+        config(tp=2, dp=8, ep=16, etp=2).validate(MOE, H100)  # 2 x 16 > 16 GPUs
+    assert info.value.kind is ErrorKind.INVALID_INPUT and "etp x ep" in info.value.message
+    config(tp=2, dp=8, ep=16, etp=1).validate(MOE, H100)  # EP spans the TP ranks
+    with pytest.raises(PlannerError):
+        config(ep=32).validate(MOE, H100)
+    with pytest.raises(PlannerError):  # etp must divide the expert width
+        replace(config(tp=2, dp=8, ep=2, etp=3)).validate(MOE, H100)
+
+
+# -- tokens and compute ------------------------------------------------------------------------
+
+def _expert_flops(shard: Shard) -> float:
+    width = 1024 // shard.expert_tp  # the routed experts' GEMMs: gate/up (n = 2F/etp), down
+    gemms = layer_gemms(MOE.layers[1], shard)
+    return sum(g.flops for g in gemms[-2:] if g.n == 2 * width or g.k == width)
+
+
+@pytest.mark.parametrize("tp,etp,ep", [(1, 1, 1), (1, 1, 4), (2, 1, 8), (2, 2, 4), (4, 2, 16)])
+def test_expert_flops_per_gpu_do_not_depend_on_the_expert_mesh(tp, etp, ep):
+    """tokens / tp x top_k copies x 6 h F / ... per GPU: 2 h (2F) + 2 F h per copy forward."""
+    shard = Shard(2, 2048, tp=tp, ep=ep, sp=tp > 1, etp=etp)
+    copies = 2 * 2048 / tp * 4
+    assert _expert_flops(shard) == pytest.approx(copies * 6 * 1024 * 1024, rel=1e-9)
+    local_experts = 16 / ep
+    assert moe.tokens_per_expert(4096, MOE.layers[1].mlp, tp, etp, ep) * local_experts == \
+        pytest.approx(copies * etp)  # each ETP rank computes its group's copies at F / etp
+
+
+def test_imbalance_and_capacity_scale_the_busiest_rank():
+    assert MoeOptions(imbalance=1.5).load_factor == 1.5
+    assert MoeOptions(imbalance=1.5, capacity_factor=1.25).load_factor == 1.25
+    assert MoeOptions(imbalance=1.0, capacity_factor=2.0).load_factor == 1.0
+    base = Shard(2, 2048, ep=4)
+    assert _expert_flops(replace(base, expert_load=1.5)) == pytest.approx(1.5 * _expert_flops(base))
+    _, balanced = block_terms(config(ep=8))
+    _, skewed = block_terms(config(ep=8), RuntimeOptions(moe=MoeOptions(imbalance=1.5)))
+    assert skewed.fwd_s > balanced.fwd_s and skewed.comm_s > balanced.comm_s
+    assert skewed.act_stored_bytes > balanced.act_stored_bytes
+
+
+@pytest.mark.parametrize("bad", [dict(imbalance=0.5), dict(capacity_factor=-1),
+                                 dict(a2a_overlap=1.5), dict(dispatcher="nccl"),
+                                 dict(imbalance=float("nan"))])
+def test_moe_options_are_validated(bad):
+    with pytest.raises(PlannerError) as info:
+        MoeOptions(**bad).validate()
+    assert info.value.kind is ErrorKind.INVALID_INPUT
+
+
+# -- dispatch and combine ----------------------------------------------------------------------
+
+def test_no_all_to_all_without_expert_parallelism():
+    _, one = block_terms(config(ep=1))
+    _, eight = block_terms(config(ep=8))
+    assert eight.comm_s > one.comm_s
+    assert one.comm_s == 0.0  # tp 1, cp 1: nothing else communicates inside the layer
+
+
+def test_all_to_all_inside_a_node_is_faster_than_across_nodes():
+    ctx8, inside = block_terms(config(ep=8))
+    ctx16, across = block_terms(config(ep=16))
+    assert ctx8.links.ep_domains == 1 and ctx16.links.ep_domains == 2
+    assert not ctx8.links.ep.crosses_nodes and ctx16.links.ep.crosses_nodes
+    assert across.comm_s > 2 * inside.comm_s
+
+
+def test_flat_all_to_all_is_the_collective_over_the_ep_link():
+    ctx, t = block_terms(config(ep=16))
+    mlp = MOE.layers[1].mlp
+    elements = moe.dispatch_elements(2048, 1024, mlp, 1)
+    assert elements == 2048 * 4 * 1024
+    one = moe.all_to_all_s(elements, 2, mlp, 16, MoeOptions(), ctx.links.ep, ctx.links.ep_intra,
+                           ctx.links.ep_inter, ctx.links.ep_domains)
+    from planner.cost import comm
+    assert one == comm.all_to_all_s(elements * 2, 16, ctx.links.ep)
+    # dispatch + combine, forward and backward, plus the dropless host syncs
+    assert t.comm_s == pytest.approx(4 * one + 2 * moe.DROPLESS_SYNC_S)
+
+
+def test_hierarchical_dispatch_sends_each_token_once_per_remote_domain():
+    assert moe.remote_domain_copies(1, 8) == 0.0
+    assert moe.remote_domain_copies(2, 1) == pytest.approx(0.5)
+    assert moe.remote_domain_copies(8, 8) == pytest.approx(7 * (1 - (7 / 8) ** 8))
+    assert moe.remote_domain_copies(1000, 8) == pytest.approx(8, rel=0.01)
+    ds = load_model("deepseek-v3")
+    h800 = load_cluster("hgx-h800", nodes=256)
+    cfg = ParallelConfig(tp=1, pp=16, dp=128, ep=64, global_batch=15360, seq_len=4096,
+                         zero_stage=1, dtype="fp8")
+    block = next(b for b in ds.blocks() if b.mlp.is_moe)
+    times = {}
+    for dispatcher in ("alltoall", "deepep"):
+        ctx = make_context(ds, h800, cfg, RuntimeOptions(moe=MoeOptions(dispatcher=dispatcher)))
+        times[dispatcher] = layer_terms(ctx, block, LayerOption()).comm_s
+        assert ctx.links.ep_domains == 8  # EP64 spans 8 nodes (DeepSeek-V3 report §3.2.2)
+    assert times["deepep"] < 0.8 * times["alltoall"]
+
+
+def test_a2a_overlap_hides_a_fraction_and_recompute_repeats_the_forward():
+    _, plain = block_terms(config(ep=16))
+    _, half = block_terms(config(ep=16), RuntimeOptions(moe=MoeOptions(a2a_overlap=0.5)))
+    sync = 2 * moe.DROPLESS_SYNC_S
+    assert half.comm_s - sync == pytest.approx(0.5 * (plain.comm_s - sync))
+    _, full = block_terms(config(ep=16), recompute=Recompute.FULL)
+    assert full.comm_s == pytest.approx(1.5 * plain.comm_s)
+    _, dropping = block_terms(config(ep=16), RuntimeOptions(moe=MoeOptions(capacity_factor=1.0)))
+    assert dropping.comm_s == pytest.approx(plain.comm_s - sync)
+
+
+def test_expert_tensor_parallel_gathers_over_its_group():
+    _, no_etp = block_terms(config(tp=2, dp=8, ep=8, etp=1, sp=True))
+    _, etp2 = block_terms(config(tp=2, dp=8, ep=8, etp=2, sp=True))
+    assert etp2.comm_s > no_etp.comm_s  # + all-gather / reduce-scatter over the ETP pair
+
+
+# -- memory ------------------------------------------------------------------------------------
+
+def test_expert_states_are_sharded_over_edp():
+    cfg = config(ep=4, zero_stage=1)  # edp = 16 / 4 = 4
+    ctx, t = block_terms(cfg)
+    layer = MOE.layers[1]
+    expert = layer.expert_params / 4
+    dense = layer.params - layer.expert_params
+    assert t.expert_params == expert and t.dense_params == dense
+    assert t.optimizer_bytes == pytest.approx(12 * dense / 16 + 12 * expert / 4)
+    assert t.params_bytes == pytest.approx(2 * (dense + expert))
+    assert ctx.links.edp.crosses_nodes  # edp members are 4 ranks apart x 4: two nodes
+
+
+def test_dispatch_buffers_are_working_memory():
+    _, t = block_terms(config(ep=8))
+    buffers = moe.dispatch_buffer_bytes(2048, 1024, MOE.layers[1].mlp, 1, 1, 2, MoeOptions())
+    assert buffers == 2048 * 4 * 1024 * 2 * 2  # send and receive
+    assert t.act_working_bytes == pytest.approx(buffers)
+
+
+def test_published_deepseek_v3_layout_is_evaluated():
+    """DeepSeek-V3 report §3.2: PP16, EP64 over 8 nodes, ZeRO-1 on 2,048 H800."""
+    ds = load_model("deepseek-v3")
+    h800 = load_cluster("hgx-h800", nodes=256)
+    cfg = ParallelConfig(tp=1, pp=16, dp=128, ep=64, global_batch=15360, seq_len=4096,
+                         zero_stage=1, dtype="fp8")
+    ev = evaluate(ds, h800, cfg, uniform(ds, cfg, Recompute.FULL))
+    assert ev.fits and cfg.mesh.expert_dp == 2
+
+
+# -- command line and plan file ----------------------------------------------------------------
+
+def _cli(capsys, *args: str):
+    import json
+
+    from cli.main import main
+    with pytest.raises(SystemExit) as done:
+        main(list(args))
+    out, err = capsys.readouterr()
+    return done.value.code, (json.loads(out) if out.strip().startswith("{") else None), err
+
+
+def test_evaluate_takes_ep_and_etp_and_reports_the_expert_mesh(capsys):
+    code, doc, err = _cli(capsys, "evaluate", "-m", "qwen3-30b-a3b", "-c", "dgx-h100", "--nodes", "2",
+                          "--global-batch", "64", "--tp", "2", "--pp", "1", "--ep", "16",
+                          "--etp", "1", "--moe-imbalance", "1.2", "--json")
+    assert code == 0, err
+    p = doc["parallelism"]
+    assert (p["tp"], p["dp"], p["ep"], p["etp"], p["edp"]) == (2, 8, 16, 1, 1)
+    assert doc["runtime"]["moe"]["imbalance"] == 1.2
+    code, _, err = _cli(capsys, "evaluate", "-m", "qwen3-30b-a3b", "-c", "dgx-h100", "--nodes", "2",
+                        "--global-batch", "64", "--tp", "2", "--pp", "1", "--ep", "16",
+                        "--etp", "2")
+    assert code == 2 and "etp x ep" in err
+
+
+def test_plan_writes_the_expert_mesh_and_check_reads_it_back(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    code, _, err = _cli(capsys, "plan", "-m", "tiny-moe", "-c", "tiny", "--global-batch", "16",
+                        "--pin", "pp=1", "-o", str(out))
+    assert code == 0, err
+    import json
+    p = json.loads(out.read_text())["parallelism"]
+    assert p["etp"] * p["ep"] * p["edp"] == p["tp"] * p["cp"] * p["dp"]
+    code, _, err = _cli(capsys, "check", str(out))
+    assert code == 0, err

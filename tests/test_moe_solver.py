@@ -1,0 +1,68 @@
+"""The solver on MoE instances: ep and etp are searched jointly with the rest, and the optimum
+equals the brute-force oracle's (planner/solve/bruteforce.py) over the same space.
+
+tiny-moe (1 dense + 3 MoE blocks of 8 experts) on 2 nodes x 4 tiny GPUs: with ample memory the
+optimum keeps every expert on every GPU (ep 1, no all-to-all); as memory shrinks it has to split
+the experts, first over 4 and then over all 8 GPUs, folding EP over the TP ranks (etp 1).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from clusters import load_cluster
+from models import load_model
+from planner.moe import MoeOptions
+from planner.config import RuntimeOptions
+from planner.solve.bruteforce import brute_force
+from planner.solve.search import SearchOptions, search
+from planner.solve.space import Pins, enumerate_configs
+
+TINY = load_cluster("tiny")
+MODEL = load_model("tiny-moe")
+REL = 1e-6
+
+
+def cluster(memory_gib: float):
+    return replace(TINY, gpu=replace(TINY.gpu, memory_gib=memory_gib))
+
+
+# (id, memory GiB, pins, runtime, expected (tp, ep, etp) of the optimum)
+CASES = [
+    ("ample-memory-no-ep", 0.2, Pins(zero=1, sp=True), RuntimeOptions(), (2, 1, 1)),
+    ("tight-ep4-over-tp", 0.16, Pins(zero=1, sp=True), RuntimeOptions(), (4, 4, 1)),
+    ("tighter-ep8", 0.145, Pins(zero=1, sp=True), RuntimeOptions(), (4, 8, 1)),
+    ("etp-pinned-to-tp", 0.16, Pins(zero=1, sp=True, etp=2), RuntimeOptions(), None),
+    ("imbalanced-hierarchical", 0.16, Pins(zero=1, sp=True),
+     RuntimeOptions(moe=MoeOptions(imbalance=1.3, dispatcher="deepep")), None),
+    ("dropping-zero3", 0.16, Pins(zero=3, micro_batch=1),
+     RuntimeOptions(moe=MoeOptions(capacity_factor=1.0)), None),
+]
+
+
+@pytest.mark.parametrize("memory,pins,runtime,expected", [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_solver_matches_brute_force_on_moe(memory, pins, runtime, expected):
+    hw = cluster(memory)
+    got = search(MODEL, hw, 16, 128, "bf16", pins, SearchOptions(runtime=runtime))
+    want = brute_force(MODEL, hw, 16, 128, "bf16", pins, runtime).best
+    assert got.record.status == "OPTIMAL" and want is not None
+    assert got.best.step_time_s == pytest.approx(want.step_time_s, rel=REL)
+    c = got.best.config
+    mesh = c.mesh
+    assert mesh.expert_tp * c.ep * mesh.expert_dp == c.tp * c.cp * c.dp
+    if expected is not None:
+        assert (c.tp, c.ep, mesh.expert_tp) == expected
+    if pins.etp is not None:
+        assert mesh.expert_tp == pins.etp
+
+
+def test_space_folds_ep_over_tp_and_cp():
+    """ep takes every divisor of tp x cp x dp / etp that divides the experts; etp is 1 or tp."""
+    configs = list(enumerate_configs(MODEL, TINY, 16, 128, "bf16", Pins(pp=1, zero=1, sp=True,
+                                                                          micro_batch=1)))
+    meshes = {(c.tp, c.dp, c.ep, c.mesh.expert_tp) for c in configs}
+    assert (4, 2, 8, 1) in meshes  # EP 8 over tp 4 x dp 2
+    assert (4, 2, 2, 4) in meshes and (4, 2, 4, 4) not in meshes  # etp 4: 8 / 4 = 2 EP ranks
+    assert all(c.ep <= 8 and 8 % c.ep == 0 for c in configs)

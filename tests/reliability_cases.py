@@ -129,6 +129,8 @@ def make_inputs(folder: Path) -> Path:
         "cluster-peak-denormal.yaml": _replace(
             CLUSTER, "gpu_overrides:\n  memory_gib: 16\n",
             "gpu_overrides:\n  memory_gib: 16\n  peak_tflops: {bf16: 5.0e-324}\n"),
+        "cluster-gpus-per-node-huge.yaml": _replace(CLUSTER, "gpus_per_node: 4",
+                                                    "gpus_per_node: 1024"),
         "model-layers-sexagesimal.yaml": _replace(MODEL, "num_layers: 4", "num_layers: 1:00"),
         "cluster-nodes-sexagesimal.yaml": _replace(CLUSTER, "num_nodes: 2", "num_nodes: 0:02"),
         # encodings
@@ -437,6 +439,11 @@ CASES: tuple[Case, ...] = (
          2, ("bandwidth_gbytes_per_s", "implausibly small")),
     Case("cluster-peak-denormal", C, "peak 5e-324 TFLOP/s (plan)",
          _plan(cluster="cluster-peak-denormal.yaml"), 2, ("bf16", "implausibly small")),
+    Case("cluster-gpus-per-node-huge", C, "1,024 GPUs per node (took minutes per evaluation)",
+         _cluster("cluster-gpus-per-node-huge.yaml"), 2, ("gpus_per_node", "implausibly large")),
+    Case("cli-nodes-too-many-gpus", N, "`--nodes 1000000` of 8-GPU nodes (8,000,000 GPUs)",
+         _evaluate("--nodes", "1000000", cluster="dgx-h100"), 2,
+         ("8,000,000 gpus", "more than the 1,048,576")),
     Case("cli-pin-digits", N, "`--pin tp=<5000 digits>`", _plan("--pin", "tp=" + "9" * 5000), 2,
          ("pin tp", "5000-digit")),
     Case("cli-pin-twice", N, "`--pin tp=2 --pin tp=4`", _plan("--pin", "tp=2", "--pin", "tp=4"), 2,

@@ -270,6 +270,7 @@ def test_time_limit_gives_feasible_with_gap_or_exit_3(capsys):
         assert solver["time_limit_s"] == pytest.approx(0.1)
         assert math.isfinite(solver["gap"]) and solver["gap"] >= 0
         assert solver["best_bound_s"] <= solver["objective_s"]
+        assert solver["stopped_by"] == "time_limit"  # the carve-out: may differ run to run
     else:
         assert code == 3, f"exit {code}: {out}"
         error = document["error"]
@@ -299,6 +300,18 @@ def two_plans(inputs) -> tuple[bytes, bytes]:
 
 def test_plan_file_bytes_are_identical(two_plans):
     assert two_plans[0] == two_plans[1]
+    assert json.loads(two_plans[0])["solver"]["stopped_by"] == "complete"
+
+
+def test_a_work_limited_search_is_byte_identical(inputs):
+    """--work-limit is the deterministic budget: the same plan in separate processes."""
+    argv = (*SMALL_PLAN, "--work-limit", "2", "--json")  # 3 configurations when complete
+    first, second = (_shardplan(*argv, cwd=inputs) for _ in range(2))
+    assert first.returncode == second.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    solver = json.loads(first.stdout)["solver"]
+    assert solver["stopped_by"] == "work_limit" and solver["candidates_evaluated"] == 2
+    assert solver["status"] == "FEASIBLE"
 
 
 def test_plan_holds_no_timestamps(two_plans):

@@ -33,6 +33,7 @@ def main() -> None:
 
         code = run(started=_STARTED, final=True)
     except KeyboardInterrupt as stop:  # before run() had its own policy in place
+        _quiet()
         signum = getattr(stop, "signum", None) or (stop.args[0] if stop.args and
                                                    isinstance(stop.args[0], int) else 2)
         code = 128 + signum
@@ -42,7 +43,15 @@ def main() -> None:
             sys.stderr.flush()
         except (OSError, ValueError, AttributeError):
             pass
+    _quiet()
     sys.exit(code)
+
+
+def _quiet() -> None:
+    """The outcome is decided: a late or re-delivered signal must not replace it."""
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -418,8 +418,14 @@ class StepBreakdown:
         return self.pipeline_s + self.dp_exposed_s + self.optimizer_s + self.embedding_sync_s
 
 
-def step_time(t: ConfigTerms, stage_layers: Sequence[Sequence[LayerTerms]],
+def step_time(t: ConfigTerms | Sequence[ConfigTerms], stage_layers: Sequence[Sequence[LayerTerms]],
               stage_times: Sequence[float]) -> StepBreakdown:
+    """The step from its stages. ``t`` is the configuration's terms, or one ConfigTerms per
+    stage when stages differ in hardware (stages on different GPU pools, planner/hetero): each
+    stage's data-parallel sync is then costed with its own terms; the schedule, overlap switches
+    and embedding sync are read from the first stage's."""
+    per_stage = list(t) if isinstance(t, (list, tuple)) else [t] * len(stage_layers)
+    t = per_stage[0]
     m = t.num_micro_batches
     pipe = pipeline_time_s(stage_times, m, t.virtual_stages)
     bubble = pipe - m * max(stage_times)
@@ -429,8 +435,8 @@ def step_time(t: ConfigTerms, stage_layers: Sequence[Sequence[LayerTerms]],
     # --overlap-param-gather).
     exposed = 0.0
     slack = 0.0
-    for layers in stage_layers:
-        reduce, gather = dp_sync_s(t, layers)
+    for stage, layers in enumerate(stage_layers):
+        reduce, gather = dp_sync_s(per_stage[stage], layers)
         bwd = sum(x.bwd_s + x.recompute_s for x in layers)
         fwd = sum(x.fwd_s for x in layers)
         hidden_reduce = (bwd + slack) if t.overlap_grad_reduce else slack

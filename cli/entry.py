@@ -11,8 +11,13 @@ import time
 _STARTED = time.monotonic()
 
 
-def _early(signum, frame):  # noqa: ARG001 - until cli.signals is imported (microseconds)
-    raise KeyboardInterrupt(signum)
+_EARLY: list[int] = []
+
+
+def _early(signum, frame):  # noqa: ARG001 - until cli.signals is in place
+    """Only remember the signal: raising inside the imports below can surface as another error
+    (a half-built dataclass, a C extension's ImportError); it is acted on right after them."""
+    _EARLY.append(signum)
 
 
 for _name in ("SIGINT", "SIGTERM", "SIGHUP"):
@@ -26,6 +31,8 @@ def main() -> None:
 
         signals.STARTED = _STARTED
         signals.install()
+        if _EARLY:
+            raise KeyboardInterrupt(_EARLY[0])
         from cli.console import guard_standard_streams
 
         guard_standard_streams()

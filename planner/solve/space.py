@@ -26,14 +26,16 @@ from planner.config import ParallelConfig
 from planner.errors import PlannerError, invalid
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.strategy import LayerOption, Recompute, block_options
+from planner.strategy import (LAYOUTS, PER_LAYER_LAYOUTS, LayerOption, Recompute,
+                               block_options)
 
 MAX_MICRO_BATCH = 16
 MAX_VIRTUAL_STAGES = 8
 LONG_SEQUENCE = 16384
 
 PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "virtual_stages",
-            "recompute")
+            "recompute", "layouts")
+LAYOUT_CHOICES = ("mesh", "per-layer")  # layouts=per-layer: the solver picks one per block class
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class Pins:
     micro_batch: int | None = None
     virtual_stages: int | None = None
     recompute: Recompute | None = None
+    layouts: str | None = None  # "mesh" (the default) or "per-layer"
 
     @staticmethod
     def parse(items: Mapping[str, str]) -> "Pins":
@@ -66,6 +69,10 @@ class Pins:
                 if text not in ("true", "false", "on", "off", "1", "0", "yes", "no"):
                     raise invalid(f"pin sp={raw!r}: expected on/off")
                 values[name] = text in ("true", "on", "1", "yes")
+            elif name == "layouts":
+                if text not in LAYOUT_CHOICES:
+                    raise invalid(f"pin layouts={raw!r}: expected {' or '.join(LAYOUT_CHOICES)}")
+                values[name] = text
             elif name == "recompute":
                 try:
                     values[name] = Recompute(text)
@@ -81,7 +88,10 @@ class Pins:
 
     def block_options(self) -> tuple[LayerOption, ...]:
         """The per-block options these pins allow (all of them unless recompute is pinned)."""
-        return block_options((self.recompute,)) if self.recompute is not None else block_options()
+        layouts = PER_LAYER_LAYOUTS if self.layouts == "per-layer" else LAYOUTS
+        if self.recompute is not None:
+            return block_options((self.recompute,), layouts)
+        return block_options(layouts=layouts)
 
     def as_dict(self) -> dict:
         return {f.name: (v.value if isinstance(v, Recompute) else v)

@@ -135,3 +135,49 @@ def test_per_layer_beats_uniform_on_a_non_uniform_model(tiny):
     options = layered.best.placement.options
     assert options[0].layout is Layout.MESH and options[-1].layout is Layout.MESH
     assert {o.layout for o in options[1:-1]} == {Layout.REPLICATED}
+
+
+def test_cli_plan_with_per_layer_layouts_checks_back(tmp_path, capsys):
+    """The plan file records each layer's layout and `shardplan check` re-derives the same
+    step time from it."""
+    import json
+
+    from cli.main import main
+
+    model = tmp_path / "vlm.json"
+    model.write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 4, "hidden_size": 256,
+        "num_attention_heads": 4, "intermediate_size": 1024, "vocab_size": 32000,
+        "max_position_embeddings": 256}))
+    plan = tmp_path / "plan.json"
+    argv = ["plan", "--model", str(model), "--cluster", "tiny", "--global-batch", "16",
+            "--pin", "layouts=per-layer", "--pin", "tp=4", "--pin", "pp=2",
+            "--pin", "micro_batch=4", "--time-limit", "30", "-o", str(plan), "--json"]
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    out, err = capsys.readouterr()
+    assert done.value.code == 0, err
+    doc = json.loads(plan.read_text())
+    assert doc == json.loads(out)
+    layouts = [layer["layout"] for layer in _layers(doc)]
+    assert layouts[0] == layouts[-1] == "mesh" and set(layouts[1:-1]) - {"mesh"}
+    assert doc["pins"]["layouts"] == "per-layer"
+    with pytest.raises(SystemExit) as done:
+        main(["check", str(plan)])
+    _, err = capsys.readouterr()
+    assert done.value.code == 0, err
+
+
+def _layers(doc):
+    """The plan's per-layer list, wherever the plan file keeps it."""
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("layers"), list) and node["layers"] and \
+                    isinstance(node["layers"][0], dict) and "layout" in node["layers"][0]:
+                return node["layers"]
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    raise AssertionError("no per-layer list in the plan")

@@ -166,6 +166,11 @@ def test_cli_plan_with_per_layer_layouts_checks_back(tmp_path, capsys):
         main(["check", str(plan)])
     _, err = capsys.readouterr()
     assert done.value.code == 0, err
+    # runtimes take one tensor-parallel degree: the export says so, and --strict fails on it
+    with pytest.raises(SystemExit) as done:
+        main(["export", str(plan), "-f", "megatron", "--strict"])
+    _, err = capsys.readouterr()
+    assert done.value.code == 1 and "layouts:" in err and "one tensor-parallel degree" in err
 
 
 def _layers(doc):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from planner.errors import invalid
 from planner.hardware import Cluster
@@ -44,7 +45,7 @@ class ParallelConfig:
     virtual_stages: int = 1
     dtype: str = "bf16"
 
-    @property
+    @cached_property
     def mesh(self) -> Mesh:
         """The device mesh (degrees, rank order, group strides): :class:`planner.mesh.Mesh`."""
         return Mesh(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)
@@ -155,7 +156,7 @@ class StateBytes:
     Sources: ZeRO (Rajbhandari et al. 2020 §3.1: 2 + 2 + K=12 for mixed-precision Adam);
     Megatron-LM keeps an fp32 ``main_grad`` (4 bytes) and its distributed optimizer shards the
     12 bytes of fp32 master weights and Adam moments (Korthikanti et al. 2022 §6 reproduce their
-    Fig. 1 with 18 bytes/param; formulas.md §3.2); DeepSpeed's fp16 ZeRO-1/2 optimizer keeps
+    Fig. 1 with 18 bytes/param; Korthikanti et al. 2022 §6); DeepSpeed's fp16 ZeRO-1/2 optimizer keeps
     fp16 gradients plus an fp32 gradient partition next to the fp32 master partition.
     """
 

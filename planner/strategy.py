@@ -84,6 +84,30 @@ def block_options(recompute: Iterable[Recompute] = RECOMPUTE_POLICIES,
 BLOCK_OPTIONS = block_options()
 
 
+def layouts_for(config) -> tuple[Layout, ...]:
+    """The layouts a block may take under ``config`` (a ParallelConfig; None: every layout).
+    The mesh layout is always valid; a layout that needs some degree or divisibility of the
+    mesh (a tensor-parallel degree inside the stage group, an expert layout) says so here."""
+    return LAYOUTS
+
+
+def per_layer_layouts(config) -> tuple[Layout, ...]:
+    """The layouts a block may take with per-layer layouts on (``--pin layouts=per-layer``):
+    those whose tensor degree exists under ``config``'s tp x dp (None: every layout). Whether a
+    given layer can take one (heads, FFN width, MoE) is planner.cost.terms.option_valid."""
+    if config is None:
+        return PER_LAYER_LAYOUTS
+    return tuple(lay for lay in PER_LAYER_LAYOUTS
+                 if lay.tensor_degree(config.tp, config.dp) is not None)
+
+
+def block_options_for(config, recompute: Iterable[Recompute] = RECOMPUTE_POLICIES
+                      ) -> tuple[LayerOption, ...]:
+    """The option enumeration: every block option the solver, the oracle and the bounds
+    consider under ``config``. The one place that decides which options exist."""
+    return block_options(recompute, layouts_for(config))
+
+
 @dataclass(frozen=True)
 class LayerPlacement:
     """Per-layer decisions: ``stage[i]`` and ``options[i]`` of layer ``i`` of the model."""

@@ -69,6 +69,7 @@ class Affine:
     intercept_s: float = 0.0
 
     @staticmethod
+    @lru_cache(maxsize=16384)
     def of(fn, *args) -> "Affine":
         """Slope and intercept of ``fn(size, *args)``, an alpha-beta collective of comm.py."""
         a, b = fn(1e9, *args), fn(2e9, *args)
@@ -157,6 +158,7 @@ class ConfigTerms:
     embedding_sync_s: float  # tied embeddings: gradient all-reduce of first and last stage
 
 
+
 # Configuration terms the solver's model reads (the mutation test drops each in turn).
 SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "boundary_s",
                        "zero_reduce_dense", "zero_reduce_expert", "zero_gather_dense",
@@ -194,8 +196,7 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         dp_collectives(zero, n, n_expert, ctx.links.dp, ctx.links.edp or ctx.links.dp, per_mb)
     return ConfigTerms(
         pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
-        in_flight=tuple(in_flight_micro_batches(i, c.pp, c.num_micro_batches, c.virtual_stages)
-                        for i in range(c.pp)),
+        in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages),
         capacity_bytes=ctx.cluster.memory_bytes_per_gpu,
         reserve_bytes=ctx.cluster.gpu.reserve_gib * GIB,
         allocator_overhead=ALLOCATOR_OVERHEAD, buffer_bytes=buffers, boundary_s=boundary_s,
@@ -330,6 +331,12 @@ def boundary_reshard_s(ctx: CostContext, layers: Sequence[Layer],
             out[stage[i]] += reshard_s(ctx, layers[i].hidden, options[i - 1].layout,
                                        options[i].layout)
     return out
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(pp: int, num_micro_batches: int, virtual_stages: int) -> tuple[float, ...]:
+    return tuple(in_flight_micro_batches(i, pp, num_micro_batches, virtual_stages)
+                 for i in range(pp))
 
 
 def embedding_sync_s(ctx: CostContext) -> float:

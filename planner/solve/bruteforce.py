@@ -72,16 +72,15 @@ def _num_splits(num_blocks: int, pp: int, virtual_stages: int) -> int:
     return 1 if virtual_stages > 1 else math.comb(num_blocks - 1, pp - 1)
 
 
-def _allowed(pins: Pins) -> tuple[LayerOption, ...]:
-    return pins.block_options()
+def _allowed(pins: Pins, config: ParallelConfig) -> tuple[LayerOption, ...]:
+    return pins.block_options(config)
 
 
 def count_placements(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                      dtype: str = "bf16", pins: Pins = Pins()) -> int:
     """How many placements :func:`brute_force` would enumerate (cheap: no cost model calls)."""
     blocks = model.num_blocks
-    per_split = len(_allowed(pins)) ** blocks
-    return sum(_num_splits(blocks, c.pp, c.virtual_stages) * per_split
+    return sum(_num_splits(blocks, c.pp, c.virtual_stages) * len(_allowed(pins, c)) ** blocks
                for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins))
 
 
@@ -115,12 +114,12 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
         raise ValueError(f"brute force would enumerate {total} placements of {model.name} on "
                          f"{cluster.num_gpus} GPUs, over the budget of {budget}; pin choices or "
                          "use a smaller instance")
-    allowed = _allowed(pins)
     best: tuple[float, ParallelConfig, LayerPlacement] | None = None
     configs = placements = scored = 0
     for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
         configs += 1
         incumbent = best[0] if best is not None else math.inf
+        allowed = _allowed(pins, config)
         if literal:
             found, n, k = _literal(model, cluster, config, runtime, allowed, incumbent)
         else:

@@ -35,7 +35,6 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
                deadline: float = math.inf) -> list[Candidate]:
     """Every valid outer configuration with its bounds, sorted by time bound; raises
     SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating."""
-    allowed = pins.block_options()
     out = []
     for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
         if time.monotonic() > deadline:
@@ -43,7 +42,8 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
                                f"the time limit ran out while enumerating configurations "
                                f"({len(out)} so far) before any plan was solved",
                                ("raise --time-limit", "pin some degrees with --pin"))
-        problem = stage_problem(make_context(model, cluster, config, runtime), allowed)
+        problem = stage_problem(make_context(model, cluster, config, runtime),
+                                pins.block_options(config))
         out.append(Candidate(config, problem, time_lower_bound(problem),
                              memory_lower_bound(problem)))
     # stable, deterministic order: bound first, then the config's fields

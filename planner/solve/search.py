@@ -111,7 +111,6 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     capacity = cluster.memory_bytes_per_gpu
     fitting = [c for c in cands if c.memory_lb_bytes <= capacity]
     pruned_memory = total - len(fitting)
-    allowed = pins.block_options()
 
     kept: list[tuple[float, tuple, Evaluation]] = []  # (step time, key, evaluation)
     evaluated = optimal = 0
@@ -127,7 +126,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             timed_out = True
             open_bound = min(open_bound, cand.time_lb_s)
             break
-        hint = uniform_placement(model, cluster, cand.config, options.runtime, allowed)
+        hint = uniform_placement(model, cluster, cand.config, options.runtime,
+                                 pins.block_options(cand.config))
         result = solve_stages(
             cand.problem, hint=hint.placement if hint else None,
             cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),

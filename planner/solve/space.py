@@ -26,8 +26,8 @@ from planner.config import ParallelConfig
 from planner.errors import PlannerError, invalid
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.strategy import (LAYOUTS, PER_LAYER_LAYOUTS, LayerOption, Recompute,
-                               block_options)
+from planner.strategy import (RECOMPUTE_POLICIES, LayerOption, Recompute, block_options,
+                               block_options_for, per_layer_layouts)
 
 MAX_MICRO_BATCH = 16
 MAX_VIRTUAL_STAGES = 8
@@ -86,12 +86,14 @@ class Pins:
             raise invalid(f"pin zero={values['zero']}: ZeRO stages are 0, 1, 2, 3")
         return Pins(**values)
 
-    def block_options(self) -> tuple[LayerOption, ...]:
-        """The per-block options these pins allow (all of them unless recompute is pinned)."""
-        layouts = PER_LAYER_LAYOUTS if self.layouts == "per-layer" else LAYOUTS
-        if self.recompute is not None:
-            return block_options((self.recompute,), layouts)
-        return block_options(layouts=layouts)
+    def block_options(self, config: ParallelConfig | None = None) -> tuple[LayerOption, ...]:
+        """The per-block options these pins allow under ``config`` (every one
+        :func:`planner.strategy.block_options_for` gives, unless recompute is pinned; with
+        ``layouts=per-layer`` every layout :func:`planner.strategy.per_layer_layouts` gives)."""
+        recompute = (self.recompute,) if self.recompute is not None else RECOMPUTE_POLICIES
+        if self.layouts == "per-layer":
+            return block_options(recompute, per_layer_layouts(config))
+        return block_options_for(config, recompute)
 
     def as_dict(self) -> dict:
         return {f.name: (v.value if isinstance(v, Recompute) else v)

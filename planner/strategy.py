@@ -22,6 +22,10 @@ class Recompute(str, Enum):
     NONE = "none"
     SELECTIVE = "selective"  # recompute the attention core only (Korthikanti et al. 2022 §5)
     FULL = "full"  # store the block input only, recompute the whole block in backward
+    # Per-op selective checkpointing (torchtitan ``selective_ac_option = "op"``): keep the
+    # outputs of every other matmul and of the attention kernel, recompute everything else
+    # (torchtitan ``_save_list`` / ``_apply_op_sac``; planner/cost/compute.py, memory.py).
+    OP = "op"
 
 
 class Layout(str, Enum):
@@ -65,7 +69,8 @@ class LayerOption:
     def memory_rank(self) -> int:
         """Order used to lay out a stage's blocks (most recomputation first; costs are equal
         in any order, this keeps placements readable and deterministic)."""
-        return {Recompute.FULL: 2, Recompute.SELECTIVE: 1, Recompute.NONE: 0}[self.recompute]
+        return {Recompute.FULL: 3, Recompute.OP: 2, Recompute.SELECTIVE: 1,
+                Recompute.NONE: 0}[self.recompute]
 
 
 NO_OPTION = LayerOption()  # embedding and head: mesh layout, never recomputed

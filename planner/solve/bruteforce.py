@@ -37,10 +37,12 @@ from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.context import make_context
 from planner.cost.model import Evaluation, evaluate
 from planner.cost.pipeline import pipeline_time_s
-from planner.cost.terms import (LayerTerms, config_terms, layer_terms, stage_memory, stage_time,
+from planner.cost.terms import (LayerTerms, boundary_reshard_s, config_terms, layer_terms,
+                                option_valid, stage_memory, stage_time,
                                 step_time)
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
+from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins, enumerate_configs
 from planner.strategy import NO_OPTION, LayerOption, LayerPlacement, interleaved_rank
 
@@ -71,17 +73,20 @@ def _num_splits(num_blocks: int, pp: int, virtual_stages: int) -> int:
     return 1 if virtual_stages > 1 else math.comb(num_blocks - 1, pp - 1)
 
 
-def _allowed(pins: Pins) -> tuple[LayerOption, ...]:
-    return pins.block_options()
+def _allowed(pins: Pins, config: ParallelConfig,
+             runtime: RuntimeOptions = RuntimeOptions()) -> tuple[LayerOption, ...]:
+    return pins.block_options(config, runtime_profile(runtime.profile))
 
 
 def count_placements(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
-                     dtype: str = "bf16", pins: Pins = Pins()) -> int:
+                     dtype: str = "bf16", pins: Pins = Pins(),
+                     runtime: RuntimeOptions = RuntimeOptions()) -> int:
     """How many placements :func:`brute_force` would enumerate (cheap: no cost model calls)."""
     blocks = model.num_blocks
-    per_split = len(_allowed(pins)) ** blocks
-    return sum(_num_splits(blocks, c.pp, c.virtual_stages) * per_split
-               for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins))
+    return sum(_num_splits(blocks, c.pp, c.virtual_stages)
+               * len(_allowed(pins, c, runtime)) ** blocks
+               for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins,
+                                          runtime_profile(runtime.profile)))
 
 
 def _placement(model: ModelGraph, pp: int, block_stage: Sequence[int],
@@ -109,17 +114,18 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
     first placement found (configurations in ``enumerate_configs`` order, splits and
     option tuples in lexicographic order).
     """
-    total = count_placements(model, cluster, global_batch, seq_len, dtype, pins)
+    total = count_placements(model, cluster, global_batch, seq_len, dtype, pins, runtime)
     if total > budget:
         raise ValueError(f"brute force would enumerate {total} placements of {model.name} on "
                          f"{cluster.num_gpus} GPUs, over the budget of {budget}; pin choices or "
                          "use a smaller instance")
-    allowed = _allowed(pins)
     best: tuple[float, ParallelConfig, LayerPlacement] | None = None
     configs = placements = scored = 0
-    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
+    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins,
+                                    runtime_profile(runtime.profile)):
         configs += 1
         incumbent = best[0] if best is not None else math.inf
+        allowed = _allowed(pins, config, runtime)
         if literal:
             found, n, k = _literal(model, cluster, config, runtime, allowed, incumbent)
         else:
@@ -137,12 +143,33 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
     return BruteForceResult(ev, placements, configs, scored)
 
 
+def _block_classes(model: ModelGraph) -> list[int]:
+    """The layer class of every block (blocks of one class share their layout)."""
+    out = []
+    for ci, cls in enumerate(model.layer_classes()):
+        if cls.layer.kind is LayerKind.BLOCK:
+            out += [ci] * cls.count
+    return out
+
+
+def _consistent(classes: Sequence[int], rec: Sequence[LayerOption]) -> bool:
+    """One layout per block class (the solver's space: layouts per class run)."""
+    seen: dict[int, object] = {}
+    return all(seen.setdefault(c, r.layout) is r.layout for c, r in zip(classes, rec))
+
+
 def _literal(model, cluster, config, runtime, allowed, incumbent):
     """Every placement through ``evaluate``: slow, the definition."""
     best = None
     n = 0
+    ctx = make_context(model, cluster, config, runtime)
+    blocks = [layer for layer in model.layers if layer.kind is LayerKind.BLOCK]
+    classes = _block_classes(model)
+    per_block = [[o for o in allowed if option_valid(ctx, layer, o)] for layer in blocks]
     for stages in _splits(model.num_blocks, config.pp, config.virtual_stages):
-        for rec in itertools.product(allowed, repeat=model.num_blocks):
+        for rec in itertools.product(*per_block):
+            if not _consistent(classes, rec):
+                continue
             n += 1
             ev = evaluate(model, cluster, config, _placement(model, config.pp, stages, rec),
                           runtime)
@@ -164,6 +191,9 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
     last_fixed = [i for i, layer in enumerate(layers)
                   if layer.kind not in (LayerKind.BLOCK, LayerKind.EMBEDDING)]
     cost: dict[tuple[int, LayerOption], LayerTerms] = {}
+    classes = _block_classes(model)
+    valid = {b: [o for o in allowed if option_valid(ctx, layers[i], o)]
+             for b, i in enumerate(block_index)}
 
     def layer(i: int, option: LayerOption) -> LayerTerms:
         key = (i, option)
@@ -181,7 +211,9 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
             return stage_cache[key]
         fixed = (first_fixed if s == 0 else []) + (last_fixed if s == pp - 1 else [])
         out = []
-        for rec in itertools.product(allowed, repeat=len(members)):
+        for rec in itertools.product(*(valid[b] for b in members)):
+            if not _consistent([classes[b] for b in members], rec):
+                continue
             choice = {block_index[b]: r for b, r in zip(members, rec)}
             indices = sorted(fixed + list(choice))
             costs = [layer(i, choice.get(i, NO_OPTION)) for i in indices]
@@ -190,6 +222,7 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
         stage_cache[key] = out
         return out
 
+    layered = len({o.layout for o in allowed}) > 1
     best = None
     n = k = 0
     bound = incumbent
@@ -198,16 +231,23 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
         members = [tuple(b for b, s in enumerate(stages) if s == i) for i in range(pp)]
         options = [stage_options(i, members[i]) for i in range(pp)]
         for combo in itertools.product(*options):
-            times = [t for _, _, t in combo]
+            rec = [NO_OPTION] * model.num_blocks
+            for i, (stage_rec, _, _) in enumerate(combo):
+                for b, r in zip(members[i], stage_rec):
+                    rec[b] = r
+            if layered:
+                if not _consistent(classes, rec):
+                    continue
+                placement = _placement(model, pp, stages, rec)
+                reshard = boundary_reshard_s(ctx, layers, placement.options, placement.stage, pp)
+                times = [t + r for (_, _, t), r in zip(combo, reshard)]
+            else:
+                times = [t for _, _, t in combo]
             if pipeline_time_s(times, m, v) >= bound:
                 continue  # the other step-time terms are >= 0: cannot beat the incumbent
             k += 1
             total = step_time(terms, [costs for _, costs, _ in combo], times).step_time_s
             if total < bound:
-                rec = [NO_OPTION] * model.num_blocks
-                for i, (stage_rec, _, _) in enumerate(combo):
-                    for b, r in zip(members[i], stage_rec):
-                        rec[b] = r
                 best = (total, _placement(model, pp, stages, rec))
                 bound = total
     return best, n, k

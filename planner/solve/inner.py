@@ -186,6 +186,7 @@ class _Builder:
                         M.add(n <= cls.count * u)
                         self.u[i, ci, ri] = u
                 M.add(sum(self.n[i, ci, ri] for ri in range(len(cls.options))) == x)
+        reshard = self.layouts(b)
 
         alpha = 1.0 + self.ct("allocator_overhead")
         capacity = math.floor(T.capacity_bytes)
@@ -195,6 +196,9 @@ class _Builder:
         zero_expert = self.ct("zero_reduce_expert") + self.ct("zero_gather_expert")
         red_dense, red_expert = self.ct("dp_reduce_dense"), self.ct("dp_reduce_expert")
         gat_dense, gat_expert = self.ct("dp_gather_dense"), self.ct("dp_gather_expert")
+        zg_half_dense = self.ct("zero_gather_dense").scaled(0.5)
+        zg_half_expert = self.ct("zero_gather_expert").scaled(0.5)
+        kappa = self.ct("comm_slowdown")
 
         T_var = M.new_int_var(0, 2**50, "T")
         d = M.new_int_var(0, 2**50, "d")
@@ -242,12 +246,43 @@ class _Builder:
 
             # stage time per micro-batch, with (Z) the exposed ZeRO-2/3 traffic
             time_terms, time_c = self.stage_terms(i, *TIME_TERMS)
-            stage = self.time_lin(time_terms) + self.ticks(time_c + self.ct("boundary_s"))
+            stage = self.time_lin(time_terms) + self.ticks(
+                time_c + self.ct("boundary_s") + self.ct("micro_batch_overhead_s"))
+            stage += self.time_lin(reshard[i][0]) + self.ticks(reshard[i][1])
             if T.per_micro_batch_sync:
+                # per-phase exposure (terms.stage_time): e_f, e_b and the edge are scaled by
+                # (1 - kappa) so their coefficients stay integers; kappa * traffic is added
+                keep = 1.0 - kappa
                 traffic = charged(("zero_traffic_s",), zero_dense, zero_expert)
-                e = M.new_int_var(0, 2**50, f"e[{i}]")
-                M.add(e >= traffic - self.seconds(i, "fwd_s", "bwd_s"))
-                stage += e
+                fwd_terms, fwd_c = self.stage_terms(i, "zero_fwd_traffic_s")
+                fwd_c += zg_half_dense.intercept_s
+                traffic_terms, traffic_c = self.stage_terms(i, "zero_traffic_s")
+                traffic_c += zero_dense.intercept_s
+                bwd_terms = [(var, a - b) for (var, a), (_, b) in zip(traffic_terms, fwd_terms)]
+                bwd_c = traffic_c - fwd_c
+                f_terms, f_c = self.stage_terms(i, "fwd_s")
+                b_terms, b_c = self.stage_terms(i, "bwd_s", "recompute_s")
+                e_f = M.new_int_var(0, 2**50, f"e_fwd[{i}]")
+                M.add(e_f >= self.time_lin(fwd_terms, keep) - self.time_lin(f_terms, keep)
+                      + self.ticks(keep * (fwd_c - f_c)) + self._expert_ticks(
+                          zg_half_expert.intercept_s * keep, has_expert))
+                e_b = M.new_int_var(0, 2**50, f"e_bwd[{i}]")
+                M.add(e_b >= self.time_lin(bwd_terms, keep) - self.time_lin(b_terms, keep)
+                      + self.ticks(keep * (bwd_c - b_c)) + self._expert_ticks(
+                          (zero_expert.intercept_s - zg_half_expert.intercept_s) * keep,
+                          has_expert))
+                edge = M.new_int_var(0, 2**50, f"edge[{i}]")
+                for ci, cls in enumerate(P.classes):
+                    k = max(self.ticks(keep * self.lt(x, "zero_edge_s")) for x in cls.costs)
+                    if k:
+                        M.add(edge >= k * self.present[i, ci])
+                for cost in self.fixed(i):
+                    M.add(edge >= self.ticks(keep * self.lt(cost, "zero_edge_s")))
+                stage += e_f + e_b + edge
+                if kappa:
+                    stage += self.time_lin(traffic_terms, kappa) + self.ticks(
+                        kappa * traffic_c) + self._expert_ticks(
+                            kappa * zero_expert.intercept_s, has_expert)
             t = M.new_int_var(0, 2**50, f"t[{i}]")
             M.add(t == stage)
             M.add(T_var >= t)
@@ -266,7 +301,11 @@ class _Builder:
             exposed_g = M.new_int_var(0, 2**50, f"exposed_gather[{i}]")
             M.add(exposed_r >= reduce - hidden)
             M.add(exposed_g >= gather_s - hidden_gather)
-            M.add(d >= exposed_r + exposed_g)
+            if kappa:  # d >= (1 - kappa) e + kappa (reduce + gather), in ticks x 1000
+                M.add(1000 * d >= int(round(1000 * (1 - kappa))) * (exposed_r + exposed_g)
+                      + int(round(1000 * kappa)) * (reduce + gather_s))
+            else:
+                M.add(d >= exposed_r + exposed_g)
             slack += bwd
             slack_c += bwd_c
 
@@ -279,6 +318,79 @@ class _Builder:
         M.minimize(self.objective)
         if self.cutoff_s is not None:
             M.add(self.objective <= self.ticks((self.cutoff_s - self.constant_s()) * v))
+
+    def layouts(self, b: list) -> list[tuple[Terms, float]]:
+        """(R) Per-class layouts and the resharding edges between consecutive layers.
+
+        Each block class takes one layout: y[c,l] one-hot, n[i,c,r] = 0 unless y[c, layout(r)].
+        The boundary into class c costs ``reshard(l1, l2)`` on the stage holding c's first
+        block when class c-1 has l1 and c has l2: an edge variable z >= y[c-1,l1] + y[c,l2] - 1
+        (and, when that stage is a decision, q >= z + w[i,c] - 1 with w[i,c] = "stage i holds
+        c's first block"). The embedding and head keep the mesh layout: their boundaries cost
+        ``reshard(mesh, l)`` on the first and ``reshard(l, mesh)`` on the last stage. Returns per
+        stage the (variable, seconds) terms and a constant (Alpa / OpenXLA auto-sharding:
+        one-hot strategies per node, linearised pairwise resharding costs per edge)."""
+        P, M, pp = self.p, self.model, self.T.pp
+        L, v = P.num_blocks, self.T.virtual_stages
+        out: list[tuple[Terms, float]] = [([], 0.0) for _ in range(pp)]
+        if all(len(P.layouts(ci)) <= 1 for ci in range(len(P.classes))):
+            return out
+        from planner.strategy import Layout
+
+        y = []
+        for ci, cls in enumerate(P.classes):
+            ys = {lay: M.new_bool_var(f"y[{ci},{lay.value}]") for lay in P.layouts(ci)}
+            M.add_exactly_one(list(ys.values()))
+            for (i, c, ri), n in self.n.items():
+                if c == ci:
+                    M.add(n <= cls.count * ys[cls.options[ri].layout])
+            y.append(ys)
+        mesh = Layout.MESH
+        if P.pre:
+            first = P.classes[0].start
+            for lay, var in y[0].items():
+                cost = P.reshard_s(first - 1, first, mesh, lay)
+                if cost:
+                    out[0][0].append((var, cost))
+        if P.post:
+            last = P.post[0]
+            for lay, var in y[-1].items():
+                cost = P.reshard_s(last - 1, last, lay, mesh)
+                if cost:
+                    out[pp - 1][0].append((var, cost))
+        for ci in range(1, len(P.classes)):
+            cls = P.classes[ci]
+            if v > 1:
+                fixed = interleaved_rank(cls.first_block, L, pp, v)
+                w = None
+            elif pp == 1:
+                fixed, w = 0, None
+            else:
+                fixed, s0 = None, cls.first_block
+                w = [M.new_bool_var(f"w[{i},{ci}]") for i in range(pp)]
+                M.add_exactly_one(w)
+                for i in range(pp):
+                    M.add(b[i] <= s0 + L * (1 - w[i]))
+                    M.add(b[i + 1] >= s0 + 1 - L * (1 - w[i]))
+            for l1, y1 in y[ci - 1].items():
+                for l2, y2 in y[ci].items():
+                    cost = P.reshard_s(cls.start - 1, cls.start, l1, l2)
+                    if not cost:
+                        continue
+                    z = M.new_bool_var(f"z[{ci},{l1.value},{l2.value}]")
+                    M.add(z >= y1 + y2 - 1)
+                    if w is None:
+                        out[fixed][0].append((z, cost))
+                        continue
+                    for i in range(pp):
+                        q = M.new_bool_var(f"q[{i},{ci},{l1.value},{l2.value}]")
+                        M.add(q >= z + w[i] - 1)
+                        out[i][0].append((q, cost))
+        return out
+
+    def _expert_ticks(self, seconds: float, has_expert):
+        """An expert-group intercept, charged when the stage holds routed experts."""
+        return self.ticks(seconds) * has_expert if seconds else 0
 
     def constant_s(self) -> float:
         """Step-time terms no decision changes (the tied-embedding gradient all-reduce)."""

@@ -27,6 +27,7 @@ from planner.ir import ModelGraph
 from planner.solve.candidates import candidates, config_key
 from planner.solve.explain import does_not_fit
 from planner.solve.inner import solve_stages
+from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins
 from planner.strategy import LayerOption, default_placement
 
@@ -86,7 +87,11 @@ def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfi
     """Best Megatron-style uniform plan (even split, one option for every block) that fits."""
     best = None
     for option in allowed:
-        ev = evaluate(model, cluster, config, default_placement(model, config, option), runtime)
+        try:
+            ev = evaluate(model, cluster, config, default_placement(model, config, option),
+                          runtime)
+        except ValueError:  # a per-layer layout this mesh or some block cannot take
+            continue
         if ev.fits and (best is None or ev.step_time_s < best.step_time_s):
             best = ev
     return best
@@ -114,7 +119,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     capacity = cluster.memory_bytes_per_gpu
     fitting = [c for c in cands if c.memory_lb_bytes <= capacity]
     pruned_memory = total - len(fitting)
-    allowed = pins.block_options()
+    prof = runtime_profile(options.runtime.profile)
 
     kept: list[tuple[float, tuple, Evaluation]] = []  # (step time, key, evaluation)
     evaluated = optimal = 0
@@ -135,7 +140,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             out_of_work = True
             open_bound = min(open_bound, cand.time_lb_s)
             break
-        hint = uniform_placement(model, cluster, cand.config, options.runtime, allowed)
+        hint = uniform_placement(model, cluster, cand.config, options.runtime,
+                                 pins.block_options(cand.config, prof))
         result = solve_stages(
             cand.problem, hint=hint.placement if hint else None,
             cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),

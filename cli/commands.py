@@ -231,14 +231,9 @@ def clusters_command(as_json):
 @click.option("--timings", is_flag=True,
               help="Record the solve's wall-clock time in the plan (it then differs run to run).")
 @json_option
-<<<<<<< HEAD
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
-         top_k, pins,
-         attention_kernel, runtime, output, force, timings, as_json, **moe):
-=======
-def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, workers, top_k, pins,
-         attention_kernel, runtime, calibration, output, force, timings, as_json, **moe):
->>>>>>> main
+         top_k, pins, attention_kernel, runtime, calibration, output, force, timings, as_json,
+         **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.plan import dumps, make_plan, write_plan
     from planner.solve.search import SearchOptions, search
@@ -256,17 +251,10 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, worker
 
         graph, hw = _load(model, cluster, nodes, seq_len)
         setup = runtime_setup(hw, runtime, dtype, attention_kernel, calibration,
-                          moe=moe_options_from(moe))
+                              moe=moe_options_from(moe))
         hw = setup.cluster
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
-<<<<<<< HEAD
-                                work_limit=work_limit,
-                                runtime=RuntimeOptions(runtime=runtime,
-                                                       attention_kernel=attention_kernel,
-                                                       moe=moe_options_from(moe)))
-=======
-                                runtime=setup.options)
->>>>>>> main
+                                work_limit=work_limit, runtime=setup.options)
         from cli.render import search_progress
 
         with search_progress(enabled=True) as progress:

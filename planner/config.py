@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from planner.errors import invalid
 from planner.hardware import Cluster
@@ -44,7 +45,7 @@ class ParallelConfig:
     virtual_stages: int = 1
     dtype: str = "bf16"
 
-    @property
+    @cached_property  # read in every cost term; the dataclass is frozen, so computed once
     def mesh(self) -> Mesh:
         """The device mesh (degrees, rank order, group strides): :class:`planner.mesh.Mesh`."""
         return Mesh(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)

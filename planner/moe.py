@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from planner.errors import invalid
 
 DISPATCHERS = ("alltoall", "deepep")
+# Fraction of the all-to-all a runtime hides by default (calibrated: bench/moe_fit.py).
+DEFAULT_A2A_OVERLAP = 0.0
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class MoeOptions:
     imbalance: float = 1.0
     capacity_factor: float = 0.0  # 0: dropless
     dispatcher: str = "alltoall"
-    a2a_overlap: float = 0.0
+    a2a_overlap: float = DEFAULT_A2A_OVERLAP
 
     def validate(self) -> None:
         for name in ("imbalance", "capacity_factor", "a2a_overlap"):

@@ -50,6 +50,14 @@ from planner.moe import MoeOptions
 DROPLESS_SYNC_S = 60e-6
 
 
+# Grouped-GEMM kernels (Transformer Engine / cuBLASLt grouped GEMM, CUTLASS grouped) run one
+# launch over all local experts with per-expert problem sizes; they reach a fraction of the
+# dense cuBLAS efficiency of the same shapes (scheduling across ragged groups, no split-K,
+# per-expert quantisation in FP8). On top of the tile / wave model, which already charges small
+# per-expert row counts. Calibrated in docs/moe.md (bench/moe_fit.py).
+GROUPED_GEMM_EFFICIENCY = 1.0
+
+
 def routed_tokens(tokens: float, mlp: Mlp, tp: int, etp: int, load: float = 1.0) -> float:
     """Token copies one GPU's local experts compute for ``tokens`` (its micro-batch tokens)."""
     return tokens / tp * mlp.top_k * etp * load

@@ -66,3 +66,23 @@ def test_space_folds_ep_over_tp_and_cp():
     assert (4, 2, 8, 1) in meshes  # EP 8 over tp 4 x dp 2
     assert (4, 2, 2, 4) in meshes and (4, 2, 4, 4) not in meshes  # etp 4: 8 / 4 = 2 EP ranks
     assert all(c.ep <= 8 and 8 % c.ep == 0 for c in configs)
+
+
+def test_time_bound_with_zero_traffic_never_exceeds_a_real_plan():
+    """The bound counts ZeRO-2/3 per-micro-batch traffic no stage can hide; it must stay below
+    every plan's step time (here: every uniform plan of every candidate)."""
+    from planner.cost.model import evaluate
+    from planner.solve.candidates import candidates
+    from planner.strategy import default_placement
+
+    hw = cluster(0.5)
+    cands = candidates(MODEL, hw, 16, 128, "bf16", Pins(micro_batch=1), RuntimeOptions())
+    checked = 0
+    for cand in cands:
+        if cand.config.zero_stage < 2:
+            continue
+        for option in Pins().block_options():
+            ev = evaluate(MODEL, hw, cand.config, default_placement(MODEL, cand.config, option))
+            assert cand.time_lb_s <= ev.step_time_s * (1 + 1e-9), cand.config
+            checked += 1
+    assert checked > 50

@@ -157,7 +157,7 @@ def options_of(entry: dict) -> RuntimeOptions:
     t = entry["training"]
     routing = (t.get("moe_routing") or "").lower()
     capacity = 1.0 if "token-dropping" in routing else 0.0
-    dispatcher = "alltoall" if "torchtitan" in (t.get("framework") or "").lower() else "deepep"
+    dispatcher = "deepep" if "deepep" in (t.get("framework") or "").lower() else "alltoall"
     return RuntimeOptions(moe=MoeOptions(capacity_factor=capacity, dispatcher=dispatcher))
 
 

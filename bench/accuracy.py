@@ -1,7 +1,7 @@
 """Cost-model accuracy against published, measured training runs.
 
 Re-evaluates every usable entry of ``bench/data/published_runs.yaml`` (a copy of
-``shared/calibration/published_runs.yaml``) through the library with the library's defaults and
+the published-runs calibration set) through the library with the library's defaults and
 writes ``docs/accuracy.md``: per entry, predicted vs published step time and memory, and the
 median and max absolute errors. Run::
 
@@ -20,7 +20,7 @@ How an entry becomes inputs (no entry is special-cased; every rule reads the ent
   (fp16 grads + sharded fp32 grads); bf16 runs used the BF16 optimizer (fp32 grad accumulation
   unsharded, as Megatron does);
 * step time: ``iteration_time_s`` when published, else derived from the published TFLOP/s with
-  Narayanan Eq. 3 (the convention those sources use, formulas.md §2.5);
+  Narayanan Eq. 3 (the convention those sources use, Narayanan et al. 2021 §5.1);
 * memory: published GB (1e9 bytes, an nvidia-smi snapshot including CUDA context and allocator
   cache) against the predicted peak in the same unit.
 """

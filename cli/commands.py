@@ -15,12 +15,28 @@ def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | Non
     from clusters import load_cluster
     from models import load_model
 
-    graph = load_model(model, seq_len=seq_len)
+    ctx = click.get_current_context(silent=True)
+    importer = ctx.meta.get("shardplan.importer", "config") if ctx is not None else "config"
+    graph = load_model(model, seq_len=seq_len, importer=importer)
     return graph, (load_cluster(cluster, nodes=nodes) if cluster is not None else None)
 
 
-model_option = click.option("--model", "-m", "model", required=True, metavar="M",
-                            help="Preset name, HF config.json or native model file.")
+def _store_importer(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    ctx.meta["shardplan.importer"] = value
+    return value
+
+
+_model = click.option("--model", "-m", "model", required=True, metavar="M",
+                      help="Preset name, HF config.json, native model file, .onnx or .pt2.")
+_importer = click.option("--importer", type=click.Choice(["config", "graph"]), default="config",
+                         show_default=True, expose_value=False, callback=_store_importer,
+                         help="HF configs: config arithmetic, or trace the model's operator "
+                              "graph on the meta device (needs shardplan[graph]).")
+
+
+def model_option(f):
+    """--model and --importer (the importer reaches _load through the click context)."""
+    return _model(_importer(f))
 cluster_option = click.option("--cluster", "-c", "cluster", required=True, metavar="C",
                               help="Cluster preset name or cluster YAML file.")
 nodes_option = click.option("--nodes", type=click.IntRange(min=1), default=None,

@@ -102,6 +102,23 @@ def _load(key: str) -> ModelGraph:
     return replace(graph, name=key, default_seq_len=entry.seq_len, source=f"preset:{key}")
 
 
+def load_preset_graph(name: str) -> ModelGraph:
+    """A preset through the graph importer: HF-config presets are built and traced on the meta
+    device; native presets have no operator graph (error)."""
+    key = name.strip().lower()
+    if key not in _index():
+        raise unknown_preset(name)
+    entry = _index()[key]
+    data = read_mapping(entry.file)
+    if looks_native(data):
+        raise invalid(f"preset {key!r} is a native model file, which has no operator graph; "
+                      f"plan it without --importer graph")
+    from .graph.torch_import import import_hf_config_graph
+
+    graph = import_hf_config_graph(data, name=key, where=str(entry.file))
+    return replace(graph, name=key, default_seq_len=entry.seq_len, source=f"preset:{key}")
+
+
 def list_presets() -> list[PresetInfo]:
     """Every preset, sorted by name, with its counts (each preset is loaded once and cached)."""
     rows = []

@@ -152,7 +152,7 @@ class StateBytes:
     Sources: ZeRO (Rajbhandari et al. 2020 §3.1: 2 + 2 + K=12 for mixed-precision Adam);
     Megatron-LM keeps an fp32 ``main_grad`` (4 bytes) and its distributed optimizer shards the
     12 bytes of fp32 master weights and Adam moments (Korthikanti et al. 2022 §6 reproduce their
-    Fig. 1 with 18 bytes/param; formulas.md §3.2); DeepSpeed's fp16 ZeRO-1/2 optimizer keeps
+    Fig. 1 with 18 bytes/param; Korthikanti et al. 2022 §6); DeepSpeed's fp16 ZeRO-1/2 optimizer keeps
     fp16 gradients plus an fp32 gradient partition next to the fp32 master partition.
     """
 

@@ -18,6 +18,7 @@ Produced by ``clusters/`` (loader and presets); consumed by ``planner/cost``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Mapping
 
@@ -182,6 +183,9 @@ class Pool:
     def as_cluster(self, name: str | None = None, *, num_nodes: int | None = None) -> Cluster:
         """This pool as a homogeneous :class:`Cluster` (ranks renumbered from 0), optionally
         cut to its first ``num_nodes`` nodes (the tiers' ``domain_gpus`` follow)."""
+        return _pool_cluster(self, name, num_nodes)
+
+    def _as_cluster(self, name: str | None, num_nodes: int | None) -> Cluster:
         nodes = self.num_nodes if num_nodes is None else num_nodes
         domains = (self.gpus_per_node, self.gpus_per_node * nodes)
         tiers = tuple(NetworkTier(t.name, domains[min(i, 1)], t.bandwidth_gbytes_per_s,
@@ -202,6 +206,11 @@ class Pool:
                     spine_oversubscription=cluster.spine_oversubscription,
                     spine_latency_us=cluster.spine_latency_us,
                     intra_node_topology=cluster.intra_node_topology, first_rank=first_rank)
+
+
+@lru_cache(maxsize=1024)
+def _pool_cluster(pool: Pool, name: str | None, num_nodes: int | None) -> Cluster:
+    return pool._as_cluster(name, num_nodes)
 
 
 @dataclass(frozen=True)

@@ -176,13 +176,14 @@ def _commit_replace(tmp: str, target: Path) -> None:
     os.replace(tmp, target)
 
 
-def write_file(text: str, path: str | os.PathLike, *, force: bool = False,
+def write_file(text: str | bytes, path: str | os.PathLike, *, force: bool = False,
                critical: Callable[[], ContextManager] = contextlib.nullcontext,
                on_commit: Callable[[], None] | None = None) -> Path:
-    """Write ``text`` (UTF-8) to ``path`` atomically and exclusively (see the module doc)."""
+    """Write ``text`` (UTF-8; bytes as they are, e.g. a PNG) to ``path`` atomically and
+    exclusively (see the module doc)."""
     target = check_target(path, force=force)
     folder = _folder(target)
-    data = text.encode("utf-8")
+    data = text if isinstance(text, bytes) else text.encode("utf-8")
     try:
         fd, tmp = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX, dir=folder)
     except OSError as error:

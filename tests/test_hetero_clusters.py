@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from clusters import list_pool_presets, load_cluster, pool_preset_names
-from clusters.pool_topology import (INTER_POOL_VERTEX, Segment, build_pool_topology,
+from planner.pool_topology import (INTER_POOL_VERTEX, Segment, build_pool_topology,
                                     cross_pool_link, pool_group_link)
 from planner.topology import group_link
 from planner.errors import ErrorKind, PlannerError

@@ -45,6 +45,10 @@ FLASH_BWD_RATIO = 0.75  # flash backward efficiency / forward efficiency (FA2 §
 TILES = ((256, 128, 1.00), (128, 256, 1.00), (128, 128, 0.92), (128, 64, 0.80), (64, 64, 0.60))
 
 
+# Bytes per GEMM operand element; fp4 (NVFP4) is 4-bit values plus one fp8 scale per 16.
+GEMM_OPERAND_BYTES = {"fp8": 1.0, "fp4": 0.5 + 1.0 / 16}
+
+
 def hbm_bytes_per_s(gpu: Gpu) -> float:
     """Achievable HBM bandwidth of streaming (memory-bound) kernels, bytes per second."""
     return gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
@@ -147,7 +151,7 @@ def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str) -> float:
     if gemm.grouped:
         eff *= moe.GROUPED_GEMM_EFFICIENCY
     compute = gemm.flops / (gpu.peak_flops(dtype) * eff)
-    elem = 1 if dtype == "fp8" else 2
+    elem = GEMM_OPERAND_BYTES.get(dtype, 2)
     traffic = elem * gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
     memory = traffic / hbm_bytes_per_s(gpu)
     return max(compute, memory) + KERNEL_LAUNCH_S
@@ -237,12 +241,12 @@ def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str) -
     if kernel == "flash":
         flops = attention_core_flops(att, shard, kernel)
         efficiency = gpu.attention_efficiency or FLASH_DEFAULT_RELATIVE * gpu.matmul_efficiency
-        rate = gpu.peak_flops("bf16" if shard.dtype == "fp8" else shard.dtype) * efficiency
+        rate = gpu.peak_flops("bf16" if shard.dtype in ("fp8", "fp4") else shard.dtype) * efficiency
         fwd = flops / rate + KERNEL_LAUNCH_S
         bwd = 2.5 * flops / (rate * FLASH_BWD_RATIO) + KERNEL_LAUNCH_S
         return fwd, bwd
     # Eager: batched GEMMs over (micro_batch x heads) plus a memory-bound softmax over the scores.
-    dtype = "bf16" if shard.dtype == "fp8" else shard.dtype
+    dtype = "bf16" if shard.dtype in ("fp8", "fp4") else shard.dtype
     q = shard.tokens // shard.micro_batch
     keys = shard.seq_len
     batch = shard.micro_batch * heads

@@ -3,9 +3,9 @@ parallelism, and the pipeline schedule's micro-batches in flight.
 
 Pure functions over byte counts. Sources:
 
-* ZeRO stages: Rajbhandari et al. 2020 §5 (formulas.md §3.1); per-runtime bytes per parameter
+* ZeRO stages: Rajbhandari et al. 2020 §5 (ZeRO, Rajbhandari et al. 2020 §3.1); per-runtime bytes per parameter
   in :class:`planner.config.StateBytes`.
-* Activations per transformer layer: Korthikanti et al. 2022 §4 (formulas.md §4). The general
+* Activations per transformer layer: Korthikanti et al. 2022 §4 (Korthikanti et al. 2022 §4). The general
   form below reproduces their ``sbh(34 + 5as/h)`` exactly for a GPT block with dropout and
   eager attention, and extends it tensor by tensor to GQA, gated MLPs, MoE, MLA and flash
   attention.

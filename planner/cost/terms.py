@@ -68,6 +68,7 @@ class Affine:
     intercept_s: float = 0.0
 
     @staticmethod
+    @lru_cache(maxsize=16384)
     def of(fn, *args) -> "Affine":
         """Slope and intercept of ``fn(size, *args)``, an alpha-beta collective of comm.py."""
         a, b = fn(1e9, *args), fn(2e9, *args)
@@ -156,6 +157,7 @@ class ConfigTerms:
     embedding_sync_s: float  # tied embeddings: gradient all-reduce of first and last stage
 
 
+
 # Configuration terms the solver's model reads (the mutation test drops each in turn).
 SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "boundary_s",
                        "zero_reduce_dense", "zero_reduce_expert", "zero_gather_dense",
@@ -221,8 +223,7 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         gat_dense, gat_expert = coll(comm.all_gather_s, n), ecoll(comm.all_gather_s, n_expert)
     return ConfigTerms(
         pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
-        in_flight=tuple(in_flight_micro_batches(i, c.pp, c.num_micro_batches, c.virtual_stages)
-                        for i in range(c.pp)),
+        in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages),
         capacity_bytes=ctx.cluster.memory_bytes_per_gpu,
         reserve_bytes=ctx.cluster.gpu.reserve_gib * GIB,
         allocator_overhead=ALLOCATOR_OVERHEAD, buffer_bytes=buffers, boundary_s=boundary_s,
@@ -231,6 +232,12 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         dp_reduce_dense=red_dense, dp_reduce_expert=red_expert, dp_gather_dense=gat_dense,
         dp_gather_expert=gat_expert, overlap_grad_reduce=opts.overlap_grad_reduce,
         overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx))
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(pp: int, num_micro_batches: int, virtual_stages: int) -> tuple[float, ...]:
+    return tuple(in_flight_micro_batches(i, pp, num_micro_batches, virtual_stages)
+                 for i in range(pp))
 
 
 def embedding_sync_s(ctx: CostContext) -> float:
@@ -425,8 +432,14 @@ class StepBreakdown:
         return self.pipeline_s + self.dp_exposed_s + self.optimizer_s + self.embedding_sync_s
 
 
-def step_time(t: ConfigTerms, stage_layers: Sequence[Sequence[LayerTerms]],
+def step_time(t: ConfigTerms | Sequence[ConfigTerms], stage_layers: Sequence[Sequence[LayerTerms]],
               stage_times: Sequence[float]) -> StepBreakdown:
+    """The step from its stages. ``t`` is the configuration's terms, or one ConfigTerms per
+    stage when stages differ in hardware (stages on different GPU pools, planner/hetero): each
+    stage's data-parallel sync is then costed with its own terms; the schedule, overlap switches
+    and embedding sync are read from the first stage's."""
+    per_stage = list(t) if isinstance(t, (list, tuple)) else [t] * len(stage_layers)
+    t = per_stage[0]
     m = t.num_micro_batches
     pipe = pipeline_time_s(stage_times, m, t.virtual_stages)
     bubble = pipe - m * max(stage_times)
@@ -436,8 +449,8 @@ def step_time(t: ConfigTerms, stage_layers: Sequence[Sequence[LayerTerms]],
     # --overlap-param-gather).
     exposed = 0.0
     slack = 0.0
-    for layers in stage_layers:
-        reduce, gather = dp_sync_s(t, layers)
+    for stage, layers in enumerate(stage_layers):
+        reduce, gather = dp_sync_s(per_stage[stage], layers)
         bwd = sum(x.bwd_s + x.recompute_s for x in layers)
         fwd = sum(x.fwd_s for x in layers)
         hidden_reduce = (bwd + slack) if t.overlap_grad_reduce else slack

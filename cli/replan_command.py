@@ -1,0 +1,145 @@
+"""``shardplan replan``: the best plan on the GPUs that remain after failures (and around slow
+ranks), under a churn budget, reported against the old plan. A thin shell over
+:func:`planner.hetero.replan.replan` (docs/heterogeneous.md, "Failures and stragglers")."""
+from __future__ import annotations
+
+import click
+
+from cli import signals
+from cli.app import emit_text
+from planner.errors import invalid
+
+MAX_RANKS = 1 << 20
+
+
+def parse_ranks(text: str) -> list[int]:
+    """'3,17,200' -> [3, 17, 200]; INVALID_INPUT for anything else."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part.isdigit() or len(part) > 9:
+            raise invalid(f"--failed: {part!r} is not a rank (a comma list of global ranks, "
+                          f"e.g. 3,17)")
+        out.append(int(part))
+    if len(out) > MAX_RANKS:
+        raise invalid(f"--failed: {len(out)} ranks (limit {MAX_RANKS})")
+    if len(set(out)) != len(out):
+        raise invalid("--failed: a rank is listed twice")
+    return out
+
+
+def parse_slow(items) -> dict[int, float]:
+    """('9:1.5', '40:2') -> {9: 1.5, 40: 2.0}."""
+    import math
+
+    out: dict[int, float] = {}
+    for item in items:
+        rank, sep, factor = str(item).partition(":")
+        rank = rank.strip()
+        if not sep or not rank.isdigit() or len(rank) > 9:
+            raise invalid(f"--slow {item!r}: expected RANK:FACTOR, e.g. 9:1.5")
+        try:
+            value = float(factor)
+        except ValueError:
+            raise invalid(f"--slow {item!r}: {factor!r} is not a number") from None
+        if not math.isfinite(value) or not 1.0 <= value <= 1000.0:
+            raise invalid(f"--slow {item!r}: the factor must be in [1, 1000] (1.5: the rank "
+                          f"takes 1.5x as long)")
+        if int(rank) in out:
+            raise invalid(f"--slow: rank {rank} is given twice")
+        out[int(rank)] = value
+    return out
+
+
+@click.command("replan")
+@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.option("--failed", "failed", default="", metavar="RANKS",
+              help="Failed GPUs: a comma list of global ranks of the plan.")
+@click.option("--slow", "slow", multiple=True, metavar="RANK:FACTOR",
+              help="A straggler and its slowdown (1.5: takes 1.5x as long). Repeatable.")
+@click.option("--max-moved-layers", type=click.IntRange(min=0), default=None,
+              help="Churn budget: layers that may change pipeline stage (default: any).")
+@click.option("--allow-batch-change", is_flag=True,
+              help="Allow a smaller global batch (a multiple of the new data-parallel degree) "
+                   "instead of dropping more replicas.")
+@click.option("--time-limit", type=click.FloatRange(min=0.1, max=3600), default=5.0,
+              show_default=True, help="Seconds for the re-plan.")
+@click.option("-o", "--output", default=None, metavar="FILE",
+              help="Write the new plan file here (- for standard output).")
+@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the new plan (with its replan section) as one JSON document.")
+def replan_command(plan_path, failed, slow, max_moved_layers, allow_batch_change, time_limit,
+                   output, force, as_json):
+    """Re-plan after failed GPUs or around slow ones; write the new plan with a replan section."""
+    from planner.cost.model import Evaluation
+    from planner.hetero.replan import replan
+    from planner.plan import dumps, make_plan, write_plan
+    from planner.plan_types import Plan
+    from planner.writer import check_target
+
+    failed_ranks = parse_ranks(failed) if str(failed).strip() else []
+    slow_ranks = parse_slow(slow)
+    to_stdout = as_json or output == "-"
+    if output == "-":
+        output = None
+    if output is not None:
+        check_target(output, force=force)
+    old = Plan.load(plan_path)
+    with signals.deadline(time_limit, max(1.0, 0.1 * time_limit)):
+        result = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
+                        failed=failed_ranks, slow=slow_ranks, max_moved_layers=max_moved_layers,
+                        allow_batch_change=allow_batch_change, time_limit_s=time_limit)
+    chosen = result.chosen
+    ev = chosen.evaluation
+    new = Evaluation(old.model, chosen.cluster, chosen.config, chosen.placement, old.runtime,
+                     ev.stages, ev.breakdown, ev.model_flops, ev.hw_flops)
+    inputs = old.document["inputs"]
+    doc = make_plan(new, model_spec=inputs["model"]["spec"], cluster_spec=inputs["cluster"]["spec"],
+                    nodes=chosen.cluster.num_nodes,
+                    solver={"status": chosen.solver_status, "objective_s": ev.step_time_s})
+    doc["replan"] = result.as_dict() | {"old_plan": str(plan_path)}
+    if output is not None:
+        write_plan(doc, output, force=force, critical=signals.deferred,
+                   on_commit=signals.finish)
+    if to_stdout:
+        emit_text(dumps(doc))
+    if not as_json:
+        print_replan(doc["replan"], written_to=output)
+
+
+def print_replan(r: dict, written_to: str | None = None) -> None:
+    """The re-plan against the old plan, for people (stderr)."""
+    from rich.table import Table
+
+    from cli.console import console, line
+
+    what = []
+    if r["failed_ranks"]:
+        what.append(f"failed ranks {', '.join(map(str, r['failed_ranks']))}")
+    if r["slow_ranks"]:
+        what.append("slow " + ", ".join(f"{k}:{v:g}x" for k, v in r["slow_ranks"].items()))
+    console.print(line(("replan", "bold"), f" after {'; '.join(what)}: ",
+                       (r["strategy"], "bold"),
+                       f" on {r['gpus_used']} GPUs, global batch {r['global_batch']}"))
+    console.print(line(f"step {r['old_step_time_s']:.3f} s -> {r['new_step_time_s']:.3f} s, "
+                       f"throughput ", (f"-{r['throughput_loss_pct']:.2f}%", "bold"),
+                       f"; moved {r['moved_layers']} layers",
+                       f" (budget {r['max_moved_layers']})" if r["max_moved_layers"] is not None
+                       else "",
+                       f", {r['moved_state_gib']:.1f} GiB of state (",
+                       ", ".join(f"{k} {v:.1f}" for k, v in r["moved_state_gib_by_link"].items())
+                       or "none", f"), {r['lost_state_gib']:.2f} GiB lost (restore from the "
+                       f"last checkpoint), {r['reformed_tp_groups']} TP groups re-formed"))
+    table = Table(title="Options considered")
+    for column in ("strategy", "GPUs", "step s", "fits", "moved layers", "moved GiB"):
+        table.add_column(column, justify="right")
+    for o in r["considered"]:
+        table.add_row(o["strategy"], str(o["gpus_used"]), f"{o['step_time_s']:.3f}",
+                      "yes" if o["fits"] else "no", str(o["moved_layers"]),
+                      f"{o['moved_state_gib']:.1f}")
+    console.print(table)
+    for note in r["notes"]:
+        console.print(line("note: ", note))
+    if written_to:
+        console.print(line("plan written to ", written_to), soft_wrap=True)

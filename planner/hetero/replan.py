@@ -1,0 +1,404 @@
+"""Re-planning after failures and around stragglers, under a churn budget.
+
+Consumes a plan's decisions (model, one-pool cluster, ParallelConfig, LayerPlacement, runtime
+options), the failed global ranks, per-rank slowdown factors and a budget (layers that may change
+stage); produces a :class:`ReplanResult`: the fastest plan on the remaining GPUs that fits memory
+and stays within the budget, what it costs against the old plan (throughput, layers moved, TP
+groups re-formed, state that crosses each link, state lost with the failed GPUs), and every
+option considered.
+
+Options (each surviving GPU keeps its pipeline stage, TP and CP coordinates unless a layer
+moves; ranks are the Megatron order of :class:`~planner.mesh.Mesh`):
+
+* **drop replicas**: the data-parallel replicas holding a failed rank leave (with the replicas
+  that share their nodes, so whole nodes leave); dp shrinks, the global batch is kept (the
+  fewest further replicas are dropped until dp x micro-batch divides it) or, when allowed,
+  rounded down to a multiple of the new dp. No layer moves; ZeRO shards are re-partitioned over
+  the new data-parallel groups.
+* **rebalance**: the stage boundaries and the layer options are re-solved with the CP-SAT model
+  of :mod:`planner.hetero.ilp` with each stage's slowdown (the slowest rank of the stage: its TP
+  peers wait at every collective, and the slowest replica sets the step), under the budget of
+  blocks that change stage (a hard constraint). 1F1B plans only (interleaved chunks are equal).
+* **drop the stragglers' replicas**: slow ranks treated as failed.
+
+Not offered: nonuniform tensor parallelism (a TP group continuing with one GPU fewer): none of
+the runtimes the plan exports to (Megatron-LM, torchtitan, DeepSpeed) runs a TP group whose
+size does not divide the heads evenly over equal shards.
+
+State accounting (bytes, per GPU summed over GPUs): a layer that changes stage is sent whole
+(weights and optimizer states, after TP and ZeRO sharding) to every GPU of its new stage;
+ZeRO-1/2/3 shards of the layers that stay are re-partitioned: a GPU whose new shard interval
+(flat data-parallel index j' of n') is not inside its old one fetches the difference from its
+old owners; what only a failed GPU held is lost (restore it from the last checkpoint). A
+transfer crosses the network tier when source and destination are on different nodes, else
+the node's tier.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.cost.terms import layer_terms
+from planner.errors import ErrorKind, PlannerError, invalid
+from planner.hardware import GIB, Cluster, Pool
+from planner.hetero.evaluate import HeteroEvaluation, hetero_evaluate
+from planner.hetero.ilp import solve_pools
+from planner.hetero.layout import StagePools
+from planner.hetero.terms import pool_terms
+from planner.ir import LayerKind, ModelGraph
+from planner.mesh import Mesh
+from planner.solve.space import _divisors
+from planner.strategy import LayerPlacement
+
+
+@dataclass(frozen=True)
+class ReplanOption:
+    strategy: str
+    config: ParallelConfig
+    placement: LayerPlacement
+    cluster: Cluster  # the GPUs the new plan runs on (renumbered from 0)
+    evaluation: HeteroEvaluation
+    rank_map: tuple[int, ...]  # new rank -> old global rank
+    dropped_replicas: tuple[int, ...]
+    moved_layers: int
+    moved_state_bytes: float
+    moved_state_by_link: Mapping[str, float]
+    lost_state_bytes: float
+    reformed_tp_groups: int
+    solver_status: str
+
+    @property
+    def step_time_s(self) -> float:
+        return self.evaluation.step_time_s
+
+
+@dataclass
+class ReplanResult:
+    old: HeteroEvaluation
+    chosen: ReplanOption
+    considered: list[ReplanOption]
+    failed_ranks: tuple[int, ...]
+    slow: Mapping[int, float]
+    max_moved_layers: int | None
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def throughput_loss_pct(self) -> float:
+        return 100.0 * (1.0 - self.chosen.evaluation.tokens_per_s / self.old.tokens_per_s)
+
+    def as_dict(self) -> dict:
+        """The ``replan`` section of the new plan (and of ``--json``)."""
+        c = self.chosen
+        return {
+            "failed_ranks": list(self.failed_ranks),
+            "slow_ranks": {str(r): f for r, f in sorted(self.slow.items())},
+            "strategy": c.strategy,
+            "throughput_loss_pct": self.throughput_loss_pct,
+            "old_step_time_s": self.old.step_time_s,
+            "new_step_time_s": c.step_time_s,
+            "old_tokens_per_s": self.old.tokens_per_s,
+            "new_tokens_per_s": c.evaluation.tokens_per_s,
+            "moved_layers": c.moved_layers,
+            "max_moved_layers": self.max_moved_layers,
+            "moved_state_gib": c.moved_state_bytes / GIB,
+            "moved_state_gib_by_link": {k: v / GIB for k, v in sorted(c.moved_state_by_link.items())},
+            "lost_state_gib": c.lost_state_bytes / GIB,
+            "reformed_tp_groups": c.reformed_tp_groups,
+            "dropped_replicas": list(c.dropped_replicas),
+            "gpus_used": c.config.num_gpus,
+            "global_batch": c.config.global_batch,
+            "old_global_batch": self.old.config.global_batch,
+            "rank_map": list(c.rank_map),
+            "solver_status": c.solver_status,
+            "considered": [{"strategy": o.strategy, "step_time_s": o.step_time_s,
+                            "fits": o.evaluation.fits, "moved_layers": o.moved_layers,
+                            "moved_state_gib": o.moved_state_bytes / GIB,
+                            "gpus_used": o.config.num_gpus} for o in self.considered],
+            "notes": list(self.notes),
+        }
+
+
+def _check_ranks(cluster: Cluster, failed: Sequence[int], slow: Mapping[int, float],
+                 config: ParallelConfig) -> None:
+    n = config.num_gpus
+    for r in list(failed) + list(slow):
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < n:
+            raise invalid(f"rank {r!r} is not a rank of the plan (0 .. {n - 1})",
+                          "ranks are global ranks as the plan numbers them")
+    for r, f in slow.items():
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) \
+                or not 1.0 <= f <= 1000.0:
+            raise invalid(f"slowdown of rank {r}: {f!r} is not a factor in [1, 1000]",
+                          "a factor of 1.5 means the rank takes 1.5x as long")
+
+
+def _shrunk(cluster: Cluster, gpus: int) -> Cluster:
+    """The cluster cut to ``gpus`` GPUs (whole nodes; the plan's ranks are renumbered)."""
+    nodes = max(1, math.ceil(gpus / cluster.gpus_per_node))
+    if nodes == cluster.num_nodes:
+        return cluster
+    cut = Pool.from_cluster(cluster).as_cluster(cluster.name, num_nodes=nodes)
+    return replace(cut, source=cluster.source, description=cluster.description,
+                   extra=cluster.extra)
+
+
+def _stage_factors(mesh: Mesh, slow: Mapping[int, float], replicas: Sequence[int]) -> list[float]:
+    keep = set(replicas)
+    out = [1.0] * mesh.pp
+    for rank, factor in slow.items():
+        c = mesh.coords(rank)
+        if c["dp"] in keep:
+            out[c["pp"]] = max(out[c["pp"]], float(factor))
+    return out
+
+
+def _block_counts(model: ModelGraph, placement: LayerPlacement, pp: int) -> list[int]:
+    counts = [0] * pp
+    for i, layer in enumerate(model.layers):
+        if layer.kind is LayerKind.BLOCK:
+            counts[placement.stage[i]] += 1
+    return counts
+
+
+def _contiguous(model: ModelGraph, placement: LayerPlacement) -> bool:
+    stages = [placement.stage[i] for i, layer in enumerate(model.layers)
+              if layer.kind is LayerKind.BLOCK]
+    return stages == sorted(stages)
+
+
+class _Replanner:
+    def __init__(self, model, cluster, config, placement, runtime, failed, slow, budget,
+                 allow_batch_change, deadline):
+        self.model, self.cluster, self.config = model, cluster, config
+        self.placement, self.runtime = placement, runtime
+        self.failed, self.slow, self.budget = tuple(sorted(set(failed))), dict(slow), budget
+        self.allow_batch_change = allow_batch_change
+        self.deadline = deadline
+        self.mesh = config.mesh
+        self.notes: list[str] = []
+
+    # -- survivors ---------------------------------------------------------------------------
+    @property
+    def group(self) -> int:
+        """Replicas whose GPUs share nodes (tp x cp smaller than a node): they leave together."""
+        c, gpn = self.config, self.cluster.gpus_per_node
+        group = gpn // (c.tp * c.cp) if c.tp * c.cp < gpn else 1
+        return group if group > 1 and c.dp % group == 0 else 1
+
+    def drop_set(self, ranks: Sequence[int]) -> list[int]:
+        """Replicas to drop for ``ranks``: theirs, and those sharing their nodes."""
+        c, group = self.config, self.group
+        hit = {self.mesh.coords(r)["dp"] for r in ranks}
+        return sorted({g * group + k for r in hit for g in [r // group] for k in range(group)
+                       if g * group + k < c.dp})
+
+    def shrink(self, dropped: list[int]) -> tuple[list[int], ParallelConfig] | None:
+        """Surviving replicas and the config on them (global batch kept, or rounded down)."""
+        c = self.config
+        survivors = [r for r in range(c.dp) if r not in dropped]
+        while survivors:
+            dp = len(survivors)
+            for mbs in [c.micro_batch] + [b for b in _divisors(c.global_batch)
+                                          if b != c.micro_batch and b <= 16]:
+                if c.global_batch % (dp * mbs) == 0:
+                    return survivors, replace(c, dp=dp, micro_batch=mbs)
+            if self.allow_batch_change:
+                gb = c.global_batch // (dp * c.micro_batch) * dp * c.micro_batch
+                if gb:
+                    self.notes.append(f"global batch {c.global_batch} -> {gb} (dp {dp})")
+                    return survivors, replace(c, dp=dp, global_batch=gb)
+            # drop more replicas (a node's worth at a time) until dp divides the batch
+            survivors = survivors[:-self.group]
+        return None
+
+    def rank_map(self, survivors: Sequence[int], config: ParallelConfig) -> tuple[int, ...]:
+        new = config.mesh
+        out = []
+        for rank in range(new.num_gpus):
+            c = new.coords(rank)
+            out.append(self.mesh.rank(pp=c["pp"], dp=survivors[c["dp"]], cp=c["cp"], tp=c["tp"]))
+        return tuple(out)
+
+    # -- options -----------------------------------------------------------------------------
+    def option(self, strategy: str, survivors: list[int], config: ParallelConfig,
+               rebalance: bool) -> ReplanOption | None:
+        dropped = tuple(r for r in range(self.config.dp) if r not in survivors)
+        cluster = _shrunk(self.cluster, config.num_gpus)
+        pools = StagePools((cluster.name,) * config.pp)
+        factors = _stage_factors(self.mesh, self.slow, survivors)
+        terms = pool_terms(self.model, cluster, config, self.runtime)
+        placement, status = self.placement, "KEPT"
+        if rebalance:
+            if config.virtual_stages > 1 or not _contiguous(self.model, self.placement):
+                return None
+            old_counts = _block_counts(self.model, self.placement, config.pp)
+            budget = self.budget if self.budget is not None else self.model.num_blocks
+            result = solve_pools(terms, config.pp, slowdown=factors, fixed_pools=pools,
+                                 old_counts=old_counts, max_moved=budget,
+                                 hint=(pools, self.placement),
+                                 max_time_s=max(0.2, self.deadline - time.monotonic()),
+                                 deterministic_time=5.0)
+            if result.placement is None:
+                return None
+            placement, status = result.placement, result.status
+        ev = hetero_evaluate(self.model, cluster, config, pools, placement, self.runtime,
+                             factors, terms)
+        rank_map = self.rank_map(survivors, config)
+        moved, state, by_link, lost = self.churn(config, placement, rank_map, terms)
+        return ReplanOption(strategy, config, placement, cluster, ev, rank_map, dropped, moved,
+                            state, by_link, lost, self.reformed_tp(config, rank_map), status)
+
+    def reformed_tp(self, config: ParallelConfig, rank_map: Sequence[int]) -> int:
+        old = {frozenset(self.mesh.group("tp", r)) for r in range(self.mesh.num_gpus)}
+        new = config.mesh
+        groups = {frozenset(rank_map[m] for m in new.group("tp", r)) for r in range(new.num_gpus)}
+        return sum(1 for g in groups if g not in old)
+
+    def churn(self, config: ParallelConfig, placement: LayerPlacement,
+              rank_map: Sequence[int], terms) -> tuple[int, float, dict, float]:
+        """(layers moved, bytes moved, bytes per link, bytes lost) of the new plan."""
+        model, old_mesh, new_mesh = self.model, self.mesh, config.mesh
+        ctx = terms[0].problem.ctx
+        gpn = self.cluster.gpus_per_node
+        near, far = self.cluster.tiers[0].name, self.cluster.tiers[-1].name
+        failed = set(self.failed)
+        by_link: dict[str, float] = {}
+        lost = 0.0
+
+        def send(src: int, dst: int, nbytes: float) -> None:
+            nonlocal lost
+            if nbytes <= 0:
+                return
+            if src in failed:
+                lost += nbytes
+                return
+            link = near if src // gpn == dst // gpn else far
+            by_link[link] = by_link.get(link, 0.0) + nbytes
+
+        moved = {i for i in range(len(model.layers))
+                 if placement.stage[i] != self.placement.stage[i]}
+        zero = config.zero_stage
+        n_old, n_new = old_mesh.shard_degree, new_mesh.shard_degree
+        reshard = zero >= 1 and (n_old != n_new or rank_map != tuple(range(len(rank_map))))
+        cache: dict = {}
+
+        def terms_of(i: int):
+            key = (model.layers[i].signature, placement.options[i])
+            if key not in cache:
+                cache[key] = layer_terms(ctx, model.layers[i], placement.options[i])
+            return cache[key]
+
+        ranks_of_stage: dict[int, list[tuple[int, dict]]] = {}
+        for new_rank in range(new_mesh.num_gpus):
+            c = new_mesh.coords(new_rank)
+            ranks_of_stage.setdefault(c["pp"], []).append((new_rank, c))
+        for stage in range(config.pp):
+            layers = [i for i in range(len(model.layers)) if placement.stage[i] == stage]
+            sharded = sum(terms_of(i).optimizer_bytes * n_new
+                          + (terms_of(i).params_bytes * n_new if zero >= 3 else 0.0)
+                          for i in layers if i not in moved)
+            moved_from = {}  # old stage -> bytes of this stage's moved layers that were there
+            for i in layers:
+                if i in moved:
+                    x = terms_of(i)
+                    moved_from[self.placement.stage[i]] = moved_from.get(
+                        self.placement.stage[i], 0.0) + x.params_bytes + x.optimizer_bytes
+            for new_rank, c in ranks_of_stage.get(stage, []):
+                dst = rank_map[new_rank]
+                oc = old_mesh.coords(dst)
+                # moved layers: whole, from the GPU of the same replica, cp and tp there
+                for old_stage, nbytes in moved_from.items():
+                    send(old_mesh.rank(pp=old_stage, dp=oc["dp"], cp=oc["cp"], tp=oc["tp"]),
+                         dst, nbytes)
+                if not reshard or not sharded:
+                    continue
+                # the layers that stay: re-partition their ZeRO shards over the new group
+                j_new = c["dp"] * config.cp + c["cp"]
+                lo, hi = j_new / n_new, (j_new + 1) / n_new
+                j_old = oc["dp"] * self.config.cp + oc["cp"]
+                for j in range(math.floor(lo * n_old), min(n_old, math.ceil(hi * n_old))):
+                    overlap = min(hi, (j + 1) / n_old) - max(lo, j / n_old)
+                    if j == j_old or overlap <= 1e-15:
+                        continue
+                    src = old_mesh.rank(pp=oc["pp"], dp=j // self.config.cp,
+                                        cp=j % self.config.cp, tp=oc["tp"])
+                    send(src, dst, overlap * sharded)
+        return len(moved), sum(by_link.values()), by_link, lost
+
+    def run(self) -> list[ReplanOption]:
+        options: list[ReplanOption] = []
+        v1 = self.config.virtual_stages == 1
+        if self.failed:
+            dropped = self.drop_set(self.failed)
+            shrunk = self.shrink(dropped)
+            if shrunk is None:
+                raise PlannerError(ErrorKind.INFEASIBLE,
+                                   f"no data-parallel replica survives the failure of ranks "
+                                   f"{', '.join(map(str, self.failed))}",
+                                   ("the plan has dp 1: re-plan from scratch on the remaining "
+                                    "GPUs with `shardplan plan`",))
+            survivors, config = shrunk
+            for strategy, rebalance in (("drop-replicas", False),
+                                        ("drop-replicas+rebalance", True)):
+                if rebalance and not v1:
+                    continue
+                opt = self.option(strategy, survivors, config, rebalance)
+                if opt is not None:
+                    options.append(opt)
+        else:
+            survivors = list(range(self.config.dp))
+            options.append(self.option("keep", survivors, self.config, False))
+            if v1 and self.slow:
+                opt = self.option("rebalance", survivors, self.config, True)
+                if opt is not None:
+                    options.append(opt)
+        if self.slow:  # treat the stragglers as failed
+            dropped = self.drop_set(list(self.failed) + list(self.slow))
+            shrunk = self.shrink(dropped)
+            if shrunk is not None and len(shrunk[0]) < self.config.dp:
+                opt = self.option("drop-slow-replicas", shrunk[0], shrunk[1], False)
+                if opt is not None:
+                    options.append(opt)
+        return options
+
+
+def replan(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
+           placement: LayerPlacement, runtime: RuntimeOptions = RuntimeOptions(), *,
+           failed: Sequence[int] = (), slow: Mapping[int, float] | None = None,
+           max_moved_layers: int | None = None, allow_batch_change: bool = False,
+           time_limit_s: float = 5.0) -> ReplanResult:
+    """The best plan on the remaining GPUs within the budget (see the module docstring)."""
+    start = time.monotonic()
+    slow = dict(slow or {})
+    if not isinstance(cluster, Cluster):
+        raise invalid("replan works on one-pool plans", "plans across pools: re-plan them")
+    _check_ranks(cluster, failed, slow, config)
+    if max_moved_layers is not None and max_moved_layers < 0:
+        raise invalid(f"--max-moved-layers must be >= 0, got {max_moved_layers}")
+    if not failed and not slow:
+        raise invalid("nothing to re-plan: give --failed RANKS or --slow RANK:FACTOR")
+    for r in failed:
+        slow.pop(r, None)
+    pools = StagePools((cluster.name,) * config.pp)
+    old = hetero_evaluate(model, cluster, config, pools, placement, runtime)
+    planner = _Replanner(model, cluster, config, placement, runtime, failed, slow,
+                         max_moved_layers, allow_batch_change, start + time_limit_s)
+    considered = planner.run()
+    within = [o for o in considered if o.evaluation.fits
+              and (max_moved_layers is None or o.moved_layers <= max_moved_layers)]
+    if not within:
+        raise PlannerError(ErrorKind.DOES_NOT_FIT if considered else ErrorKind.INFEASIBLE,
+                           "no re-plan fits memory within the churn budget",
+                           ("raise --max-moved-layers", "allow a smaller global batch with "
+                            "--allow-batch-change", "re-plan from scratch with `shardplan plan`"),
+                           {"considered": [o.strategy for o in considered]})
+    chosen = min(within, key=lambda o: (o.step_time_s, o.moved_layers, o.moved_state_bytes,
+                                        o.strategy))
+    result = ReplanResult(old, chosen, considered, tuple(sorted(set(failed))), slow,
+                          max_moved_layers, notes=planner.notes)
+    result.wall_s = time.monotonic() - start
+    return result

@@ -1,0 +1,233 @@
+"""The search across pools: enumerate configurations, bound them, solve the promising ones with
+the stage-to-pool CP-SAT model, and prove the best one optimal within the cost model.
+
+Consumes a model, a cluster (multi-pool, or one pool), the training inputs, pins and
+:class:`~planner.solve.search.SearchOptions`; produces a :class:`HeteroSearchResult`.
+
+Search space (documented like :mod:`planner.solve.space`): tp a divisor of every pool's GPUs per
+node that divides the heads (TP stays inside a node of any pool); cp as in one pool; dp a
+divisor of the global batch whose stage (tp x cp x dp GPUs) fits a pool; pp the number of stages
+some set of pools can host (sum over the set of floor(GPUs / stage size), at most the blocks):
+all pools, each pool alone, every subset -- so the plans that use only the faster pool are in the
+space; micro-batch divisors up to 16, ZeRO 0-3, SP on/off; 1F1B (no interleaving: chunks would
+be equal, stages on different GPUs are not). Dense models only (experts across pools: not yet).
+
+Bounds: with ``W_p`` the least work of the whole model per micro-batch on pool p (every block at
+its fastest option), a stage on p covers at most ``T / W_p`` of the model, so the slowest stage
+``T >= 1 / R`` with R the sum of the pp largest ``1 / W_p`` over the stage slots; the sum of
+stage times is at least ``min_p W_p``; both plus the least boundary time per stage. Memory: the
+stage average of states and one micro-batch of activations plus the least reserve must fit the
+largest pool memory. A candidate whose bound is not below the incumbent is skipped, so a search
+that ends within its time limit is OPTIMAL within the cost model. Two passes: each candidate
+first gets a short CP-SAT budget (so that one hard proof does not delay the incumbent that
+prunes the rest); the unproven ones are solved again, with the full budget, against the final
+incumbent.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from itertools import combinations
+
+import ortools
+
+from planner.config import ParallelConfig
+from planner.errors import ErrorKind, PlannerError, invalid
+from planner.hardware import Cluster, MultiPoolCluster
+from planner.hetero.bounds import cheap_bounds, memory_time_bound, quick_bounds
+from planner.hetero.evaluate import HeteroEvaluation, hetero_evaluate
+from planner.hetero.ilp import solve_pools
+from planner.hetero.terms import pool_terms
+from planner.ir import ModelGraph
+from planner.solve.search import SearchOptions
+from planner.solve.space import LONG_SEQUENCE, MAX_MICRO_BATCH, Pins, _divisors
+from planner.strategy import BLOCK_OPTIONS, LayerOption, Recompute
+
+
+# CP-SAT deterministic time per configuration in the first pass (see hetero_search)
+FIRST_PASS_DETERMINISTIC_TIME = 0.1
+
+
+@dataclass
+class HeteroSearchResult:
+    best: HeteroEvaluation
+    alternatives: list[HeteroEvaluation]
+    record: dict = field(default_factory=dict)
+
+
+def _stand_in(cluster: Cluster | MultiPoolCluster, config: ParallelConfig) -> Cluster:
+    """A one-pool cluster of exactly ``config.num_gpus`` GPUs of the first pool's type: what
+    ParallelConfig.validate checks degrees against (pool capacities are checked here)."""
+    pool = cluster.pools[0]
+    return replace(pool.as_cluster(), gpus_per_node=1, num_nodes=config.num_gpus)
+
+
+def stage_counts(cluster, size: int, blocks: int) -> list[int]:
+    """Every pp some non-empty set of pools can host with stages of ``size`` GPUs."""
+    slots = [p.num_gpus // size for p in cluster.pools]
+    out = set()
+    for k in range(1, len(slots) + 1):
+        for subset in combinations(slots, k):
+            total = sum(subset)
+            if 1 <= total <= blocks:
+                out.add(total)
+    return sorted(out)
+
+
+def enumerate_hetero_configs(model: ModelGraph, cluster, global_batch: int, seq_len: int,
+                             dtype: str, pins: Pins = Pins()):
+    blocks = model.num_blocks
+    heads = min((b.attention.num_heads for b in model.blocks() if b.attention), default=1)
+    gpn = math.gcd(*[p.gpus_per_node for p in cluster.pools])
+    largest = max(p.num_gpus for p in cluster.pools)
+    tps = [t for t in _divisors(gpn) if heads % t == 0]
+    cps = [1] + ([c for c in (2, 4, 8) if seq_len % (2 * c) == 0]
+                 if seq_len >= LONG_SEQUENCE else [])
+    for tp in ([pins.tp] if pins.tp else tps):
+        for cp in ([pins.cp] if pins.cp else cps):
+            for dp in ([pins.dp] if pins.dp else _divisors(global_batch)):
+                size = tp * cp * dp
+                if size > largest or global_batch % dp:
+                    continue
+                for pp in ([pins.pp] if pins.pp else stage_counts(cluster, size, blocks)):
+                    for mbs in ([pins.micro_batch] if pins.micro_batch else
+                                [b for b in _divisors(global_batch // dp) if b <= MAX_MICRO_BATCH]):
+                        if global_batch % (dp * mbs):
+                            continue
+                        for zero in ([pins.zero] if pins.zero is not None else [0, 1, 2, 3]):
+                            for sp in ([pins.sp] if pins.sp is not None else
+                                       ([True, False] if tp > 1 else [False])):
+                                config = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, sp=sp,
+                                                        zero_stage=zero, micro_batch=mbs,
+                                                        global_batch=global_batch,
+                                                        seq_len=seq_len, dtype=dtype)
+                                try:
+                                    config.validate(model, _stand_in(cluster, config))
+                                except PlannerError:
+                                    continue
+                                yield config
+
+
+def _options(pins: Pins) -> tuple[LayerOption, ...]:
+    if pins.recompute is not None:
+        return (LayerOption(Recompute(pins.recompute)),)
+    return BLOCK_OPTIONS
+
+
+def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global_batch: int,
+                  seq_len: int, dtype: str = "bf16", pins: Pins = Pins(),
+                  options: SearchOptions = SearchOptions()) -> HeteroSearchResult:
+    start = time.monotonic()
+    deadline = start + options.time_limit_s
+    if model.is_moe:
+        raise invalid(f"{model.name} is a mixture-of-experts model; planning experts across pools "
+                      f"is not supported yet", "plan it on one pool of the cluster")
+    if not any(dtype in p.gpu.peak_tflops for p in cluster.pools):
+        raise invalid(f"no pool of {cluster.name!r} has {dtype} units")
+    block_options = _options(pins)
+    # propose, bound cheaply from the leaf formulas, and sort; cost terms only when popped
+    queue = []
+    total = pruned_memory = 0
+    for config in enumerate_hetero_configs(model, cluster, global_batch, seq_len, dtype, pins):
+        if time.monotonic() > deadline:
+            raise PlannerError(ErrorKind.SOLVER_LIMIT, "the time limit ran out while enumerating "
+                               "configurations across pools", ("raise --time-limit",))
+        total += 1
+        lb, mem, cap = cheap_bounds(model, cluster, config, options.runtime)
+        if mem > cap:
+            pruned_memory += 1
+        elif math.isfinite(lb):
+            queue.append((lb, _key(config), config))
+    queue.sort(key=lambda item: (item[0], item[1]))
+    kept: list[tuple[float, tuple, HeteroEvaluation]] = []
+    evaluated = optimal = pruned_bound = 0
+    open_bound = math.inf
+    timed_out = False
+    deferred: list[tuple[float, tuple, ParallelConfig, tuple]] = []
+
+    def cutoff_now() -> float:
+        return kept[-1][0] if len(kept) >= options.top_k else math.inf
+
+    def solve(config, terms, lb: float, budget: float) -> str:
+        """Solve one configuration; keep its plan; the CP-SAT status."""
+        nonlocal evaluated
+        cutoff = cutoff_now()
+        result = solve_pools(terms, config.pp,
+                             cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),
+                             workers=options.workers, seed=options.seed,
+                             max_time_s=max(deadline - time.monotonic(), 0.01),
+                             deterministic_time=budget)
+        evaluated += 1
+        if result.placement is not None:
+            ev = hetero_evaluate(model, cluster, config, result.stage_pools, result.placement,
+                                 options.runtime, terms=terms)
+            if ev.fits:
+                kept.append((ev.step_time_s, _key(config), ev))
+                kept.sort(key=lambda item: (item[0], item[1]))
+                del kept[options.top_k:]
+        if result.status not in ("OPTIMAL", "INFEASIBLE"):
+            deferred.append((max(result.bound_s, lb), _key(config), config, terms))
+        return result.status
+
+    # First pass, in bound order: a short CP-SAT budget per configuration, so that one hard
+    # proof does not hold up the incumbent; unproven configurations come back in pass two.
+    first_budget = min(FIRST_PASS_DETERMINISTIC_TIME, options.inner_deterministic_time)
+    for cheap_lb, _, config in queue:
+        cutoff = cutoff_now()
+        if cheap_lb >= cutoff:
+            break  # every remaining candidate's bound is at least the k-th best
+        if deadline - time.monotonic() <= 0:
+            timed_out = True
+            open_bound = min(open_bound, cheap_lb)
+            break
+        terms = pool_terms(model, cluster, config, options.runtime, block_options)
+        if not terms:
+            continue
+        lb, mem, cap = quick_bounds(terms, config.pp)
+        if mem > cap:
+            pruned_memory += 1
+            continue
+        if lb >= cutoff or max(lb, memory_time_bound(terms, config.pp)) >= cutoff:
+            pruned_bound += 1
+            continue
+        if solve(config, terms, lb, first_budget) in ("OPTIMAL", "INFEASIBLE"):
+            optimal += 1
+    # Second pass: the unproven ones against the final incumbent, with the full budget.
+    second, deferred = sorted(deferred, key=lambda item: (item[0], item[1])), []
+    for bound_s, _, config, terms in second:
+        if bound_s >= cutoff_now():
+            pruned_bound += 1
+            continue
+        if deadline - time.monotonic() <= 0:
+            timed_out = True
+            open_bound = min(open_bound, bound_s)
+            continue
+        if solve(config, terms, bound_s, options.inner_deterministic_time) in ("OPTIMAL",
+                                                                              "INFEASIBLE"):
+            optimal += 1
+    for bound_s, _, _, _ in deferred:  # still unproven after the full budget
+        open_bound = min(open_bound, bound_s)
+    if not kept:
+        raise PlannerError(ErrorKind.INFEASIBLE if not timed_out else ErrorKind.SOLVER_LIMIT,
+                           f"no plan of {model.name} fits the pools of {cluster.name!r} "
+                           f"({total} configurations, {total - pruned_memory} past the memory "
+                           f"bound)",
+                           ("raise --time-limit" if timed_out else
+                            "add GPUs or lower the global batch",))
+    best = kept[0][2]
+    bound = min(open_bound, best.step_time_s)
+    status = "FEASIBLE" if timed_out or bound < best.step_time_s else "OPTIMAL"
+    record = {"status": status, "objective_s": best.step_time_s, "best_bound_s": bound,
+              "gap": max(0.0, (best.step_time_s - bound) / best.step_time_s),
+              "solve_time_s": time.monotonic() - start, "candidates_total": total,
+              "candidates_pruned_memory": pruned_memory,
+              "candidates_pruned_bound": pruned_bound, "candidates_evaluated": evaluated,
+              "inner_optimal": optimal,
+              "time_limit_s": options.time_limit_s, "workers": options.workers,
+              "seed": options.seed, "ortools_version": ortools.__version__}
+    return HeteroSearchResult(best, [item[2] for item in kept[1:]], record)
+
+
+def _key(c: ParallelConfig) -> tuple:
+    return (c.tp, c.pp, c.dp, c.cp, c.micro_batch, c.zero_stage, not c.sp)

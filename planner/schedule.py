@@ -1,0 +1,168 @@
+"""The pipeline schedule of a plan as a timeline: which rank runs which micro-batch when.
+
+Consumes a :class:`~planner.plan_types.Plan`; produces a :class:`Timeline`: per pipeline rank
+the forward, recompute and backward operations of every micro-batch and model chunk with start
+and end times, the exposed communication inside them, and the idle (bubble) spans. Per-chunk
+times come from the cost model's layer terms (:func:`planner.cost.terms.layer_terms`: the
+same ``fwd_s``, ``bwd_s``, ``recompute_s``, ``comm_s`` the plan's step time is made of), so
+the timeline is the plan's own prediction laid out in time, not a second model.
+
+Order of operations per rank: Megatron-LM's schedules (``megatron/core/pipeline_parallel/
+schedules.py``): 1F1B with ``pp - rank - 1`` warm-up forwards; interleaved 1F1B with
+``(pp - rank - 1) * 2 + (v - 1) * pp`` warm-up forwards, micro-batches taken in groups of pp,
+forward chunk ``(k // pp) % v`` and backward chunk ``v - 1 - (k // pp) % v``. Each operation
+starts when its rank is free and its input is ready (the previous chunk's forward, the next
+chunk's backward). Boundary transfers are not drawn (they are inside the stage times).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Op:
+    rank: int
+    kind: str  # "forward" | "backward" (a backward starts with its recompute, if any)
+    micro_batch: int
+    chunk: int  # model chunk on this rank (0 .. v-1)
+    start_s: float
+    end_s: float
+    recompute_s: float  # the first part of a backward: recomputing the forward
+    comm_s: float  # exposed communication inside the op (drawn at its end)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    pp: int
+    virtual_stages: int
+    num_micro_batches: int
+    ops: tuple[Op, ...]
+    pipeline_s: float  # end of the last backward
+
+    def bubble_s(self, rank: int) -> float:
+        busy = sum(op.end_s - op.start_s for op in self.ops if op.rank == rank)
+        return self.pipeline_s - busy
+
+    def idle_spans(self, rank: int) -> list[tuple[float, float]]:
+        spans, t = [], 0.0
+        for op in sorted((o for o in self.ops if o.rank == rank), key=lambda o: o.start_s):
+            if op.start_s > t + 1e-12:
+                spans.append((t, op.start_s))
+            t = max(t, op.end_s)
+        if t < self.pipeline_s - 1e-12:
+            spans.append((t, self.pipeline_s))
+        return spans
+
+
+@dataclass(frozen=True)
+class ChunkTimes:
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    comm_s: float
+
+
+def order(rank: int, pp: int, v: int, m: int) -> list[tuple[str, int, int]]:
+    """(kind, micro-batch, chunk) in the order ``rank`` runs them."""
+    total = m * v
+
+    def forward(k: int) -> tuple[str, int, int]:
+        group, pos = divmod(k, pp * v)
+        return ("forward", group * pp + pos % pp, (k // pp) % v)
+
+    def backward(k: int) -> tuple[str, int, int]:
+        group, pos = divmod(k, pp * v)
+        return ("backward", group * pp + pos % pp, v - 1 - (k // pp) % v)
+
+    if v == 1:
+        warmup = min(pp - rank - 1, m)
+    else:
+        warmup = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
+    ops = [forward(k) for k in range(warmup)]
+    f, b = warmup, 0
+    while f < total:
+        ops.append(forward(f))
+        f += 1
+        ops.append(backward(b))
+        b += 1
+    while b < total:
+        ops.append(backward(b))
+        b += 1
+    return ops
+
+
+def simulate(times: list[list[ChunkTimes]], m: int) -> Timeline:
+    """``times[rank][chunk]``; ``m`` micro-batches. Model chunk c of rank r is global stage
+    ``c * pp + r`` (Megatron's interleaving)."""
+    pp, v = len(times), len(times[0])
+    if v > 1 and m % pp:
+        raise ValueError(f"interleaved 1F1B needs the micro-batches ({m}) to be a multiple of "
+                         f"pp ({pp})")
+    queues = [order(r, pp, v, m) for r in range(pp)]
+    pos = [0] * pp
+    free = [0.0] * pp
+    done: dict[tuple[str, int, int], float] = {}  # (kind, mb, global stage) -> end time
+    ops: list[Op] = []
+    last_stage = pp * v - 1
+    remaining = sum(len(q) for q in queues)
+    while remaining:
+        progressed = False
+        for r in range(pp):
+            while pos[r] < len(queues[r]):
+                kind, mb, chunk = queues[r][pos[r]]
+                stage = chunk * pp + r
+                if kind == "forward":
+                    dep = ("forward", mb, stage - 1) if stage > 0 else None
+                else:
+                    dep = ("backward", mb, stage + 1) if stage < last_stage else \
+                        ("forward", mb, stage)
+                if dep is not None and dep not in done:
+                    break
+                t = times[r][chunk]
+                start = max(free[r], done[dep] if dep else 0.0)
+                if kind == "forward":
+                    comm = t.comm_s * t.fwd_s / max(t.fwd_s + t.bwd_s, 1e-30)
+                    length, rec = t.fwd_s + comm, 0.0
+                else:
+                    comm = t.comm_s - t.comm_s * t.fwd_s / max(t.fwd_s + t.bwd_s, 1e-30)
+                    length, rec = t.recompute_s + t.bwd_s + comm, t.recompute_s
+                end = start + length
+                ops.append(Op(r, kind, mb, chunk, start, end, rec, comm))
+                done[(kind, mb, stage)] = end
+                free[r] = end
+                pos[r] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocked (inconsistent order)")
+    return Timeline(pp, v, m, tuple(ops), max(op.end_s for op in ops))
+
+
+def chunk_times(plan: Any) -> list[list[ChunkTimes]]:
+    """Per rank and chunk, the sums of the cost model's layer terms for the plan."""
+    from planner.cost.context import make_context
+    from planner.cost.terms import layer_terms
+
+    ctx = make_context(plan.model, plan.cluster, plan.config, plan.runtime)
+    pp, v = plan.config.pp, plan.config.virtual_stages
+    stages = list(plan.placement.stage)
+    sums = [[[0.0, 0.0, 0.0, 0.0] for _ in range(v)] for _ in range(pp)]
+    # chunks are runs of equal stage: the k-th run is chunk k // pp of rank k % pp
+    run, previous = -1, None
+    for i, layer in enumerate(plan.model.layers):
+        if stages[i] != previous:
+            run += 1
+            previous = stages[i]
+        rank, chunk = stages[i], (run // pp if v > 1 else 0)
+        t = layer_terms(ctx, layer, plan.placement.options[i])
+        cell = sums[rank][chunk]
+        cell[0] += t.fwd_s
+        cell[1] += t.bwd_s
+        cell[2] += t.recompute_s
+        cell[3] += t.comm_s
+    return [[ChunkTimes(*cell) for cell in row] for row in sums]
+
+
+def plan_timeline(plan: Any) -> Timeline:
+    return simulate(chunk_times(plan), plan.config.num_micro_batches)

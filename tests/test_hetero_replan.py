@@ -1,0 +1,172 @@
+"""``shardplan replan``: the plan on the GPUs that remain, within the churn budget, reported
+against the old plan; stragglers rebalanced."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from clusters import load_cluster
+from models import load_model
+from planner.config import ParallelConfig
+from planner.cost.model import evaluate
+from planner.errors import ErrorKind, PlannerError
+from planner.hardware import GIB
+from planner.hetero.replan import replan
+from planner.plan import make_plan, write_plan
+from planner.plan_types import Plan
+from planner.strategy import uniform
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timeouts import deadline  # noqa: E402
+
+
+def plan_file(tmp_path, model="gpt3-1.3b", nodes=4, name="old.json", **kw) -> Path:
+    graph = load_model(model)
+    cluster = load_cluster("dgx-h100", nodes=nodes)
+    base = dict(tp=4, pp=2, dp=4, global_batch=64, seq_len=2048, zero_stage=1, sp=True)
+    cfg = ParallelConfig(**(base | kw))
+    ev = evaluate(graph, cluster, cfg, uniform(graph, cfg, "selective"))
+    path = tmp_path / name
+    write_plan(make_plan(ev, model_spec=model, cluster_spec="dgx-h100", nodes=nodes), path)
+    return path
+
+
+def run(capsys, *argv):
+    from cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        with deadline(60):
+            main(list(argv))
+    out, err = capsys.readouterr()
+    return done.value.code, out, err
+
+
+def test_one_failure_drops_the_replicas_of_its_node(tmp_path):
+    old = Plan.load(plan_file(tmp_path))
+    result = replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=[5],
+                    max_moved_layers=0)
+    c = result.chosen
+    # tp 4: a node holds 2 replicas of a stage; rank 5 is replica 1, so replicas 0 and 1 leave
+    assert c.dropped_replicas == (0, 1) and c.config.dp == 2 and c.config.num_gpus == 16
+    assert c.config.global_batch == 64 and c.moved_layers == 0 and c.reformed_tp_groups == 0
+    # every surviving GPU keeps its stage and TP rank
+    for new, old_rank in enumerate(c.rank_map):
+        a, b = c.config.mesh.coords(new), old.mesh.coords(old_rank)
+        assert (a["pp"], a["tp"]) == (b["pp"], b["tp"]) and b["dp"] in (2, 3)
+    # ZeRO-1 over 4 -> 2: each survivor's new half of the optimizer states minus its old
+    # quarter is fetched; what only failed rank 5 held is lost
+    assert c.moved_state_bytes > 0 and c.lost_state_bytes > 0
+    assert result.throughput_loss_pct == pytest.approx(
+        100 * (1 - c.evaluation.tokens_per_s / result.old.tokens_per_s))
+    assert 40 < result.throughput_loss_pct < 60
+
+
+def test_zero_0_replicas_hold_everything_nothing_moves_or_is_lost(tmp_path):
+    old = Plan.load(plan_file(tmp_path, zero_stage=0))
+    c = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
+               failed=[0], max_moved_layers=0).chosen
+    assert c.moved_state_bytes == 0 and c.lost_state_bytes == 0
+    # without a budget the re-plan may move layers, and their state is counted
+    free = replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=[0])
+    assert free.chosen.step_time_s <= c.step_time_s * (1 + 1e-9)
+    assert (free.chosen.moved_layers > 0) == (free.chosen.moved_state_bytes > 0)
+
+
+def test_reshard_bytes_match_the_interval_arithmetic(tmp_path):
+    old = Plan.load(plan_file(tmp_path, tp=8, pp=1, dp=4, nodes=4))
+    c = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
+               failed=[8]).chosen  # replica 1 of dp 4 leaves: dp 3 does not divide 64 ...
+    assert c.config.dp == 2  # ... so one more replica leaves (the global batch is kept)
+    from planner.cost.terms import layer_terms
+    from planner.hetero.terms import pool_terms
+
+    terms = pool_terms(old.model, c.cluster, c.config, old.runtime)
+    total = sum(layer_terms(terms[0].problem.ctx, layer, o).optimizer_bytes * 2
+                for layer, o in zip(old.model.layers, c.placement.options))
+    # survivors: old replicas 0 and 2, new shards [0, 1/2) and [1/2, 1); old [0, 1/4), [1/2, 3/4)
+    # each of their 16 GPUs needs a quarter more, from old replica 1 or 3 (same TP rank); of
+    # those only rank 8 failed: its quarter is lost, the other 15 are sent
+    per_gpu = total / 4
+    assert c.moved_layers == 0
+    assert c.lost_state_bytes == pytest.approx(per_gpu, rel=1e-9)
+    assert c.moved_state_bytes == pytest.approx(15 * per_gpu, rel=1e-9)
+
+
+def test_straggler_rebalance_respects_the_budget(tmp_path):
+    path = plan_file(tmp_path, tp=8, pp=4, dp=1, nodes=4)
+    old = Plan.load(path)
+    slow = {8: 2.0}  # a GPU of stage 1
+    keep = replan(old.model, old.cluster, old.config, old.placement, old.runtime, slow=slow,
+                  max_moved_layers=0).chosen
+    assert keep.moved_layers == 0
+    for budget in (1, 3, 24):
+        r = replan(old.model, old.cluster, old.config, old.placement, old.runtime, slow=slow,
+                   max_moved_layers=budget)
+        assert r.chosen.moved_layers <= budget
+        assert r.chosen.step_time_s <= keep.step_time_s * (1 + 1e-9)
+        stages = [sum(1 for i in s.layers if old.model.layers[i].kind.value == "block")
+                  for s in r.chosen.evaluation.stages]
+        if budget >= 3:
+            assert r.chosen.step_time_s < keep.step_time_s
+            assert stages[1] < 6  # the slow stage gave blocks away
+    # with a straggler the old plan itself is slower than it was
+    assert keep.step_time_s > r.old.step_time_s
+
+
+def test_cli_writes_a_checkable_plan_with_a_replan_section(tmp_path, capsys):
+    old = plan_file(tmp_path)
+    new = tmp_path / "new.json"
+    code, out, err = run(capsys, "replan", str(old), "--failed", "5", "--max-moved-layers", "0",
+                         "-o", str(new), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    section = doc["replan"]
+    assert {"failed_ranks", "throughput_loss_pct", "moved_layers", "moved_state_gib"} <= set(section)
+    assert section["failed_ranks"] == [5] and section["moved_layers"] == 0
+    assert json.loads(new.read_text())["replan"]["moved_state_gib"] == \
+        pytest.approx(section["moved_state_gib"])
+    assert doc["parallelism"]["dp"] == 2 and doc["inputs"]["cluster"]["num_nodes"] == 2
+    code, out, err = run(capsys, "check", str(new), "--json")
+    assert code == 0, out + err
+    code, _, err = run(capsys, "replan", str(old), "--slow", "9:1.5")
+    assert code == 0 and "replan" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (("--failed", "5,x"), "not a rank"),
+    (("--failed", "5,5"), "twice"),
+    (("--failed", "64"), "not a rank of the plan"),
+    (("--slow", "3"), "RANK:FACTOR"),
+    (("--slow", "3:0.5"), "[1, 1000]"),
+    (("--slow", "3:nan"), "[1, 1000]"),
+    ((), "nothing to re-plan"),
+    (("--failed", "1", "--max-moved-layers", "-1"), "-1"),
+])
+def test_bad_replan_input_exits_2(tmp_path, capsys, argv, needle):
+    code, out, err = run(capsys, "replan", str(plan_file(tmp_path)), *argv, "--json")
+    assert code == 2, out + err
+    assert needle in json.loads(out)["error"]["message"] + out
+    assert "Traceback" not in out + err
+
+
+def test_no_surviving_replica_is_infeasible(tmp_path):
+    old = Plan.load(plan_file(tmp_path, tp=8, pp=4, dp=1))
+    with pytest.raises(PlannerError) as info:
+        replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=[3])
+    assert info.value.kind is ErrorKind.INFEASIBLE
+
+
+def test_replan_of_gpt3_175b_on_1024_gpus_is_fast(tmp_path):
+    path = plan_file(tmp_path, model="gpt3-175b", nodes=128, tp=8, pp=8, dp=16,
+                     global_batch=1536)
+    old = Plan.load(path)
+    with deadline(30):
+        r = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
+                   failed=[517], max_moved_layers=4, allow_batch_change=True)
+    assert r.wall_s < 5.0
+    assert r.chosen.moved_layers <= 4 and r.chosen.config.dp == 15
+    assert r.chosen.moved_state_bytes / GIB > 0
+    assert 0 < r.throughput_loss_pct < 10

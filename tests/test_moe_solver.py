@@ -2,8 +2,8 @@
 equals the brute-force oracle's (planner/solve/bruteforce.py) over the same space.
 
 tiny-moe (1 dense + 3 MoE blocks of 8 experts) on 2 nodes x 4 tiny GPUs: with ample memory the
-optimum keeps every expert on every GPU (ep 1, no all-to-all); as memory shrinks it has to split
-the experts, first over 4 and then over all 8 GPUs, folding EP over the TP ranks (etp 1).
+optimum needs no expert parallelism; as memory shrinks it has to split the experts (ep x etp)
+over 4 and then 8 GPUs, choosing between EP folded over the TP ranks and expert TP.
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ def cluster(memory_gib: float):
     return replace(TINY, gpu=replace(TINY.gpu, memory_gib=memory_gib))
 
 
-# (id, memory GiB, pins, runtime, expected (tp, ep, etp) of the optimum)
+# (id, memory GiB, pins, runtime, GPUs each expert's weights are split over at least: ep x etp)
 CASES = [
-    ("ample-memory-no-ep", 0.2, Pins(zero=1, sp=True), RuntimeOptions(), (2, 1, 1)),
-    ("tight-ep4-over-tp", 0.16, Pins(zero=1, sp=True), RuntimeOptions(), (4, 4, 1)),
-    ("tighter-ep8", 0.145, Pins(zero=1, sp=True), RuntimeOptions(), (4, 8, 1)),
+    ("ample-memory-no-ep", 0.2, Pins(zero=1, sp=True), RuntimeOptions(), 1),
+    ("tight-experts-split-4", 0.16, Pins(zero=1, sp=True), RuntimeOptions(), 4),
+    ("tighter-experts-split-8", 0.145, Pins(zero=1, sp=True), RuntimeOptions(), 8),
     ("etp-pinned-to-tp", 0.16, Pins(zero=1, sp=True, etp=2), RuntimeOptions(), None),
     ("imbalanced-hierarchical", 0.16, Pins(zero=1, sp=True),
      RuntimeOptions(moe=MoeOptions(imbalance=1.3, dispatcher="deepep")), None),
@@ -52,8 +52,8 @@ def test_solver_matches_brute_force_on_moe(memory, pins, runtime, expected):
     c = got.best.config
     mesh = c.mesh
     assert mesh.expert_tp * c.ep * mesh.expert_dp == c.tp * c.cp * c.dp
-    if expected is not None:
-        assert (c.tp, c.ep, mesh.expert_tp) == expected
+    if expected is not None:  # memory forces the routed experts over this many GPUs
+        assert c.ep * mesh.expert_tp >= expected, (c.tp, c.ep, mesh.expert_tp)
     if pins.etp is not None:
         assert mesh.expert_tp == pins.etp
 

@@ -34,10 +34,11 @@ from cli.report_commands import diff, report
 from cli.verify_command import verify
 from cli.replan_command import replan_command
 from cli.pools_command import plan_pools
+from cli.calibrate_command import calibrate
 from planner.errors import DeadlineExceeded, ErrorKind, ExitCode, Interrupted, PlannerError
 
 for _command in (evaluate, inspect, models_command, clusters_command, plan, schema, show, check,
-                 export, verify, replan_command, report, diff, plan_pools):
+                 export, verify, replan_command, report, diff, plan_pools, calibrate):
     cli.add_command(_command)
 serve_commands.install(cli)  # plan / evaluate --workload serve (cli/serve_commands.py)
 

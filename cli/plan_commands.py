@@ -59,8 +59,16 @@ def show(plan_path, as_json):
               help="Number of nodes of the cluster (as given to `shardplan plan`).")
 @click.option("--allow-stale", is_flag=True,
               help="Do not fail because the model or cluster changed; still check memory.")
+@click.option("--memory-confidence", type=click.FloatRange(0.01, 0.99), default=0.5,
+              show_default=True,
+              help="Quantile of the predicted peak's error band the memory gate uses "
+                   "(0.9: the plan must fit with 90 % confidence).")
+@click.option("--calibration", default=None, metavar="PROFILE.yaml",
+              type=click.Path(dir_okay=False),
+              help="Calibration profile whose error bands the gate uses (default: shipped).")
 @json_option
-def check(plan_path, model, cluster, nodes, allow_stale, as_json):
+def check(plan_path, model, cluster, nodes, allow_stale, memory_confidence, calibration,
+          as_json):
     """Check a saved plan still fits: exit 0 if so, 1 if not, 2 on invalid input."""
     from planner.check import check_plan
     from planner.plan_types import Plan
@@ -89,7 +97,8 @@ def check(plan_path, model, cluster, nodes, allow_stale, as_json):
     source = cluster if cluster is not None else (
         f"embedded, --nodes {nodes}" if nodes is not None else None)
     report = check_plan(plan, model=given_model, cluster=given_cluster, model_source=model,
-                        cluster_source=source, allow_stale=allow_stale, plan_path=plan_path)
+                        cluster_source=source, allow_stale=allow_stale, plan_path=plan_path,
+                        memory_confidence=memory_confidence, calibration=calibration)
     _report_check(report, as_json)
 
 

@@ -197,6 +197,18 @@ class RuntimeOptions:
     overlap_grad_reduce: bool = True  # DP reduce overlapped with the last micro-batch's backward
     overlap_param_gather: bool = True  # ZeRO all-gather overlapped with the next forward
     tp_comm_overlap: float = 0.0  # fraction of TP collectives hidden behind GEMMs (TE userbuffers)
+    # Runtime-profile behaviour (planner/profiles.py) and calibrated constants
+    # (planner/calibration/: defaults.yaml, or a user's ``--calibration`` profile).
+    profile: str = "megatron"  # runtime profile: megatron, torchtitan, deepspeed, fsdp
+    allocator_overhead: float = 0.25  # caching-allocator memory beyond live activations+buffers
+    comm_slowdown: float = 0.0  # compute slowdown per second of overlapped NCCL traffic
+    micro_batch_overhead_s: float = 0.0  # fixed host/launch seconds per micro-batch per stage
+    elementwise_factor: float = 1.0  # element-wise HBM traffic vs fused kernels (eager > 1)
+    fp8_gemm_factor: float = 1.0  # FP8 GEMM efficiency relative to 16-bit (of the FP8 peak)
+    fp8_saved_inputs: bool = False  # GEMM inputs kept for backward in FP8 (Transformer Engine)
+    # calibrated efficiencies of the GPU's generation (None: the GPU preset's own values)
+    matmul_efficiency: float | None = None
+    attention_efficiency: float | None = None
     moe: MoeOptions = MoeOptions()  # routing and token dispatch of MoE layers (planner/moe.py)
 
     @property

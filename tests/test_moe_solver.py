@@ -76,7 +76,9 @@ def test_time_bound_with_zero_traffic_never_exceeds_a_real_plan():
     from planner.strategy import default_placement
 
     hw = cluster(0.5)
-    cands = candidates(MODEL, hw, 16, 128, "bf16", Pins(micro_batch=1), RuntimeOptions())
+    cands = [c for zero in (2, 3) for c in candidates(MODEL, hw, 16, 128, "bf16",
+                                                      Pins(micro_batch=1, zero=zero),
+                                                      RuntimeOptions())]
     checked = 0
     for cand in cands:
         if cand.config.zero_stage < 2:

@@ -217,7 +217,7 @@ def clusters_command(as_json):
               help="Also report this many runners-up.")
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: tp, pp, dp, cp, ep, etp, sp, zero, micro_batch, "
-                   "virtual_stages, recompute. Repeatable.")
+                   "virtual_stages, recompute, layouts (mesh or per-layer). Repeatable.")
 @attention_option
 @runtime_option
 @calibration_option

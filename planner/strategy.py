@@ -29,7 +29,27 @@ class Recompute(str, Enum):
 
 
 class Layout(str, Enum):
+    """How a layer factors its stage's ``tp x dp`` ranks into tensor x data parallelism
+    (Galvatron-style per-layer hybrid parallelism, Miao et al. VLDB 2023). The mesh's CP degree,
+    its rank order and the pipeline stage are unchanged; a layer whose tensor degree is ``t'``
+    runs column/row-parallel linears, head-parallel attention and a vocab-parallel table over
+    ``t'`` consecutive ranks and is data-parallel over the other ``tp * dp / t'``."""
+
     MESH = "mesh"  # the plan's global mesh layout (planner.mesh.Mesh)
+    TP_HALF = "tp/2"  # half the mesh's tensor degree, twice its data degree
+    TP_DOUBLE = "tp*2"  # twice the tensor degree (two mesh TP groups), half the data degree
+    REPLICATED = "tp=1"  # no tensor parallelism: every rank of the stage data-parallel
+
+    def tensor_degree(self, tp: int, dp: int) -> int | None:
+        """This layout's tensor degree under a mesh ``tp x dp``; None where it does not exist
+        (or would repeat another layout's degree)."""
+        if self is Layout.MESH:
+            return tp
+        if self is Layout.TP_HALF:
+            return tp // 2 if tp % 2 == 0 and tp > 2 else None
+        if self is Layout.TP_DOUBLE:
+            return 2 * tp if dp % 2 == 0 else None
+        return 1 if tp > 1 else None
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,7 @@ class LayerOption:
 NO_OPTION = LayerOption()  # embedding and head: mesh layout, never recomputed
 RECOMPUTE_POLICIES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
 LAYOUTS = (Layout.MESH,)
+PER_LAYER_LAYOUTS = tuple(Layout)  # the solver picks a layout per block class
 
 
 def block_options(recompute: Iterable[Recompute] = RECOMPUTE_POLICIES,
@@ -73,6 +94,16 @@ def layouts_for(config) -> tuple[Layout, ...]:
     The mesh layout is always valid; a layout that needs some degree or divisibility of the
     mesh (a tensor-parallel degree inside the stage group, an expert layout) says so here."""
     return LAYOUTS
+
+
+def per_layer_layouts(config) -> tuple[Layout, ...]:
+    """The layouts a block may take with per-layer layouts on (``--pin layouts=per-layer``):
+    those whose tensor degree exists under ``config``'s tp x dp (None: every layout). Whether a
+    given layer can take one (heads, FFN width, MoE) is planner.cost.terms.option_valid."""
+    if config is None:
+        return PER_LAYER_LAYOUTS
+    return tuple(lay for lay in PER_LAYER_LAYOUTS
+                 if lay.tensor_degree(config.tp, config.dp) is not None)
 
 
 def block_options_for(config, recompute: Iterable[Recompute] = RECOMPUTE_POLICIES

@@ -29,4 +29,6 @@ class TrainingWorkload:
         return self.global_batch // (micro_batch * dp)
 
 
-Workload = Union[TrainingWorkload]  # ServingWorkload joins here (issue 13)
+from planner.serve.workload import ServingWorkload  # noqa: E402  (issue 13: planner/serve)
+
+Workload = Union[TrainingWorkload, ServingWorkload]

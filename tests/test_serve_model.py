@@ -241,3 +241,16 @@ def test_cli_plan_file_check_and_determinism(tmp_path):
     bad = _invoke(["check", str(path), "--json"])
     assert bad.returncode == 1
     assert not json.loads(bad.stdout)["ok"]
+
+
+def test_worker_mesh_and_workload_union():
+    from typing import get_args
+
+    from planner.workload import Workload
+    w = WorkerConfig(tp=2, pp=2, ep=8, attention_dp=4)
+    mesh = w.mesh
+    assert mesh.num_gpus == w.gpus == 16
+    assert (mesh.dp, mesh.tp, mesh.ep, mesh.expert_tp) == (4, 2, 8, 1)
+    assert mesh.stride("pp") == 8 and mesh.stride("ep") == 1
+    assert ServingWorkload in get_args(Workload)
+    assert ServingWorkload(isl=8, osl=8).kind == "serving"

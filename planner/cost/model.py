@@ -16,8 +16,9 @@ from planner.config import ParallelConfig, RuntimeOptions
 from planner.strategy import LayerPlacement
 from planner.cost.compute import Shard, attention_core_flops, layer_gemms
 from planner.cost.context import make_context
-from planner.cost.terms import (LayerTerms, MemoryBreakdown, StepBreakdown, config_terms,
-                                layer_terms, stage_memory, stage_time, step_time)
+from planner.cost.terms import (LayerTerms, MemoryBreakdown, StepBreakdown,
+                                boundary_reshard_s, config_terms, layer_terms, stage_memory,
+                                stage_time, step_time)
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.strategy import default_placement
@@ -108,7 +109,9 @@ def evaluate(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
         return cache[key]
 
     stage_costs = [[cost(i) for i in layers] for layers in stage_layers]
-    times = [stage_time(terms, costs) for costs in stage_costs]
+    reshard = boundary_reshard_s(ctx, model.layers, placement.options, placement.stage,
+                                 config.pp)
+    times = [stage_time(terms, costs) + reshard[s] for s, costs in enumerate(stage_costs)]
     stages = tuple(
         StageResult(index=s, layers=tuple(stage_layers[s]),
                     memory=stage_memory(terms, s, stage_costs[s]), time_s=times[s],

@@ -54,14 +54,15 @@ from functools import lru_cache
 from typing import Sequence
 
 from planner.cost import comm, moe
-from planner.cost.compute import hbm_bytes_per_s, layer_compute
+from planner.cost.compute import Shard, hbm_bytes_per_s, layer_compute
 from planner.cost.context import CostContext
 from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches,
                                  layer_activation_bytes, layer_params_on_gpu, zero_state_bytes)
 from planner.cost.pipeline import pipeline_time_s
 from planner.hardware import GIB
 from planner.ir import Layer, LayerKind
-from planner.strategy import LayerOption, Recompute
+from planner.strategy import LayerOption, Layout, Recompute
+from planner.topology import Link, group_link
 
 # The PyTorch caching allocator holds freed blocks for reuse; nvidia-smi therefore reports more
 # than the live tensors. Modelled as a fraction of the dynamic (activation and buffer) memory,
@@ -207,15 +208,34 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         boundary = hidden_bytes / (c.tp if c.sp else 1)
         # forward activation out, backward gradient out, once per model chunk (Narayanan §4.1)
         boundary_s = 2 * c.virtual_stages * comm.p2p_s(boundary, ctx.links.pp)
-    link, expert_link = ctx.links.dp, ctx.links.edp or ctx.links.dp
+    per_mb = zero >= 2 and n > 1
+    zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert = \
+        dp_collectives(zero, n, n_expert, ctx.links.dp, ctx.links.edp or ctx.links.dp, per_mb)
+    return ConfigTerms(
+        pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
+        in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages),
+        capacity_bytes=ctx.cluster.memory_bytes_per_gpu,
+        reserve_bytes=ctx.cluster.gpu.reserve_gib * GIB,
+        allocator_overhead=opts.allocator_overhead, buffer_bytes=buffers, boundary_s=boundary_s,
+        per_micro_batch_sync=per_mb, zero_reduce_dense=zr_dense, zero_reduce_expert=zr_expert,
+        zero_gather_dense=zg_dense, zero_gather_expert=zg_expert,
+        dp_reduce_dense=red_dense, dp_reduce_expert=red_expert, dp_gather_dense=gat_dense,
+        dp_gather_expert=gat_expert, overlap_grad_reduce=opts.overlap_grad_reduce,
+        overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx),
+        comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s)
 
+
+def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Link,
+                   per_mb: bool) -> tuple[Affine, ...]:
+    """The data-parallel collectives of ZeRO stage ``zero`` over ``n`` dense ranks on ``link``
+    and ``n_expert`` routed-expert ranks on ``expert_link``: per-micro-batch reduce (dense,
+    expert) and gather (dense, expert), once-per-step reduce and gather (dense, expert)."""
     def coll(fn, size: int) -> Affine:
         return Affine.of(fn, size, link) if size > 1 else NO_COMM
 
     def ecoll(fn, size: int) -> Affine:  # routed experts: over the expert data parallel group
         return Affine.of(fn, size, expert_link) if size > 1 else NO_COMM
 
-    per_mb = zero >= 2 and n > 1
     # Sharded gradients cannot accumulate locally: ZeRO-2 reduce-scatters them every
     # micro-batch (DeepSpeed stage_1_and_2.py reduces in each backward), ZeRO-3 / FSDP also
     # gathers the weights for forward and backward (ZeRO §7: 1.5x the DP volume).
@@ -238,18 +258,97 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         if not (zero == 2 and n > 1):
             red_expert = ecoll(comm.reduce_scatter_s, n_expert)
         gat_dense, gat_expert = coll(comm.all_gather_s, n), ecoll(comm.all_gather_s, n_expert)
-    return ConfigTerms(
-        pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
-        in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages),
-        capacity_bytes=ctx.cluster.memory_bytes_per_gpu,
-        reserve_bytes=ctx.cluster.gpu.reserve_gib * GIB,
-        allocator_overhead=opts.allocator_overhead, buffer_bytes=buffers, boundary_s=boundary_s,
-        per_micro_batch_sync=per_mb, zero_reduce_dense=zr_dense, zero_reduce_expert=zr_expert,
-        zero_gather_dense=zg_dense, zero_gather_expert=zg_expert,
-        dp_reduce_dense=red_dense, dp_reduce_expert=red_expert, dp_gather_dense=gat_dense,
-        dp_gather_expert=gat_expert, overlap_grad_reduce=opts.overlap_grad_reduce,
-        overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx),
-        comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s)
+    return zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert
+
+
+@dataclass(frozen=True)
+class LayoutView:
+    """What a layer sees under a :class:`~planner.strategy.Layout`: its tensor degree, the
+    sequences one tensor group processes per micro-batch, its ZeRO / gradient group and links."""
+
+    tp: int
+    micro_batch: int
+    shard: Shard
+    tp_link: Link
+    dp_shard: int  # ranks holding the same weight shard (ZeRO sharding, gradient reduction)
+    dp_link: Link
+
+
+def layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
+    """The layer's view under ``layout``, or None when the layout does not divide this mesh
+    (its tensor degree must divide tp x dp, and a tensor group's share of the stage's
+    ``dp x micro_batch`` sequences per micro-batch must be whole)."""
+    return _layout_view(ctx, layout)
+
+
+@lru_cache(maxsize=4096)
+def _layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
+    c, mesh = ctx.config, ctx.mesh
+    if layout is Layout.MESH:
+        return LayoutView(c.tp, c.micro_batch, ctx.shard, ctx.links.tp, mesh.shard_degree,
+                          ctx.links.dp)
+    t = layout.tensor_degree(c.tp, c.dp)
+    if t is None or (c.tp * c.dp) % t or (c.micro_batch * t) % c.tp:
+        return None
+    mb = c.micro_batch * t // c.tp
+    n = c.tp * c.dp // t * c.cp  # tensor groups per stage x CP ranks: the layer's data group
+    shard = Shard(mb, c.seq_len, t, c.cp, c.ep, c.sp and t > 1, c.dtype)
+    return LayoutView(t, mb, shard, group_link(ctx.cluster, t, 1), n,
+                      group_link(ctx.cluster, n, t))
+
+
+def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
+    """Whether ``option`` can run ``layer`` under this context: non-mesh layouts are for dense
+    blocks whose heads and FFN width divide the layout's tensor degree."""
+    if option.layout is Layout.MESH:
+        return True
+    view = layout_view(ctx, option.layout)
+    if view is None or layer.kind is not LayerKind.BLOCK:
+        return False
+    if layer.mlp is not None and (layer.mlp.is_moe or layer.mlp.ffn_hidden % view.tp):
+        return False
+    att = layer.attention
+    return att is None or att.num_heads % view.tp == 0
+
+
+def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout) -> float:
+    """Seconds per micro-batch (forward + backward) to move the activation from a layer of
+    layout ``before`` to the next layer, of layout ``after``.
+
+    Between layers the activation is split along the batch over the tensor groups and
+    replicated inside one (with sequence parallelism: split along the sequence inside it). When
+    the tensor degree grows k-fold, k neighbouring groups merge: the forward pass all-gathers
+    the batch over those k ranks and the backward pass only slices the gradient; when it
+    shrinks, the forward slices and the backward all-gathers the gradient. With sequence
+    parallelism each rank's shard changes from (batch/k, seq) to (batch, seq/k): an all-to-all,
+    forward and backward. These are the resharding collectives of the sharding-spec changes
+    S(batch) -> R and S(seq) -> S(batch) (Alpa, Zheng et al. OSDI 2022, §4.1 and Table 2;
+    GSPMD, Xu et al. 2021; the edge costs of OpenXLA's auto-sharding pass)."""
+    if before is after:
+        return 0.0
+    a, b = layout_view(ctx, before), layout_view(ctx, after)
+    if a is None or b is None or a.tp == b.tp:
+        return 0.0
+    small, big = (a, b) if a.tp < b.tp else (b, a)
+    k = big.tp // small.tp
+    link = group_link(ctx.cluster, k, small.tp)  # k ranks, one from each merging group
+    gathered = big.shard.tokens * hidden * ACT_BYTES  # one merged group's activation
+    if small.shard.sp or big.shard.sp:
+        return 2 * comm.all_to_all_s(gathered / big.tp, k, link)
+    return comm.all_gather_s(gathered, k, link)
+
+
+def boundary_reshard_s(ctx: CostContext, layers: Sequence[Layer],
+                       options: Sequence[LayerOption], stage: Sequence[int],
+                       pp: int) -> list[float]:
+    """Per stage, the resharding seconds per micro-batch of the layout changes between
+    consecutive layers, charged to the stage of the later layer."""
+    out = [0.0] * pp
+    for i in range(1, len(layers)):
+        if options[i].layout is not options[i - 1].layout:
+            out[stage[i]] += reshard_s(ctx, layers[i].hidden, options[i - 1].layout,
+                                       options[i].layout)
+    return out
 
 
 @lru_cache(maxsize=4096)
@@ -291,16 +390,21 @@ def _unnamed(layer: Layer) -> Layer:
 
 @lru_cache(maxsize=65536)
 def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTerms:
-    c, shard, links, opts = ctx.config, ctx.shard, ctx.links, ctx.options
+    c, links, opts = ctx.config, ctx.links, ctx.options
     mesh = ctx.mesh
+    view = layout_view(ctx, option.layout)  # the mesh itself, or the layer's own factoring
+    if view is None or not option_valid(ctx, layer, option):
+        raise ValueError(f"layout {option.layout.value} does not divide the mesh "
+                         f"tp={c.tp} dp={c.dp} micro_batch={c.micro_batch}")
+    shard, tp, sp = view.shard, view.tp, view.shard.sp
     recompute = option.recompute
     compute = layer_compute(layer, shard, ctx.cluster.gpu, opts)
     tokens = shard.tokens
     hidden_bytes = tokens * layer.hidden * ACT_BYTES
     # Tensor parallel collectives (not overlapped with compute unless the runtime says so).
     fwd_syncs, bwd_syncs = _tp_syncs(layer)
-    one = comm.tp_collective_s(hidden_bytes, c.tp, links.tp, c.sp)
-    if c.tp > 1 and not c.sp and layer.kind is LayerKind.HEAD:
+    one = comm.tp_collective_s(hidden_bytes, tp, view.tp_link, sp)
+    if tp > 1 and not sp and layer.kind is LayerKind.HEAD:
         fwd_syncs = 0  # without SP the head's input is already replicated
     tp_fwd = fwd_syncs * one
     tp_total = tp_fwd + bwd_syncs * one + (tp_fwd if recompute is Recompute.FULL else 0.0)
@@ -324,22 +428,32 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     if att is not None and c.cp > 1:
         # ring attention: cp-1 exchanges of the local K and V chunk forward, twice that (K, V and
         # their gradients) backward, hidden behind the attention core's forward and backward.
-        kv_bytes = tokens * max(att.num_kv_heads // c.tp, 1) * (att.head_dim + att.v_head_dim) * ACT_BYTES
+        kv_bytes = tokens * max(att.num_kv_heads // tp, 1) * (att.head_dim + att.v_head_dim) * ACT_BYTES
         ring = 3 * (c.cp - 1) * comm.p2p_s(kv_bytes, links.cp)
         core_s = compute.attn_core_s  # the core's forward + backward time (compute.py)
         other += max(0.0, ring - core_s)
-    stored, working = layer_activation_bytes(layer, c.micro_batch, c.seq_len, c.tp, c.cp, c.sp,
+    stored, working = layer_activation_bytes(layer, view.micro_batch, c.seq_len, tp, c.cp, sp,
                                              recompute, opts.attention_kernel, opts.dropout,
                                              mesh.expert_tp, opts.moe.load_factor,
                                              opts.fp8_saved_inputs and c.dtype == "fp8")
     working += moe_buffer
-    dense, expert = layer_params_on_gpu(layer, c.tp, c.ep, mesh.expert_tp)
+    dense, expert = layer_params_on_gpu(layer, tp, c.ep, mesh.expert_tp)
     state = opts.state_bytes
     zero = c.zero_stage
-    n, n_expert = mesh.shard_degree, mesh.expert_shard_degree
+    n, n_expert = view.dp_shard, mesh.expert_shard_degree
     dense_states = zero_state_bytes(dense, n, zero, state)
     expert_states = zero_state_bytes(expert, n_expert, zero, state)
     t = config_terms(ctx)
+    if option.layout is not Layout.MESH:
+        # the layer's weights are reduced and gathered over its own data group: its slopes
+        # (latency intercepts stay the configuration's, charged once per stage)
+        zr, _, zg, _, red, _, gat, _ = dp_collectives(zero, n, n_expert, view.dp_link,
+                                                      view.dp_link, t.per_micro_batch_sync)
+        t = replace(t, zero_reduce_dense=Affine(zr.slope_s_per_byte,
+                                                t.zero_reduce_dense.intercept_s),
+                    zero_gather_dense=Affine(zg.slope_s_per_byte, t.zero_gather_dense.intercept_s),
+                    dp_reduce_dense=Affine(red.slope_s_per_byte, t.dp_reduce_dense.intercept_s),
+                    dp_gather_dense=Affine(gat.slope_s_per_byte, t.dp_gather_dense.intercept_s))
     grad_dense, grad_expert = dense * state.grad_reduce_bytes, expert * state.grad_reduce_bytes
     w_dense, w_expert = dense * state.weights, expert * state.weights
     zero_reduce = (t.zero_reduce_dense.slope_s_per_byte * grad_dense

@@ -13,7 +13,7 @@ Every string an exporter writes goes through :mod:`planner.export.quoting`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from planner.errors import invalid
@@ -57,13 +57,33 @@ def export_plan(plan: Plan | Mapping[str, Any], fmt: str,
         return export_serving(plan, fmt, target_version)
     _refuse_malformed(plan)
     if entry.resolve is not None:
-        return entry.run(plan, entry.resolve(target_version))
+        return _layouts_warning(plan, entry.run(plan, entry.resolve(target_version)))
     if target_version is not None:
         raise invalid(f"the {fmt} export has one form and takes no --target-version",
                       "formats with versions: " + ", ".join(
                           f"{f.name} ({', '.join(f.versions)})" for f in FORMATS.values()
                           if f.versions))
-    return entry.run(plan)
+    return _layouts_warning(plan, entry.run(plan))
+
+
+def _layouts_warning(plan: Plan, result: ExportResult) -> ExportResult:
+    """Per-layer layouts (planner.strategy.Layout) have no form in these runtimes' files: each
+    takes one global tensor-parallel degree. Say which layers the file runs differently."""
+    if result.format == "json":
+        return result
+    off = {}
+    for layer in plan.document.get("layers", []):
+        layout = layer.get("layout", "mesh")
+        if layout != "mesh":
+            off.setdefault(layout, []).append(layer["name"])
+    if not off:
+        return result
+    what = "; ".join(f"{layout}: {len(names)} layers ({names[0]} .. {names[-1]})"
+                     for layout, names in sorted(off.items()))
+    warning = (f"layouts: the plan gives layers their own tensor x data factoring ({what}); "
+               f"{result.format} takes one tensor-parallel degree, so this file runs every layer "
+               f"with the mesh's (the per-layer plan's step time and memory do not apply)")
+    return replace(result, warnings=(*result.warnings, warning))
 
 
 def _refuse_malformed(plan: Plan) -> None:

@@ -151,9 +151,12 @@ def attention_core_s(att: Attention, gpu: Gpu, tp: int, kv_dtype: str, decode_se
 
 
 def _links(cluster: Cluster, worker: WorkerConfig):
-    tp = group_link(cluster, worker.tp, 1)
-    moe = group_link(cluster, worker.tp * worker.attention_dp, 1)
-    pp = group_link(cluster, 2 if worker.pp > 1 else 1, worker.tp * worker.attention_dp)
+    """Links of the worker's groups, from its mesh's strides: TP, the expert-parallel group
+    (all-to-all with data-parallel attention) and neighbouring pipeline stages."""
+    mesh = worker.mesh
+    tp = group_link(cluster, mesh.tp, mesh.stride("tp"))
+    moe = group_link(cluster, mesh.ep, mesh.stride("ep"))
+    pp = group_link(cluster, 2 if mesh.pp > 1 else 1, mesh.stride("pp"))
     return tp, moe, pp
 
 

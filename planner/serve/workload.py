@@ -49,6 +49,8 @@ class ServingWorkload:
     dtype: str = "bf16"
     kv_dtype: str | None = None  # None: bf16 (the runtimes' "auto" for a bf16 model)
 
+    kind = "serving"
+
     def __post_init__(self) -> None:
         for name in ("isl", "osl"):
             value = getattr(self, name)
@@ -111,6 +113,15 @@ class WorkerConfig:
     @property
     def moe_tp(self) -> int:
         return self.tp * self.attention_dp // self.ep
+
+    @property
+    def mesh(self):
+        """The worker's :class:`planner.mesh.Mesh`: attention replicas are its dp dimension,
+        the MoE layers fold the tp x dp ranks into etp (= moe_tp) x ep (Megatron-Core
+        parallel folding)."""
+        from planner.mesh import Mesh
+
+        return Mesh(pp=self.pp, dp=self.attention_dp, tp=self.tp, ep=self.ep, etp=self.moe_tp)
 
     def label(self) -> str:
         parts = [f"tp{self.tp}"]

@@ -37,7 +37,8 @@ from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.context import make_context
 from planner.cost.model import Evaluation, evaluate
 from planner.cost.pipeline import pipeline_time_s
-from planner.cost.terms import (LayerTerms, config_terms, layer_terms, stage_memory, stage_time,
+from planner.cost.terms import (LayerTerms, boundary_reshard_s, config_terms, layer_terms,
+                                option_valid, stage_memory, stage_time,
                                 step_time)
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
@@ -142,12 +143,33 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
     return BruteForceResult(ev, placements, configs, scored)
 
 
+def _block_classes(model: ModelGraph) -> list[int]:
+    """The layer class of every block (blocks of one class share their layout)."""
+    out = []
+    for ci, cls in enumerate(model.layer_classes()):
+        if cls.layer.kind is LayerKind.BLOCK:
+            out += [ci] * cls.count
+    return out
+
+
+def _consistent(classes: Sequence[int], rec: Sequence[LayerOption]) -> bool:
+    """One layout per block class (the solver's space: layouts per class run)."""
+    seen: dict[int, object] = {}
+    return all(seen.setdefault(c, r.layout) is r.layout for c, r in zip(classes, rec))
+
+
 def _literal(model, cluster, config, runtime, allowed, incumbent):
     """Every placement through ``evaluate``: slow, the definition."""
     best = None
     n = 0
+    ctx = make_context(model, cluster, config, runtime)
+    blocks = [layer for layer in model.layers if layer.kind is LayerKind.BLOCK]
+    classes = _block_classes(model)
+    per_block = [[o for o in allowed if option_valid(ctx, layer, o)] for layer in blocks]
     for stages in _splits(model.num_blocks, config.pp, config.virtual_stages):
-        for rec in itertools.product(allowed, repeat=model.num_blocks):
+        for rec in itertools.product(*per_block):
+            if not _consistent(classes, rec):
+                continue
             n += 1
             ev = evaluate(model, cluster, config, _placement(model, config.pp, stages, rec),
                           runtime)
@@ -169,6 +191,9 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
     last_fixed = [i for i, layer in enumerate(layers)
                   if layer.kind not in (LayerKind.BLOCK, LayerKind.EMBEDDING)]
     cost: dict[tuple[int, LayerOption], LayerTerms] = {}
+    classes = _block_classes(model)
+    valid = {b: [o for o in allowed if option_valid(ctx, layers[i], o)]
+             for b, i in enumerate(block_index)}
 
     def layer(i: int, option: LayerOption) -> LayerTerms:
         key = (i, option)
@@ -186,7 +211,9 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
             return stage_cache[key]
         fixed = (first_fixed if s == 0 else []) + (last_fixed if s == pp - 1 else [])
         out = []
-        for rec in itertools.product(allowed, repeat=len(members)):
+        for rec in itertools.product(*(valid[b] for b in members)):
+            if not _consistent([classes[b] for b in members], rec):
+                continue
             choice = {block_index[b]: r for b, r in zip(members, rec)}
             indices = sorted(fixed + list(choice))
             costs = [layer(i, choice.get(i, NO_OPTION)) for i in indices]
@@ -195,6 +222,7 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
         stage_cache[key] = out
         return out
 
+    layered = len({o.layout for o in allowed}) > 1
     best = None
     n = k = 0
     bound = incumbent
@@ -203,16 +231,23 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
         members = [tuple(b for b, s in enumerate(stages) if s == i) for i in range(pp)]
         options = [stage_options(i, members[i]) for i in range(pp)]
         for combo in itertools.product(*options):
-            times = [t for _, _, t in combo]
+            rec = [NO_OPTION] * model.num_blocks
+            for i, (stage_rec, _, _) in enumerate(combo):
+                for b, r in zip(members[i], stage_rec):
+                    rec[b] = r
+            if layered:
+                if not _consistent(classes, rec):
+                    continue
+                placement = _placement(model, pp, stages, rec)
+                reshard = boundary_reshard_s(ctx, layers, placement.options, placement.stage, pp)
+                times = [t + r for (_, _, t), r in zip(combo, reshard)]
+            else:
+                times = [t for _, _, t in combo]
             if pipeline_time_s(times, m, v) >= bound:
                 continue  # the other step-time terms are >= 0: cannot beat the incumbent
             k += 1
             total = step_time(terms, [costs for _, costs, _ in combo], times).step_time_s
             if total < bound:
-                rec = [NO_OPTION] * model.num_blocks
-                for i, (stage_rec, _, _) in enumerate(combo):
-                    for b, r in zip(members[i], stage_rec):
-                        rec[b] = r
                 best = (total, _placement(model, pp, stages, rec))
                 bound = total
     return best, n, k

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.context import CostContext
-from planner.cost.terms import ConfigTerms, LayerTerms, config_terms, layer_terms
+from planner.cost.terms import (ConfigTerms, LayerTerms, config_terms, layer_terms,
+                                option_valid, reshard_s)
 from planner.ir import LayerKind
 from planner.strategy import BLOCK_OPTIONS, NO_OPTION, LayerOption
 
@@ -42,6 +43,16 @@ class StageProblem:
     def terms(self) -> ConfigTerms:
         return config_terms(self.ctx)
 
+    def layouts(self, ci: int) -> tuple:
+        """The layouts class ``ci``'s options use (in option order, each once)."""
+        return tuple(dict.fromkeys(o.layout for o in self.classes[ci].options))
+
+    def reshard_s(self, before_index: int, after_index: int, before, after) -> float:
+        """Resharding seconds between layer ``before_index`` (layout ``before``) and the next
+        layer ``after_index`` (layout ``after``): :func:`planner.cost.terms.reshard_s`."""
+        del before_index
+        return reshard_s(self.ctx, self.ctx.model.layers[after_index].hidden, before, after)
+
 
 def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPTIONS) -> StageProblem:
     model = ctx.model
@@ -54,8 +65,9 @@ def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPT
     for cls in model.layer_classes():
         if cls.layer.kind is not LayerKind.BLOCK:
             continue
-        costs = tuple(layer_terms(ctx, cls.layer, o) for o in options)
-        classes.append(BlockClass(cls.start, cls.start - first, cls.count, options, costs))
+        mine = tuple(o for o in options if option_valid(ctx, cls.layer, o))
+        costs = tuple(layer_terms(ctx, cls.layer, o) for o in mine)
+        classes.append(BlockClass(cls.start, cls.start - first, cls.count, mine, costs))
     pre = tuple(range(0, first))
     post = tuple(range(last + 1, len(layers)))
     return StageProblem(

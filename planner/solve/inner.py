@@ -186,6 +186,7 @@ class _Builder:
                         M.add(n <= cls.count * u)
                         self.u[i, ci, ri] = u
                 M.add(sum(self.n[i, ci, ri] for ri in range(len(cls.options))) == x)
+        reshard = self.layouts(b)
 
         alpha = 1.0 + self.ct("allocator_overhead")
         capacity = math.floor(T.capacity_bytes)
@@ -247,6 +248,7 @@ class _Builder:
             time_terms, time_c = self.stage_terms(i, *TIME_TERMS)
             stage = self.time_lin(time_terms) + self.ticks(
                 time_c + self.ct("boundary_s") + self.ct("micro_batch_overhead_s"))
+            stage += self.time_lin(reshard[i][0]) + self.ticks(reshard[i][1])
             if T.per_micro_batch_sync:
                 # per-phase exposure (terms.stage_time): e_f, e_b and the edge are scaled by
                 # (1 - kappa) so their coefficients stay integers; kappa * traffic is added
@@ -316,6 +318,75 @@ class _Builder:
         M.minimize(self.objective)
         if self.cutoff_s is not None:
             M.add(self.objective <= self.ticks((self.cutoff_s - self.constant_s()) * v))
+
+    def layouts(self, b: list) -> list[tuple[Terms, float]]:
+        """(R) Per-class layouts and the resharding edges between consecutive layers.
+
+        Each block class takes one layout: y[c,l] one-hot, n[i,c,r] = 0 unless y[c, layout(r)].
+        The boundary into class c costs ``reshard(l1, l2)`` on the stage holding c's first
+        block when class c-1 has l1 and c has l2: an edge variable z >= y[c-1,l1] + y[c,l2] - 1
+        (and, when that stage is a decision, q >= z + w[i,c] - 1 with w[i,c] = "stage i holds
+        c's first block"). The embedding and head keep the mesh layout: their boundaries cost
+        ``reshard(mesh, l)`` on the first and ``reshard(l, mesh)`` on the last stage. Returns per
+        stage the (variable, seconds) terms and a constant (Alpa / OpenXLA auto-sharding:
+        one-hot strategies per node, linearised pairwise resharding costs per edge)."""
+        P, M, pp = self.p, self.model, self.T.pp
+        L, v = P.num_blocks, self.T.virtual_stages
+        out: list[tuple[Terms, float]] = [([], 0.0) for _ in range(pp)]
+        if all(len(P.layouts(ci)) <= 1 for ci in range(len(P.classes))):
+            return out
+        from planner.strategy import Layout
+
+        y = []
+        for ci, cls in enumerate(P.classes):
+            ys = {lay: M.new_bool_var(f"y[{ci},{lay.value}]") for lay in P.layouts(ci)}
+            M.add_exactly_one(list(ys.values()))
+            for (i, c, ri), n in self.n.items():
+                if c == ci:
+                    M.add(n <= cls.count * ys[cls.options[ri].layout])
+            y.append(ys)
+        mesh = Layout.MESH
+        if P.pre:
+            first = P.classes[0].start
+            for lay, var in y[0].items():
+                cost = P.reshard_s(first - 1, first, mesh, lay)
+                if cost:
+                    out[0][0].append((var, cost))
+        if P.post:
+            last = P.post[0]
+            for lay, var in y[-1].items():
+                cost = P.reshard_s(last - 1, last, lay, mesh)
+                if cost:
+                    out[pp - 1][0].append((var, cost))
+        for ci in range(1, len(P.classes)):
+            cls = P.classes[ci]
+            if v > 1:
+                fixed = interleaved_rank(cls.first_block, L, pp, v)
+                w = None
+            elif pp == 1:
+                fixed, w = 0, None
+            else:
+                fixed, s0 = None, cls.first_block
+                w = [M.new_bool_var(f"w[{i},{ci}]") for i in range(pp)]
+                M.add_exactly_one(w)
+                for i in range(pp):
+                    M.add(b[i] <= s0 + L * (1 - w[i]))
+                    M.add(b[i + 1] >= s0 + 1 - L * (1 - w[i]))
+            for l1, y1 in y[ci - 1].items():
+                for l2, y2 in y[ci].items():
+                    cost = P.reshard_s(cls.start - 1, cls.start, l1, l2)
+                    if not cost:
+                        continue
+                    z = M.new_bool_var(f"z[{ci},{l1.value},{l2.value}]")
+                    M.add(z >= y1 + y2 - 1)
+                    if w is None:
+                        out[fixed][0].append((z, cost))
+                        continue
+                    for i in range(pp):
+                        q = M.new_bool_var(f"q[{i},{ci},{l1.value},{l2.value}]")
+                        M.add(q >= z + w[i] - 1)
+                        out[i][0].append((q, cost))
+        return out
 
     def _expert_ticks(self, seconds: float, has_expert):
         """An expert-group intercept, charged when the stage holds routed experts."""

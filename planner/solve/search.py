@@ -80,7 +80,11 @@ def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfi
     """Best Megatron-style uniform plan (even split, one option for every block) that fits."""
     best = None
     for option in allowed:
-        ev = evaluate(model, cluster, config, default_placement(model, config, option), runtime)
+        try:
+            ev = evaluate(model, cluster, config, default_placement(model, config, option),
+                          runtime)
+        except ValueError:  # a per-layer layout this mesh or some block cannot take
+            continue
         if ev.fits and (best is None or ev.step_time_s < best.step_time_s):
             best = ev
     return best

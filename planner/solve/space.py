@@ -31,14 +31,16 @@ from planner.config import ParallelConfig
 from planner.errors import PlannerError, invalid
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.strategy import RECOMPUTE_POLICIES, LayerOption, Recompute, block_options_for
+from planner.strategy import (RECOMPUTE_POLICIES, LayerOption, Recompute, block_options,
+                               block_options_for, per_layer_layouts)
 
 MAX_MICRO_BATCH = 16
 MAX_VIRTUAL_STAGES = 8
 LONG_SEQUENCE = 16384
 
 PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "virtual_stages",
-            "recompute")
+            "recompute", "layouts")
+LAYOUT_CHOICES = ("mesh", "per-layer")  # layouts=per-layer: the solver picks one per block class
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,7 @@ class Pins:
     micro_batch: int | None = None
     virtual_stages: int | None = None
     recompute: Recompute | None = None
+    layouts: str | None = None  # "mesh" (the default) or "per-layer"
 
     @staticmethod
     def parse(items: Mapping[str, str]) -> "Pins":
@@ -71,6 +74,10 @@ class Pins:
                 if text not in ("true", "false", "on", "off", "1", "0", "yes", "no"):
                     raise invalid(f"pin sp={raw!r}: expected on/off")
                 values[name] = text in ("true", "on", "1", "yes")
+            elif name == "layouts":
+                if text not in LAYOUT_CHOICES:
+                    raise invalid(f"pin layouts={raw!r}: expected {' or '.join(LAYOUT_CHOICES)}")
+                values[name] = text
             elif name == "recompute":
                 try:
                     values[name] = Recompute(text)
@@ -88,9 +95,10 @@ class Pins:
     def block_options(self, config: ParallelConfig | None = None,
                       runtime=None) -> tuple[LayerOption, ...]:
         """The per-block options these pins allow under ``config`` (every one
-        :func:`planner.strategy.block_options_for` gives) with the recomputation policies of
-        the ``runtime`` profile (the default ones without a profile), unless recompute is
-        pinned."""
+        :func:`planner.strategy.block_options_for` gives; with ``layouts=per-layer`` every
+        layout :func:`planner.strategy.per_layer_layouts` gives) with the recomputation
+        policies of the ``runtime`` profile (the default ones without a profile), unless
+        recompute is pinned."""
         if runtime is None:
             allowed = RECOMPUTE_POLICIES
         else:  # every-nth is a mix of none and full blocks, which the solver places itself
@@ -104,6 +112,8 @@ class Pins:
                               f"{runtime.name} has no such policy",
                               f"its policies: {', '.join(p.name for p in runtime.recompute)}")
             allowed = (self.recompute,)
+        if self.layouts == "per-layer":
+            return block_options(allowed, per_layer_layouts(config))
         return block_options_for(config, allowed)
 
     def check_runtime(self, runtime) -> None:

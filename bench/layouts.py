@@ -1,0 +1,125 @@
+"""Per-layer layout benchmark: the solver with a layout per block class vs the best uniform plan.
+
+For each model the full search runs twice on the same cluster and batch: with the plan's global
+mesh for every layer (``--pin layouts=mesh``, today's space) and with per-layer layouts
+(``--pin layouts=per-layer``: each block class picks tensor degree tp/2, tp, 2 tp or 1 inside its
+stage's ``tp x dp`` ranks, with resharding between classes costed on the topology). It reports
+both step times, the gain, the solve times and which layers changed layout. The per-layer space
+contains the uniform one, so the gain is never negative. Run::
+
+    python bench/layouts.py              # prints a Markdown table (minutes)
+    python bench/layouts.py --quick      # one model
+
+Models (non-uniform, where per-layer layouts can matter): a vision-language model shaped like
+Llama-3.2-11B-Vision (a 32-block ViT-H/14-style encoder, hidden 1280, in front of the Llama-3.1-8B
+decoder), T5-small (encoder-decoder, from its config.json), Gemma-2-9B (256k vocabulary, from
+its config.json), and Llama-3.1-8B as a uniform control.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clusters import load_cluster  # noqa: E402
+from models import load_model  # noqa: E402
+from models.hf_config import import_hf_config  # noqa: E402
+from models.params import BlockShape, EmbeddingShape, HeadShape, assemble  # noqa: E402
+from planner.ir import Attention, Mlp  # noqa: E402
+from planner.solve.search import SearchOptions, search  # noqa: E402
+from planner.solve.space import Pins  # noqa: E402
+
+
+def vlm():
+    """Llama-3.2-11B-Vision-like: ViT-H/14-style encoder (32 x 1280, 16 heads, GeLU 5120,
+    1601 patches padded into the text sequence) then the Llama-3.1-8B decoder."""
+    vit = BlockShape(hidden=1280, attention=Attention(16, 16, 80, 80, causal=False),
+                     mlp=Mlp(5120, gated=False), norm_bias=True, qkv_bias=True, out_bias=True,
+                     mlp_bias=True)
+    text = BlockShape(hidden=4096, attention=Attention(32, 8, 128, 128), mlp=Mlp(14336, True))
+    blocks = [(f"vision.{i}", vit) for i in range(32)] + [(f"text.{i}", text) for i in range(32)]
+    return assemble(name="vlm-11b", family="vlm", embedding=EmbeddingShape(128256, 1280),
+                    blocks=blocks, head=HeadShape(128256, 4096), default_seq_len=4096,
+                    max_seq_len=None, source="Llama-3.2-11B-Vision shapes")
+
+
+def vlm_90b():
+    """Llama-3.2-90B-Vision-like: the same ViT-H/14-style encoder in front of the Llama-3.1-70B
+    decoder (80 x 8192, 64 heads, 8 KV heads, SwiGLU 28672)."""
+    vit = BlockShape(hidden=1280, attention=Attention(16, 16, 80, 80, causal=False),
+                     mlp=Mlp(5120, gated=False), norm_bias=True, qkv_bias=True, out_bias=True,
+                     mlp_bias=True)
+    text = BlockShape(hidden=8192, attention=Attention(64, 8, 128, 128), mlp=Mlp(28672, True))
+    blocks = [(f"vision.{i}", vit) for i in range(32)] + [(f"text.{i}", text) for i in range(80)]
+    return assemble(name="vlm-90b", family="vlm", embedding=EmbeddingShape(128256, 1280),
+                    blocks=blocks, head=HeadShape(128256, 8192), default_seq_len=4096,
+                    max_seq_len=None, source="Llama-3.2-90B-Vision shapes")
+
+
+def hf(name: str, folder: str = "models/hf_configs"):
+    path = ROOT / folder / name
+    return import_hf_config(json.loads(path.read_text()), name=path.stem)
+
+
+CASES = [
+    ("vlm-11b", vlm, "dgx-h100", 2, 256, 4096),
+    ("vlm-90b", vlm_90b, "dgx-h100", 8, 512, 4096),
+    ("gemma-2-9b (256k vocab)", lambda: hf("gemma-2-9b.json", "tests/fixtures/hf_extra"),
+     "dgx-h100", 1, 128, 4096),
+    ("t5-small", lambda: hf("t5-small.json"), "dgx-a100-80g", 1, 256, 512),
+    ("llama-3.1-8b (uniform control)", lambda: load_model("llama-3.1-8b"), "dgx-h100", 1, 128,
+     8192),
+]
+
+
+def run(case, time_limit: float) -> dict:
+    label, make, cluster_name, nodes, batch, seq = case
+    model, cluster = make(), load_cluster(cluster_name, nodes=nodes)
+    out = {"model": label, "cluster": f"{cluster_name} x{nodes}", "batch": batch, "seq": seq}
+    for key, pins in (("uniform", Pins()), ("layered", Pins(layouts="per-layer"))):
+        start = time.perf_counter()
+        result = search(model, cluster, batch, seq, pins=pins,
+                        options=SearchOptions(time_limit_s=time_limit))
+        out[key] = result.best.step_time_s
+        out[f"{key}_solve_s"] = time.perf_counter() - start
+        out[f"{key}_status"] = result.record.status
+        best = result.best
+        out[f"{key}_mesh"] = f"tp{best.config.tp} pp{best.config.pp} dp{best.config.dp}"
+        if key == "layered":
+            changed: dict[str, int] = {}
+            for layer, option in zip(model.layers, best.placement.options):
+                if option.layout.value != "mesh":
+                    kind = layer.name.split(".")[0]
+                    changed[f"{kind}:{option.layout.value}"] = \
+                        changed.get(f"{kind}:{option.layout.value}", 0) + 1
+            out["changed"] = ", ".join(f"{k} x{v}" for k, v in sorted(changed.items())) or "none"
+    out["gain"] = out["uniform"] / out["layered"] - 1
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    cases = CASES[:1] if args.quick else CASES
+    print("| model | cluster | batch x seq | uniform s (mesh) | per-layer s (mesh) | gain | "
+          "solve s uniform / per-layer | layers off the mesh layout |")
+    print("|---|---|---|---:|---:|---:|---|---|")
+    for case in cases:
+        r = run(case, args.time_limit)
+        print(f"| {r['model']} | {r['cluster']} | {r['batch']} x {r['seq']} | "
+              f"{r['uniform']:.3f} ({r['uniform_mesh']}) | {r['layered']:.3f} "
+              f"({r['layered_mesh']}) | {r['gain']:+.1%} | {r['uniform_solve_s']:.1f} "
+              f"({r['uniform_status']}) / {r['layered_solve_s']:.1f} ({r['layered_status']}) | "
+              f"{r['changed']} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

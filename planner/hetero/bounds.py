@@ -51,8 +51,8 @@ def quick_bounds(terms: Sequence[PoolTerms], pp: int) -> tuple[float, float, flo
     works = []
     for t in terms:
         kinds = [_work(t, lambda x: x.time_s)]
-        if per_mb:  # a stage is at least its time plus the ZeRO traffic it cannot hide
-            kinds.append(_work(t, lambda x: x.time_s - x.fwd_s - x.bwd_s + x.zero_traffic_s))
+        if per_mb:  # a stage is at least its TP/CP/EP communication plus its ZeRO traffic
+            kinds.append(_work(t, lambda x: x.comm_s + x.zero_traffic_s))
         works.append(kinds)
     m = terms[0].inner.num_micro_batches
     b = _boundary(terms)

@@ -379,17 +379,75 @@ def _worker_megatron(cases: list[dict]) -> list[dict]:
     return out
 
 
+def _worker_torchtitan_022(cases: list[dict]) -> list[dict]:
+    """torchtitan 0.2.2 (TOML era, installed in its own folder on PYTHONPATH): ConfigManager
+    reads the job file (unknown keys refused), ParallelDims.build_mesh on the fake backend."""
+    import contextlib
+    import io
+    import logging
+
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.config import ConfigManager
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    logging.disable(logging.WARNING)
+    out = []
+    for case in cases:
+        said = io.StringIO()
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "job.toml"
+            path.write_text(case["text"])
+            try:
+                with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+                    config = ConfigManager().parse_args(["--job.config_file", str(path)])
+                if dist.is_initialized():
+                    dist.destroy_process_group()
+                dist.init_process_group("fake", store=FakeStore(), rank=0,
+                                        world_size=case["world"])
+                par, training = config.parallelism, config.training
+                dims = ParallelDims(dp_replicate=par.data_parallel_replicate_degree,
+                                    dp_shard=par.data_parallel_shard_degree,
+                                    cp=par.context_parallel_degree, tp=par.tensor_parallel_degree,
+                                    pp=par.pipeline_parallel_degree,
+                                    ep=par.expert_parallel_degree,
+                                    etp=par.expert_tensor_parallel_degree,
+                                    world_size=case["world"])
+                dims.build_mesh()
+                as_dict = {k: getattr(par, k) for k in (
+                    "data_parallel_replicate_degree", "tensor_parallel_degree",
+                    "pipeline_parallel_degree", "context_parallel_degree",
+                    "expert_parallel_degree", "pipeline_parallel_microbatch_size",
+                    "module_fqns_per_model_part", "pipeline_parallel_schedule")}
+                derived = _titan_derived(None, as_dict, {
+                    "local_batch_size": training.local_batch_size,
+                    "global_batch_size": training.global_batch_size,
+                    "seq_len": training.seq_len}, dims.dp_shard,
+                    config.activation_checkpoint.mode)
+                out.append({"accepted": True, "derived": derived})
+            except BaseException as error:
+                out.append({"accepted": False, "message": f"{type(error).__name__}: {error} "
+                                                          f"{said.getvalue()[-800:]}".strip()})
+    import importlib.metadata
+
+    out.append({"version": importlib.metadata.version("torchtitan")})  # the folder's, first
+    return out
+
+
 WORKERS = {"deepspeed": _worker_deepspeed, "torchtitan": _worker_torchtitan,
-           "megatron": _worker_megatron}
+           "megatron": _worker_megatron, "torchtitan-0.2.2": _worker_torchtitan_022}
+TORCHTITAN_022_ENV = "SHARDPLAN_TORCHTITAN_022_PATH"  # a folder with torchtitan 0.2.2 in it
 
 
 def run_worker(runtime: str, cases: list[dict], timeout_s: float = 600,
-               python: str | None = None) -> list[dict]:
+               python: str | None = None, path_first: str | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "cases.json"
         path.write_text(json.dumps(cases))
-        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get(
-            "PYTHONPATH", ""), "DS_BUILD_OPS": "0"}
+        paths = ([path_first] if path_first else []) + [str(ROOT), os.environ.get("PYTHONPATH",
+                                                                                  "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+               "DS_BUILD_OPS": "0"}
         done = subprocess.run([python or sys.executable, "-m", "bench.export_runtimes", "--worker",
                                runtime, str(path)], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=timeout_s)
@@ -472,11 +530,28 @@ def run_cases(plans: dict[str, dict], megatron_python: str | None = None) -> lis
                     "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch",
                     "num_micro_batches", "virtual_stages", "sp"))
             cases.append(case)
+    tt022 = os.environ.get(TORCHTITAN_022_ENV)
+    if tt022 and (Path(tt022) / "torchtitan" / "config" / "job_config.py").exists():
+        names = list(plans)
+        inputs = [{"text": exports[(n, "torchtitan", "0.2.2")].text,
+                   "world": plan_facts(plans[n])["world"]} for n in names]
+        results = run_worker("torchtitan-0.2.2", inputs, path_first=tt022)
+        for n, r in zip(names, results[:-1]):
+            case = Case(n, "torchtitan", "0.2.2",
+                        parser=f"torchtitan {results[-1]['version']} (real)",
+                        accepted=r["accepted"], message=r.get("message", ""))
+            if r["accepted"]:
+                case.mismatches = compare(plans[n], r["derived"],
+                                          REFERENCE_KEYS["torchtitan 0.2.2"],
+                                          exports[(n, "torchtitan", "0.2.2")].warnings)
+            cases.append(case)
+    else:
+        tt022 = None
     refs = {("megatron", None): ("megatron", megatron_reference),
             ("torchtitan", "0.2.2"): ("torchtitan 0.2.2", toml_022_reference),
             ("vllm", None): ("vllm", vllm_reference)}
     for (fmt, version), (key, check) in refs.items():
-        if fmt == "megatron" and megatron_python:
+        if (fmt == "megatron" and megatron_python) or (fmt == "torchtitan" and tt022):
             continue
         for n, doc in plans.items():
             case = Case(n, fmt, version, parser=f"{key} reference")

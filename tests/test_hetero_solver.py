@@ -209,3 +209,34 @@ def test_search_refuses_experts_across_pools(pools):
     layers = tuple(replace(layer, mlp=mlp) if layer.mlp else layer for layer in moe.layers)
     with pytest.raises(PlannerError, match="mixture-of-experts"):
         hetero_search(replace(moe, layers=layers), pools, 16, 128)
+
+
+def test_plan_pools_cli_is_deterministic_json(tmp_path, capsys):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from timeouts import deadline
+    from cli.main import main
+
+    path = tmp_path / "real.yaml"
+    path.write_text(REAL)
+    argv = ["plan-pools", "-m", "gpt3-2.7b", "-c", str(path), "--global-batch", "64",
+            "--pin", "tp=2", "--pin", "zero=1", "--json"]
+    outs = []
+    for _ in range(2):
+        with pytest.raises(SystemExit) as done, deadline(120):
+            main(argv)
+        out, _ = capsys.readouterr()
+        assert done.value.code == 0
+        outs.append(out)
+    assert outs[0] == outs[1]
+    doc = json.loads(outs[0])
+    assert doc["kind"] == "shardplan-pool-plan" and doc["solver"]["status"] == "OPTIMAL"
+    assert set(doc["parallelism"]["stage_pools"]) == {"h100", "a100"}
+    assert all(s["memory_gib"]["total"] <= s["capacity_gib"] for s in doc["stages"])
+    with pytest.raises(SystemExit) as done:
+        main(["plan-pools", "-m", "gpt3-2.7b", "-c", "no-such-cluster", "--global-batch", "64",
+              "--json"])
+    assert done.value.code == 2

@@ -182,10 +182,16 @@ class _Replanner:
         self.notes: list[str] = []
 
     # -- survivors ---------------------------------------------------------------------------
+    @property
+    def group(self) -> int:
+        """Replicas whose GPUs share nodes (tp x cp smaller than a node): they leave together."""
+        c, gpn = self.config, self.cluster.gpus_per_node
+        group = gpn // (c.tp * c.cp) if c.tp * c.cp < gpn else 1
+        return group if group > 1 and c.dp % group == 0 else 1
+
     def drop_set(self, ranks: Sequence[int]) -> list[int]:
         """Replicas to drop for ``ranks``: theirs, and those sharing their nodes."""
-        c, gpn = self.config, self.cluster.gpus_per_node
-        group = max(1, gpn // (c.tp * c.cp)) if (c.tp * c.cp) < gpn else 1
+        c, group = self.config, self.group
         hit = {self.mesh.coords(r)["dp"] for r in ranks}
         return sorted({g * group + k for r in hit for g in [r // group] for k in range(group)
                        if g * group + k < c.dp})
@@ -205,7 +211,8 @@ class _Replanner:
                 if gb:
                     self.notes.append(f"global batch {c.global_batch} -> {gb} (dp {dp})")
                     return survivors, replace(c, dp=dp, global_batch=gb)
-            survivors = survivors[:-1]  # drop one more replica until dp divides the batch
+            # drop more replicas (a node's worth at a time) until dp divides the batch
+            survivors = survivors[:-self.group]
         return None
 
     def rank_map(self, survivors: Sequence[int], config: ParallelConfig) -> tuple[int, ...]:

@@ -18,7 +18,10 @@ its fastest option), a stage on p covers at most ``T / W_p`` of the model, so th
 stage times is at least ``min_p W_p``; both plus the least boundary time per stage. Memory: the
 stage average of states and one micro-batch of activations plus the least reserve must fit the
 largest pool memory. A candidate whose bound is not below the incumbent is skipped, so a search
-that ends within its time limit is OPTIMAL within the cost model.
+that ends within its time limit is OPTIMAL within the cost model. Two passes: each candidate
+first gets a short CP-SAT budget (so that one hard proof does not delay the incumbent that
+prunes the rest); the unproven ones are solved again, with the full budget, against the final
+incumbent.
 """
 from __future__ import annotations
 
@@ -40,6 +43,10 @@ from planner.ir import ModelGraph
 from planner.solve.search import SearchOptions
 from planner.solve.space import LONG_SEQUENCE, MAX_MICRO_BATCH, Pins, _divisors
 from planner.strategy import BLOCK_OPTIONS, LayerOption, Recompute
+
+
+# CP-SAT deterministic time per configuration in the first pass (see hetero_search)
+FIRST_PASS_DETERMINISTIC_TIME = 0.1
 
 
 @dataclass
@@ -137,12 +144,40 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
     evaluated = optimal = pruned_bound = 0
     open_bound = math.inf
     timed_out = False
+    deferred: list[tuple[float, tuple, ParallelConfig, tuple]] = []
+
+    def cutoff_now() -> float:
+        return kept[-1][0] if len(kept) >= options.top_k else math.inf
+
+    def solve(config, terms, lb: float, budget: float) -> str:
+        """Solve one configuration; keep its plan; the CP-SAT status."""
+        nonlocal evaluated
+        cutoff = cutoff_now()
+        result = solve_pools(terms, config.pp,
+                             cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),
+                             workers=options.workers, seed=options.seed,
+                             max_time_s=max(deadline - time.monotonic(), 0.01),
+                             deterministic_time=budget)
+        evaluated += 1
+        if result.placement is not None:
+            ev = hetero_evaluate(model, cluster, config, result.stage_pools, result.placement,
+                                 options.runtime, terms=terms)
+            if ev.fits:
+                kept.append((ev.step_time_s, _key(config), ev))
+                kept.sort(key=lambda item: (item[0], item[1]))
+                del kept[options.top_k:]
+        if result.status not in ("OPTIMAL", "INFEASIBLE"):
+            deferred.append((max(result.bound_s, lb), _key(config), config, terms))
+        return result.status
+
+    # First pass, in bound order: a short CP-SAT budget per configuration, so that one hard
+    # proof does not hold up the incumbent; unproven configurations come back in pass two.
+    first_budget = min(FIRST_PASS_DETERMINISTIC_TIME, options.inner_deterministic_time)
     for cheap_lb, _, config in queue:
-        cutoff = kept[-1][0] if len(kept) >= options.top_k else math.inf
+        cutoff = cutoff_now()
         if cheap_lb >= cutoff:
             break  # every remaining candidate's bound is at least the k-th best
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        if deadline - time.monotonic() <= 0:
             timed_out = True
             open_bound = min(open_bound, cheap_lb)
             break
@@ -156,23 +191,23 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
         if lb >= cutoff or max(lb, memory_time_bound(terms, config.pp)) >= cutoff:
             pruned_bound += 1
             continue
-        result = solve_pools(terms, config.pp,
-                             cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),
-                             workers=options.workers, seed=options.seed, max_time_s=remaining,
-                             deterministic_time=options.inner_deterministic_time)
-        evaluated += 1
-        if result.status in ("OPTIMAL", "INFEASIBLE"):
+        if solve(config, terms, lb, first_budget) in ("OPTIMAL", "INFEASIBLE"):
             optimal += 1
-        else:
-            open_bound = min(open_bound, max(result.bound_s, lb))
-        if result.placement is None:
+    # Second pass: the unproven ones against the final incumbent, with the full budget.
+    second, deferred = sorted(deferred, key=lambda item: (item[0], item[1])), []
+    for bound_s, _, config, terms in second:
+        if bound_s >= cutoff_now():
+            pruned_bound += 1
             continue
-        ev = hetero_evaluate(model, cluster, config, result.stage_pools, result.placement,
-                             options.runtime, terms=terms)
-        if ev.fits:
-            kept.append((ev.step_time_s, _key(config), ev))
-            kept.sort(key=lambda item: (item[0], item[1]))
-            del kept[options.top_k:]
+        if deadline - time.monotonic() <= 0:
+            timed_out = True
+            open_bound = min(open_bound, bound_s)
+            continue
+        if solve(config, terms, bound_s, options.inner_deterministic_time) in ("OPTIMAL",
+                                                                              "INFEASIBLE"):
+            optimal += 1
+    for bound_s, _, _, _ in deferred:  # still unproven after the full budget
+        open_bound = min(open_bound, bound_s)
     if not kept:
         raise PlannerError(ErrorKind.INFEASIBLE if not timed_out else ErrorKind.SOLVER_LIMIT,
                            f"no plan of {model.name} fits the pools of {cluster.name!r} "
@@ -187,7 +222,8 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
               "gap": max(0.0, (best.step_time_s - bound) / best.step_time_s),
               "solve_time_s": time.monotonic() - start, "candidates_total": total,
               "candidates_pruned_memory": pruned_memory,
-              "candidates_pruned_bound": pruned_bound, "candidates_evaluated": evaluated, "inner_optimal": optimal,
+              "candidates_pruned_bound": pruned_bound, "candidates_evaluated": evaluated,
+              "inner_optimal": optimal,
               "time_limit_s": options.time_limit_s, "workers": options.workers,
               "seed": options.seed, "ortools_version": ortools.__version__}
     return HeteroSearchResult(best, [item[2] for item in kept[1:]], record)

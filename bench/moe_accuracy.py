@@ -113,9 +113,9 @@ def build_cluster(entry: dict):
         one = load_cluster(preset)
     except PlannerError as error:
         raise LookupError(f"no cluster preset {preset!r} ({error.kind.value})") from None
-    if c["num_gpus"] % one.gpus_per_node:
-        raise ValueError(f"{entry['id']}: {c['num_gpus']} GPUs do not fill {preset} nodes")
-    return load_cluster(preset, nodes=c["num_gpus"] // one.gpus_per_node)
+    # NVL72 racks: a job on 256 GPUs uses 4 racks of 64 (planner/calibration/runs.py)
+    from clusters.calibration_runs import cluster_for_gpus
+    return cluster_for_gpus(one, c["num_gpus"], entry["id"])
 
 
 def dtype_of(entry: dict) -> str:

@@ -140,6 +140,12 @@ def recompute_mix(ev: Evaluation) -> str:
     return " ".join(f"{r.value} {counts[r]}" for r in Recompute if counts[r])
 
 
+def uniform_recompute(ev: Evaluation) -> str:
+    """The one recomputation policy every block of a uniform plan has."""
+    return next(o.recompute.value for o, layer in zip(ev.placement.options, ev.model.layers)
+                if layer.kind is LayerKind.BLOCK)
+
+
 def stage_sizes(ev: Evaluation) -> str:
     sizes = [sum(1 for i in s.layers if ev.model.layers[i].kind is LayerKind.BLOCK)
              for s in ev.stages]
@@ -225,7 +231,7 @@ def render(rows: list[Row]) -> str:
                 continue
             lines.append(
                 f"| {row.case.model} | {row.gpus:,} | {row.uniform_configs:,} | "
-                f"{row.uniform_s:.1f} | {describe(u)} | {u.placement.options[-2].recompute.value} | "
+                f"{row.uniform_s:.1f} | {describe(u)} | {uniform_recompute(u)} | "
                 f"{u.step_time_s:.3f} | {u.mfu:.1%} | {row.best.step_time_s:.3f} | "
                 f"{row.gain:+.2%} |")
     return "\n".join(lines) + "\n"

@@ -210,7 +210,7 @@ def probes() -> list[tuple[str, str, str]]:
     from torch.distributed.tensor.parallel import (RowwiseParallel, SequenceParallel,
                                                    parallelize_module)
 
-    from planner.runtime.torch_exec import free_port
+    from planner.runtime.launch import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)

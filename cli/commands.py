@@ -7,7 +7,7 @@ from cli import signals
 from cli.app import emit_json, emit_text
 from cli.moe_options import moe_option, moe_options_from
 from cli.params import FiniteFloat, pin_pairs
-from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions, resolve_dp
+from planner.config import ParallelConfig, resolve_dp
 from planner.strategy import LayerOption, Recompute, default_placement
 
 
@@ -56,9 +56,16 @@ dtype_option = click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]
 attention_option = click.option("--attention", "attention_kernel",
                                 type=click.Choice(["flash", "eager"]), default="flash",
                                 show_default=True, help="Attention kernel of the runtime.")
-runtime_option = click.option("--runtime", type=click.Choice(sorted(RUNTIME_STATE_BYTES)),
-                              default="megatron", show_default=True,
-                              help="Optimizer-state layout of the runtime.")
+RUNTIME_CHOICES = ("megatron", "torchtitan", "deepspeed", "fsdp", "deepspeed-bf16", "torch-fp32",
+                   "zero-paper")
+runtime_option = click.option(
+    "--runtime", type=click.Choice(RUNTIME_CHOICES), default="megatron", show_default=True,
+    help="Target runtime profile (megatron, torchtitan, deepspeed, fsdp): what it can run, its "
+         "memory layout and overlap. Legacy state-layout names are accepted.")
+calibration_option = click.option(
+    "--calibration", "calibration", default=None, metavar="PROFILE.yaml",
+    type=click.Path(dir_okay=False),
+    help="Calibration profile from `shardplan calibrate` (default: the shipped constants).")
 
 
 # --time-limit: a day is beyond any plan search; the bound keeps deadlines finite.
@@ -100,16 +107,21 @@ def time_limit_slack_s(limit_s: float) -> float:
 @dtype_option
 @attention_option
 @runtime_option
+@calibration_option
 @moe_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
              zero_stage, recompute, sp, virtual_stages, dtype, attention_kernel, runtime,
-             as_json, **moe):
+             calibration, as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
+    from planner.calibration.session import prediction_intervals, runtime_setup
     from planner.cost.model import evaluate as run
     from planner.report import evaluation_dict
 
     graph, hw = _load(model, cluster, nodes, seq_len)
+    setup = runtime_setup(hw, runtime, dtype, attention_kernel, calibration,
+                          moe=moe_options_from(moe))
+    hw = setup.cluster
     if dp is None:
         dp = resolve_dp(hw.num_gpus, tp, pp, cp)
     config = ParallelConfig(
@@ -117,11 +129,12 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
         seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
         zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
         dtype=dtype)
-    options = RuntimeOptions(runtime=runtime, attention_kernel=attention_kernel,
-                             moe=moe_options_from(moe))
+    options = setup.options
     config.validate(graph, hw)
     placement = default_placement(graph, config, LayerOption(Recompute(recompute)))
-    result = evaluation_dict(run(graph, hw, config, placement, options=options))
+    ev = run(graph, hw, config, placement, options=options)
+    result = evaluation_dict(ev)
+    result["predicted"].update(prediction_intervals(ev, setup.calibration))
     if as_json:
         emit_json(result)
     else:
@@ -207,6 +220,7 @@ def clusters_command(as_json):
                    "virtual_stages, recompute. Repeatable.")
 @attention_option
 @runtime_option
+@calibration_option
 @moe_option
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="Write the plan file here (- for standard output).")
@@ -215,7 +229,7 @@ def clusters_command(as_json):
               help="Record the solve's wall-clock time in the plan (it then differs run to run).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, workers, top_k, pins,
-         attention_kernel, runtime, output, force, timings, as_json, **moe):
+         attention_kernel, runtime, calibration, output, force, timings, as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.plan import dumps, make_plan, write_plan
     from planner.solve.search import SearchOptions, search
@@ -229,11 +243,14 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, worker
     if output is not None:
         check_target(output, force=force)  # refused now, not after the search
     with signals.deadline(time_limit, time_limit_slack_s(time_limit)):
+        from planner.calibration.session import prediction_intervals, runtime_setup
+
         graph, hw = _load(model, cluster, nodes, seq_len)
+        setup = runtime_setup(hw, runtime, dtype, attention_kernel, calibration,
+                          moe=moe_options_from(moe))
+        hw = setup.cluster
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
-                                runtime=RuntimeOptions(runtime=runtime,
-                                                       attention_kernel=attention_kernel,
-                                                       moe=moe_options_from(moe)))
+                                runtime=setup.options)
         from cli.render import search_progress
 
         with search_progress(enabled=True) as progress:
@@ -244,6 +261,7 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, worker
         del solver["solve_time_s"]
     doc = make_plan(result.best, model_spec=model, cluster_spec=cluster, nodes=nodes,
                     solver=solver, alternatives=result.alternatives, pins=pinned.as_dict())
+    doc["predicted"].update(prediction_intervals(result.best, setup.calibration))
     if output is not None:
         write_plan(doc, output, force=force, critical=signals.deferred,
                    on_commit=signals.finish)

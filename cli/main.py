@@ -29,15 +29,18 @@ from cli import signals
 from cli.app import DEBUG_ENV, cli, emit_json
 from cli.commands import clusters_command, evaluate, inspect, models_command, plan
 from cli.plan_commands import check, export, schema, show
+from cli import serve_commands
 from cli.report_commands import diff, report
 from cli.verify_command import verify
 from cli.replan_command import replan_command
 from cli.pools_command import plan_pools
+from cli.calibrate_command import calibrate
 from planner.errors import DeadlineExceeded, ErrorKind, ExitCode, Interrupted, PlannerError
 
 for _command in (evaluate, inspect, models_command, clusters_command, plan, schema, show, check,
-                 export, verify, replan_command, report, diff, plan_pools):
+                 export, verify, replan_command, report, diff, plan_pools, calibrate):
     cli.add_command(_command)
+serve_commands.install(cli)  # plan / evaluate --workload serve (cli/serve_commands.py)
 
 __all__ = ["cli", "main", "run", "emit_json"]
 

@@ -38,6 +38,10 @@ def show(plan_path, as_json):
         from planner.plan import dumps
 
         emit_text(dumps(doc))
+    elif doc.get("workload") == "serve":  # a serving plan (cli/serve_commands.py)
+        from cli.serve_commands import print_serving
+
+        print_serving(doc)
     else:
         from cli.render import print_plan_file
 
@@ -55,13 +59,28 @@ def show(plan_path, as_json):
               help="Number of nodes of the cluster (as given to `shardplan plan`).")
 @click.option("--allow-stale", is_flag=True,
               help="Do not fail because the model or cluster changed; still check memory.")
+@click.option("--memory-confidence", type=click.FloatRange(0.01, 0.99), default=0.5,
+              show_default=True,
+              help="Quantile of the predicted peak's error band the memory gate uses "
+                   "(0.9: the plan must fit with 90 % confidence).")
+@click.option("--calibration", default=None, metavar="PROFILE.yaml",
+              type=click.Path(dir_okay=False),
+              help="Calibration profile whose error bands the gate uses (default: shipped).")
 @json_option
-def check(plan_path, model, cluster, nodes, allow_stale, as_json):
+def check(plan_path, model, cluster, nodes, allow_stale, memory_confidence, calibration,
+          as_json):
     """Check a saved plan still fits: exit 0 if so, 1 if not, 2 on invalid input."""
     from planner.check import check_plan
     from planner.plan_types import Plan
 
-    plan = Plan.load(plan_path)
+    from cli.serve_commands import check_serve_file
+    from planner.serve.plan import load_any_plan
+
+    plan = load_any_plan(plan_path)
+    if not isinstance(plan, Plan):  # a serving plan (planner/serve/plan.py)
+        report = check_serve_file(plan, plan_path, model, cluster, nodes, allow_stale)
+        _report_check(report, as_json)
+        return
     given_model = given_cluster = None
     if model is not None:  # the inputs anew, as `shardplan plan` would load them
         from models import load_model
@@ -78,7 +97,12 @@ def check(plan_path, model, cluster, nodes, allow_stale, as_json):
     source = cluster if cluster is not None else (
         f"embedded, --nodes {nodes}" if nodes is not None else None)
     report = check_plan(plan, model=given_model, cluster=given_cluster, model_source=model,
-                        cluster_source=source, allow_stale=allow_stale, plan_path=plan_path)
+                        cluster_source=source, allow_stale=allow_stale, plan_path=plan_path,
+                        memory_confidence=memory_confidence, calibration=calibration)
+    _report_check(report, as_json)
+
+
+def _report_check(report, as_json: bool) -> None:
     document = report.to_dict()
     if as_json:
         emit_json(document)
@@ -95,7 +119,8 @@ def check(plan_path, model, cluster, nodes, allow_stale, as_json):
 @click.option("--format", "-f", "fmt", required=True, metavar="F",
               type=click.Choice(list(FORMATS)),
               help="megatron (args file), torchtitan (0.3 args file, or TOML for 0.2.2), "
-                   "deepspeed (config JSON), vllm (engine args), json (the plan).")
+                   "deepspeed (config JSON), vllm (engine args), json (the plan); serving "
+                   "plans: vllm, sglang, trtllm, json.")
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="Write here instead of stdout (- is stdout).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
@@ -108,14 +133,15 @@ def export(plan_path, fmt, output, force, strict, target_version):
     """Translate a saved plan into a runtime's configuration; differences go to stderr."""
     from planner.errors import ErrorKind, PlannerError
     from planner.export import export_plan
-    from planner.plan_types import Plan
     from planner.writer import check_target, write_file
 
     if output == "-":
         output = None
     if output is not None:
         check_target(output, force=force)
-    result = export_plan(Plan.load(plan_path), fmt, target_version)
+    from planner.serve.plan import load_any_plan
+
+    result = export_plan(load_any_plan(plan_path), fmt, target_version)
     from cli.console import say
     from cli.render import print_warnings
 

@@ -225,6 +225,15 @@ def print_check(report: dict[str, Any]) -> None:
                           f"{max(0.0, -s['headroom_gib']):.2f}",
                           "-" if planned is None else f"{planned:.2f}")
         console.print(table)
+    verdict = report.get("memory_verdict")
+    if verdict:
+        low, high = report["memory_interval_gib"]
+        colour = {"fits": "green", "does not fit": "red"}.get(verdict, "yellow")
+        console.print(line("memory: ", (verdict, colour),
+                           f" (80 % band {low:.1f}-{high:.1f} GiB of {report['capacity_gib']:g}; "
+                           f"gate at the {report['memory_confidence']:.0%} quantile: "
+                           f"{report['memory_gate_gib']:.1f} GiB, margin "
+                           f"{report['memory_margin_gib']:+.1f} GiB)"), soft_wrap=True)
     for problem in report["problems"]:
         console.print(line(("problem", "red"), f" ({problem['code']}): {problem['message']}"),
                       soft_wrap=True)

@@ -11,7 +11,7 @@ Presets live in ``clusters/presets/``: ``gpus.yaml`` holds every GPU preset, and
 multi-pool presets. A document with ``pools:`` is read by :mod:`clusters.pools`; it gives a
 :class:`~planner.hardware.MultiPoolCluster` only to callers that ask for one
 (``multi_pool=True``), since one-pool code needs a single GPU type. Numbers and their sources are in the
-YAML comments (from /work/shared/reference/ecosystem.md sections C1, C2 and C4).
+YAML comments (from vendor datasheets).
 """
 from __future__ import annotations
 

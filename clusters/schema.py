@@ -45,7 +45,7 @@ GPU_OPTIONAL = ("vendor", "matmul_efficiency", "attention_efficiency", "reserve_
                 "description", "source")
 # bf16/fp16/fp8: dense tensor-core throughput; tf32: dense tensor-core TF32 (matrix); fp32:
 # dense non-tensor-core (CUDA-core / vector) FP32. At least one of bf16, fp16 is required.
-PEAK_TFLOPS_KEYS = ("bf16", "fp16", "fp8", "tf32", "fp32")
+PEAK_TFLOPS_KEYS = ("bf16", "fp16", "fp8", "fp4", "tf32", "fp32")
 
 CLUSTER_REQUIRED = ("shardplan_cluster", "name", "gpu", "gpus_per_node", "num_nodes", "tiers")
 CLUSTER_OPTIONAL = ("gpu_overrides", "nics_per_node", "scalable_unit_nodes",

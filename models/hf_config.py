@@ -6,7 +6,7 @@ model transformers would build from the same config (pure arithmetic; transforme
 needed). Families: see :data:`SUPPORTED`.
 
 Field names per family and the absent-key defaults are those of the transformers config
-classes (shared/reference/ecosystem.md A1). The shape keys (layers, hidden, heads, vocab, FFN
+classes (Hugging Face transformers configuration classes). The shape keys (layers, hidden, heads, vocab, FFN
 width) are required, because a silently defaulted size would plan for the wrong model; flags
 and secondary sizes take the class default when absent or null (GPT-2, Gemma, Falcon, BERT and
 T5 tie their embeddings by default; the Llama family does not).

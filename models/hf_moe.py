@@ -25,7 +25,7 @@ def deepseek_v3(f: Fields) -> Parts:
     """``modeling_deepseek_v3``: MLA attention; the first ``first_k_dense_replace`` layers dense,
     then MoE every ``moe_layer_freq`` layers. The router's ``e_score_correction_bias`` is a
     buffer, not a parameter, and the MTP module (``num_nextn_predict_layers``) is not built by
-    ``DeepseekV3ForCausalLM`` (ecosystem.md A1/A2); its depth is kept as ``mtp_layers``
+    ``DeepseekV3ForCausalLM`` (Hugging Face transformers configuration classes); its depth is kept as ``mtp_layers``
     metadata for the cost model. Kimi-K2 (``model_type`` ``kimi_k2``) is this architecture with
     384 experts, 64 heads and one dense layer (moonshotai/Kimi-K2-Instruct config.json)."""
     layers = f.integer("num_hidden_layers", limit="layers")

@@ -6,7 +6,7 @@ Produces: :class:`planner.ir.Layer` objects with exact ``params``, ``active_para
 ``tp_replicated_params``, ``expert_params`` and ``tied_params``, and the assembled
 :class:`planner.ir.ModelGraph`.
 
-The formulas are the closed forms of shared/reference/ecosystem.md section A2, written out per
+The formulas are the closed forms of Hugging Face transformers parameter counts, written out per
 weight matrix the way the HF modeling files declare them (``modeling_llama``, ``modeling_gpt2``,
 ``modeling_deepseek_v3``, ...). Tensor-parallel placement follows Megatron-LM: column-parallel
 weights and their biases are sharded; row-parallel weights are sharded but their biases are

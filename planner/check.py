@@ -22,7 +22,7 @@ import os
 from planner.check_report import (REPORT_KIND, CheckReport, InputCheck, Problem,  # noqa: F401
                                   Remedy, StageCheck)
 from planner.cost.model import evaluate
-from planner.errors import PlannerError
+from planner.errors import PlannerError, invalid
 from planner.hardware import GIB, Cluster
 from planner.ir import ModelGraph
 from planner.plan import content_hash
@@ -34,9 +34,13 @@ from planner.remedies import remedies as find_remedies
 def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                cluster: Cluster | None = None, model_source: str | None = None,
                cluster_source: str | None = None, allow_stale: bool = False,
-               plan_path: str | os.PathLike | None = None) -> CheckReport:
+               plan_path: str | os.PathLike | None = None, memory_confidence: float = 0.5,
+               calibration: str | None = None) -> CheckReport:
     """Check a plan; ``model`` / ``cluster`` (loaded anew by the caller) replace the embedded
-    ones."""
+    ones. ``memory_confidence``: the quantile of the predicted peak's error band the memory
+    gate uses (0.5: the prediction itself; 0.9: it must fit with 90 % confidence)."""
+    if not 0 < memory_confidence < 1:
+        raise invalid(f"--memory-confidence must be in (0, 1), got {memory_confidence!r}")
     doc = plan.document
     problems: list[Problem] = []
     inputs = doc["inputs"]
@@ -92,6 +96,51 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                                                   f"{cluster.gpu.name}"))
             if over:
                 remedies = tuple(find_remedies(model, cluster, config, placement, options, ev))
+            verdict = memory_verdict(ev, memory_confidence, calibration)
+            if verdict is not None:
+                text, interval, gate = verdict
+                if gate > capacity / GIB and not over:
+                    problems.append(Problem("memory", f"at the {memory_confidence:.0%} quantile "
+                                                      f"of its error band the peak is "
+                                                      f"{gate:.2f} GiB per GPU, "
+                                                      f"{gate - capacity / GIB:.2f} GiB over "
+                                                      f"capacity ({text})"))
+                return CheckReport(None if plan_path is None else os.fspath(plan_path), checks,
+                                   allow_stale, tuple(problems), stages, remedies,
+                                   capacity / GIB, dict(doc["parallelism"]), text, interval,
+                                   memory_confidence, gate)
     return CheckReport(None if plan_path is None else os.fspath(plan_path), checks, allow_stale,
                        tuple(problems), stages, remedies, capacity / GIB,
-                       dict(doc["parallelism"]))
+                       dict(doc["parallelism"]), memory_confidence=memory_confidence)
+
+
+def memory_verdict(ev, confidence: float, calibration: str | None = None
+                   ) -> tuple[str, tuple[float, float], float] | None:
+    """(verdict, 80 % memory interval in GiB, peak at the ``confidence`` quantile) from the
+    calibration's error bands (planner/calibration/bands.py); None without bands."""
+    from planner.calibration.bands import NOMINAL_COVERAGE, band
+    from planner.calibration.regimes import band_labels, regime_of
+    from planner.calibration.store import load, shipped
+
+    cal = load(calibration) if calibration is not None else shipped()
+    if cal is None or cal.bands is None:
+        return None
+    c = ev.config
+    labels = band_labels(regime_of(ev.options.profile, ev.cluster.gpu.name, c.tp, c.pp, c.cp,
+                                   c.zero_stage))
+    peak = ev.peak_memory_bytes / GIB
+    args = (cal.bands, "memory", peak, labels, ev.cluster.num_gpus, ev.model.params)
+    nominal = band(*args, NOMINAL_COVERAGE)
+    gate = peak
+    if confidence > 0.5:
+        gate = band(*args, 2 * confidence - 1).high
+    elif confidence < 0.5:
+        gate = band(*args, 1 - 2 * confidence).low
+    capacity = ev.cluster.memory_bytes_per_gpu / GIB
+    if peak > capacity:
+        text = "does not fit"
+    elif nominal.high > capacity:
+        text = "fits only at the optimistic end"
+    else:
+        text = "fits"
+    return text, (nominal.low, nominal.high), gate

@@ -93,6 +93,12 @@ class CheckReport:
     remedies: tuple[Remedy, ...]
     capacity_gib: float
     parallelism: dict[str, Any] = field(default_factory=dict)
+    # error-band verdict (planner/calibration/bands.py): "fits", "fits only at the optimistic
+    # end" (the prediction fits, the band's pessimistic end does not) or "does not fit"
+    memory_verdict: str | None = None
+    memory_interval_gib: tuple[float, float] | None = None
+    memory_confidence: float = 0.5  # the quantile of the memory band the gate uses
+    memory_gate_gib: float | None = None  # predicted peak at that quantile
 
     @property
     def evaluated(self) -> bool:
@@ -107,8 +113,12 @@ class CheckReport:
         return any(i.stale for i in self.inputs)
 
     @property
+    def gate_passes(self) -> bool:
+        return self.memory_gate_gib is None or self.memory_gate_gib <= self.capacity_gib
+
+    @property
     def ok(self) -> bool:
-        return not self.problems and self.fits is True
+        return not self.problems and self.fits is True and self.gate_passes
 
     @property
     def exit_code(self) -> ExitCode:
@@ -126,6 +136,13 @@ class CheckReport:
             "inputs": {i.role: i.to_dict() for i in self.inputs},
             "problems": [p.to_dict() for p in self.problems],
             "capacity_gib": self.capacity_gib, "peak_gib": self.peak_gib,
+            "memory_verdict": self.memory_verdict,
+            "memory_interval_gib": list(self.memory_interval_gib)
+            if self.memory_interval_gib else None,
+            "memory_confidence": self.memory_confidence,
+            "memory_gate_gib": self.memory_gate_gib,
+            "memory_margin_gib": (self.capacity_gib - self.memory_gate_gib
+                                  if self.memory_gate_gib is not None else None),
             "parallelism": self.parallelism,
             "stages": [s.to_dict() for s in self.stages],
             "remedies": [r.to_dict() for r in self.remedies],

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 from planner.errors import invalid
 from planner.hardware import Cluster
@@ -44,7 +45,7 @@ class ParallelConfig:
     virtual_stages: int = 1
     dtype: str = "bf16"
 
-    @property
+    @cached_property
     def mesh(self) -> Mesh:
         """The device mesh (degrees, rank order, group strides): :class:`planner.mesh.Mesh`."""
         return Mesh(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)
@@ -155,7 +156,7 @@ class StateBytes:
     Sources: ZeRO (Rajbhandari et al. 2020 §3.1: 2 + 2 + K=12 for mixed-precision Adam);
     Megatron-LM keeps an fp32 ``main_grad`` (4 bytes) and its distributed optimizer shards the
     12 bytes of fp32 master weights and Adam moments (Korthikanti et al. 2022 §6 reproduce their
-    Fig. 1 with 18 bytes/param; formulas.md §3.2); DeepSpeed's fp16 ZeRO-1/2 optimizer keeps
+    Fig. 1 with 18 bytes/param; Korthikanti et al. 2022 §6); DeepSpeed's fp16 ZeRO-1/2 optimizer keeps
     fp16 gradients plus an fp32 gradient partition next to the fp32 master partition.
     """
 
@@ -200,6 +201,18 @@ class RuntimeOptions:
     overlap_grad_reduce: bool = True  # DP reduce overlapped with the last micro-batch's backward
     overlap_param_gather: bool = True  # ZeRO all-gather overlapped with the next forward
     tp_comm_overlap: float = 0.0  # fraction of TP collectives hidden behind GEMMs (TE userbuffers)
+    # Runtime-profile behaviour (planner/profiles.py) and calibrated constants
+    # (planner/calibration/: defaults.yaml, or a user's ``--calibration`` profile).
+    profile: str = "megatron"  # runtime profile: megatron, torchtitan, deepspeed, fsdp
+    allocator_overhead: float = 0.25  # caching-allocator memory beyond live activations+buffers
+    comm_slowdown: float = 0.0  # compute slowdown per second of overlapped NCCL traffic
+    micro_batch_overhead_s: float = 0.0  # fixed host/launch seconds per micro-batch per stage
+    elementwise_factor: float = 1.0  # element-wise HBM traffic vs fused kernels (eager > 1)
+    fp8_gemm_factor: float = 1.0  # FP8 GEMM efficiency relative to 16-bit (of the FP8 peak)
+    fp8_saved_inputs: bool = False  # GEMM inputs kept for backward in FP8 (Transformer Engine)
+    # calibrated efficiencies of the GPU's generation (None: the GPU preset's own values)
+    matmul_efficiency: float | None = None
+    attention_efficiency: float | None = None
     moe: MoeOptions = MoeOptions()  # routing and token dispatch of MoE layers (planner/moe.py)
 
     @property

@@ -22,6 +22,10 @@ class Recompute(str, Enum):
     NONE = "none"
     SELECTIVE = "selective"  # recompute the attention core only (Korthikanti et al. 2022 §5)
     FULL = "full"  # store the block input only, recompute the whole block in backward
+    # Per-op selective checkpointing (torchtitan ``selective_ac_option = "op"``): keep the
+    # outputs of every other matmul and of the attention kernel, recompute everything else
+    # (torchtitan ``_save_list`` / ``_apply_op_sac``; planner/cost/compute.py, memory.py).
+    OP = "op"
 
 
 class Layout(str, Enum):
@@ -45,7 +49,8 @@ class LayerOption:
     def memory_rank(self) -> int:
         """Order used to lay out a stage's blocks (most recomputation first; costs are equal
         in any order, this keeps placements readable and deterministic)."""
-        return {Recompute.FULL: 2, Recompute.SELECTIVE: 1, Recompute.NONE: 0}[self.recompute]
+        return {Recompute.FULL: 3, Recompute.OP: 2, Recompute.SELECTIVE: 1,
+                Recompute.NONE: 0}[self.recompute]
 
 
 NO_OPTION = LayerOption()  # embedding and head: mesh layout, never recomputed
@@ -61,6 +66,20 @@ def block_options(recompute: Iterable[Recompute] = RECOMPUTE_POLICIES,
 
 
 BLOCK_OPTIONS = block_options()
+
+
+def layouts_for(config) -> tuple[Layout, ...]:
+    """The layouts a block may take under ``config`` (a ParallelConfig; None: every layout).
+    The mesh layout is always valid; a layout that needs some degree or divisibility of the
+    mesh (a tensor-parallel degree inside the stage group, an expert layout) says so here."""
+    return LAYOUTS
+
+
+def block_options_for(config, recompute: Iterable[Recompute] = RECOMPUTE_POLICIES
+                      ) -> tuple[LayerOption, ...]:
+    """The option enumeration: every block option the solver, the oracle and the bounds
+    consider under ``config``. The one place that decides which options exist."""
+    return block_options(recompute, layouts_for(config))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ Graph (vertex ids are tuples; every edge has ``bandwidth_bytes_per_s`` -- effect
   has a direct edge of tier-0 bandwidth / (gpus_per_node - 1);
 * ``("nic", node, k)``: ``nics_per_node`` NICs (0 = one per GPU); GPU ``local`` attaches to NIC
   ``local * nics // gpus_per_node``, so with 4 NICs for 8 GPUs GPUs 0-1 share NIC 0;
-* ``("leaf", su, k)``: rail-optimized leaves (DGX SuperPOD RA, ecosystem.md C2): NIC k of every
+* ``("leaf", su, k)``: rail-optimized leaves (DGX SuperPOD RA, NVIDIA DGX datasheets and the DGX SuperPOD reference architecture): NIC k of every
   node in scalable unit ``su = node // scalable_unit_nodes`` connects to leaf k of that unit.
   NIC edges carry the inter-node tier bandwidth and latency (half on each NIC -> leaf edge);
 * ``("spine",)``: present when the cluster has more than one scalable unit; each leaf's uplink

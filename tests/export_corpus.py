@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_plan_helpers import MIXTRAL, build_plan
+from conftest import MIXTRAL, build_plan
 
 HF = Path(__file__).resolve().parents[1] / "models" / "hf_configs"
 

@@ -8,7 +8,7 @@ import pytest
 from planner.check import check_plan
 from planner.plan_types import Plan
 from planner.plan_io import validate_plan
-from test_plan_helpers import MIXTRAL, build_plan, edited, run_cli, write
+from conftest import MIXTRAL, build_plan, edited, run_cli, write
 
 
 def _cluster_yaml(tmp_path, memory_gib):

@@ -8,10 +8,10 @@ from clusters.loader import PRESET_DIR
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import Cluster, Gpu
 
-CLUSTER_PRESETS = ["dgx-a100-40g", "dgx-a100-80g", "dgx-b200", "dgx-h100", "dgx-h200", "hgx-h800",
-                   "mi300x", "tiny"]
-GPU_PRESETS = ["a100-sxm4-40gb", "a100-sxm4-80gb", "b200", "h100-sxm", "h200-sxm", "h800-sxm",
-               "mi300x", "tiny-gpu", "v100-sxm2-32gb"]
+CLUSTER_PRESETS = ["dgx-a100-40g", "dgx-a100-80g", "dgx-b200", "dgx-b300", "dgx-gb200-nvl72",
+                   "dgx-h100", "dgx-h200", "hgx-h800", "mi300x", "tiny"]
+GPU_PRESETS = ["a100-sxm4-40gb", "a100-sxm4-80gb", "b200", "b300", "gb200", "h100-sxm", "h200-sxm",
+               "h800-sxm", "mi300x", "tiny-gpu", "v100-sxm2-32gb"]
 
 
 def test_every_cluster_preset_loads_sorted_with_default_nodes():
@@ -44,6 +44,8 @@ def test_every_gpu_preset_loads():
     ("h200-sxm", 141, 4800, 989.4, 132),
     ("h800-sxm", 80, 3350, 989.4, 132),
     ("b200", 180, 8000, 2250, 148),
+    ("gb200", 185, 8000, 2500, 148),
+    ("b300", 288, 8000, 2250, 148),
     ("mi300x", 192, 5300, 1307.4, 304),
     ("tiny-gpu", 2, 100, 10, 8),
 ])
@@ -62,6 +64,7 @@ def test_v100_has_fp16_tensor_cores_but_no_bf16():
 @pytest.mark.parametrize("name, nvlink, nic", [
     ("dgx-a100-40g", 300, 25), ("dgx-a100-80g", 300, 25), ("dgx-h100", 450, 50),
     ("dgx-h200", 450, 50), ("dgx-b200", 900, 50), ("mi300x", 448, 50), ("tiny", 50, 5),
+    ("dgx-b300", 900, 100), ("dgx-gb200-nvl72", 900, 50),
 ])
 def test_tier_bandwidths_per_direction(name, nvlink, nic):
     cluster = load_cluster(name)
@@ -104,6 +107,22 @@ def test_unknown_gpu_preset():
         gpu_preset("h100-sxn")
     assert info.value.kind is ErrorKind.UNKNOWN_PRESET
     assert any("h100-sxm" in hint for hint in info.value.hints)
+
+
+def test_gb200_nvl72_is_one_nvlink_domain_of_72_gpus():
+    """GB200 NVL72: the NVLink domain (tier 0) spans the rack's 72 GPUs, not a 4-GPU tray."""
+    rack = load_cluster("dgx-gb200-nvl72", nodes=2)
+    assert rack.gpus_per_node == 72 and rack.tiers[0].domain_gpus == 72
+    assert rack.tiers[1].domain_gpus == 144
+
+
+def test_h100_96gb_via_gpu_overrides(tmp_path):
+    path = tmp_path / "h100-96.yaml"
+    path.write_text("shardplan_cluster: 1\nname: h100-96\ngpu: h100-sxm\n"
+                    "gpu_overrides: {memory_gib: 96}\ngpus_per_node: 8\nnum_nodes: 1\n"
+                    "tiers:\n  - {name: nvlink, bandwidth_gbytes_per_s: 450, latency_us: 2}\n")
+    cluster = load_cluster(str(path))
+    assert cluster.gpu.memory_gib == 96 and cluster.gpu.peak_tflops["bf16"] == 989.4
 
 
 def test_h800_cluster_is_deepseek_v3s():

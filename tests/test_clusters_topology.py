@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 import textwrap
-import time
 from collections import Counter
 
 import pytest
@@ -151,7 +150,12 @@ def test_irregular_strides_are_answered():
     cluster = load_cluster("dgx-h100", nodes=3)
     for size, stride in [(3, 3), (5, 5), (7, 3), (2, 12)]:
         link = group_link(cluster, size, stride)
-        assert 0 < link.bandwidth_bytes_per_s < math.inf
+        crosses = (size - 1) * stride >= 8  # ranks 0 .. (size-1) x stride span nodes
+        assert link.crosses_nodes == crosses
+        assert link.tier == ("infiniband" if crosses else "nvlink")
+        # a group is never faster than its slowest tier's per-GPU share
+        assert link.bandwidth_bytes_per_s <= (H100_NIC * 8 if crosses else H100_NVLINK) * 1.000001
+        assert link.latency_s >= (5e-6 if crosses else 0.0)
 
 
 @pytest.mark.parametrize("size, stride", [(0, 1), (2, 0), (True, 1), (2, 1.0), (9, 1), (2, 8)])
@@ -167,21 +171,19 @@ def test_deterministic_and_memoised():
     _group_link.cache_clear()
     second = group_link(cluster, 64, 8)
     assert first == second
-    start = time.perf_counter()
-    for _ in range(100):
-        group_link(cluster, 64, 8)
-    assert (time.perf_counter() - start) / 100 < 5e-3
+    hits = _group_link.cache_info().hits
+    group_link(cluster, 64, 8)
+    assert _group_link.cache_info().hits == hits + 1  # memoised (timings: bench/topology.py)
     # an equal cluster loaded again hits the same cache entry
     assert group_link(load_cluster("dgx-h100", nodes=64), 64, 8) is group_link(cluster, 64, 8)
 
 
-def test_16k_gpu_cluster_is_fast():
+def test_16k_gpu_cluster():
+    # how fast this is: bench/topology.py (wall-clock numbers do not belong in a test)
     cluster = load_cluster("dgx-h100", nodes=2048)
     _group_link.cache_clear()
-    start = time.perf_counter()
     links = [group_link(cluster, size, stride) for size, stride in
              [(8, 1), (2048, 8), (256, 64), (16, 1), (4096, 4), (2, 8192), (16384, 1)]]
-    assert time.perf_counter() - start < 2.0
     assert links[0].tier == "nvlink" and links[1].tier == "infiniband"
     assert links[1].bandwidth_bytes_per_s == pytest.approx(H100_NIC)
     assert links[1].latency_s == pytest.approx(5.5e-6)  # the ring crosses the spine

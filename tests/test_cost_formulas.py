@@ -45,7 +45,7 @@ def test_zero_table_2_max_model_size_mp16():
 
 
 def test_megatron_keeps_18_bytes_per_parameter():
-    # formulas.md §3.2: bf16 weights + fp32 main_grad + fp32 Adam = 18 B/param without ZeRO.
+    # Korthikanti et al. 2022 §6: bf16 weights + fp32 main_grad + fp32 Adam = 18 B/param without ZeRO.
     assert zero_state_bytes(1e9, 8, 0, RUNTIME_STATE_BYTES["megatron"]).total == 18e9
     # distributed optimizer: 6 + 12/d
     assert zero_state_bytes(1e9, 8, 1, RUNTIME_STATE_BYTES["megatron"]).total == 6e9 + 12e9 / 8

@@ -139,6 +139,14 @@ CASES = [
                                           zero_stage=0, micro_batch=1)),
     Case("moe-zero3", MOE, ParallelConfig(tp=1, pp=2, dp=4, ep=2, global_batch=16, seq_len=128,
                                           zero_stage=3, micro_batch=1)),
+    # calibrated runtime behaviour: NCCL slowing overlapped compute, a fixed per-micro-batch
+    # overhead (planner/calibration), per-phase FSDP exposure with gradient-reduce overlap
+    Case("zero3-slowdown", DENSE, ParallelConfig(tp=1, pp=2, dp=4, global_batch=16, seq_len=128,
+                                                 zero_stage=3, micro_batch=1),
+         runtime=RuntimeOptions(comm_slowdown=0.3, micro_batch_overhead_s=2e-4)),
+    Case("zero1-slowdown", DENSE, ParallelConfig(tp=2, pp=2, dp=2, global_batch=16, seq_len=128,
+                                                 sp=True, zero_stage=1, micro_batch=1),
+         runtime=RuntimeOptions(comm_slowdown=0.3, tp_comm_overlap=0.5)),
 ]
 
 

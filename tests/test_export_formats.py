@@ -12,7 +12,7 @@ from planner.export import FORMATS, export_plan
 from planner.plan_types import Plan
 from planner.export.base import blocks_per_rank
 from planner.export.megatron import ARRAY, parse_args_file
-from test_plan_helpers import MIXTRAL, build_plan, run_cli, write
+from conftest import MIXTRAL, build_plan, run_cli, write
 
 try:
     import tomllib
@@ -277,7 +277,7 @@ def test_export_command(tmp_path, capsys):
 
 
 def test_every_format_is_registered():
-    assert list(FORMATS) == ["megatron", "torchtitan", "deepspeed", "vllm", "json"]
+    assert list(FORMATS) == ["megatron", "torchtitan", "deepspeed", "vllm", "json", "sglang", "trtllm"]
 
 
 def test_malformed_plans_are_not_exported(tmp_path, capsys):

@@ -19,7 +19,7 @@ from planner.errors import PlannerError
 from planner.export import export_plan
 from planner.plan_types import Plan
 from planner.export.quoting import comment, parse_bash_array_file, shell_word, toml_string
-from test_plan_helpers import build_plan
+from conftest import build_plan
 
 TEXT_FIELDS = (("model", "name"), ("cluster", "name"), ("cluster", "gpu"))
 FORMATS = (("megatron", None), ("torchtitan", "0.3"), ("torchtitan", "0.2.2"),

@@ -46,7 +46,7 @@ def test_tiny_counts_by_hand():
 
 @pytest.mark.parametrize("layers,hidden,heads", [(24, 2048, 16), (96, 12288, 96)])
 def test_gpt3_style_closed_form(layers, hidden, heads):
-    """Megatron GPT: 12Lh^2 + 13Lh + (V + P)h + 2h (shared/reference/formulas.md)."""
+    """Megatron GPT: 12Lh^2 + 13Lh + (V + P)h + 2h (Narayanan et al. 2021 Eq. 2)."""
     data = {"shardplan_model": 1, "num_layers": layers, "hidden_size": hidden, "num_heads": heads,
             "ffn_hidden_size": 4 * hidden, "gated_mlp": False, "vocab_size": 51200,
             "seq_len": 2048, "position_embedding": "learned", "norm": "layernorm", "bias": True,

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from planner.export.megatron import parse_args_file
-from test_plan_helpers import build_plan, write
+from conftest import build_plan, write
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / ".github" / "workflows" / "plan-check.yml"

@@ -16,7 +16,7 @@ from planner.ir import Attention, Layer, Mlp, ModelGraph
 from planner.plan import SCHEMA_VERSION, content_hash, dumps
 from planner.plan_io import load_plan, plan_schema, validate_plan
 from planner.serialize import cluster_from_dict, cluster_to_dict, model_from_dict, model_to_dict
-from test_plan_helpers import MIXTRAL, build_plan, edited, run_cli, write
+from conftest import MIXTRAL, build_plan, edited, run_cli, write
 
 HF_CONFIGS = sorted((Path(__file__).resolve().parents[1] / "models" / "hf_configs").glob("*.json"))
 

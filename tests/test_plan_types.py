@@ -9,7 +9,7 @@ from planner.errors import PlannerError
 from planner.mesh import DIMS, Mesh
 from planner.plan_types import Plan
 from planner.strategy import Layout, Recompute
-from test_plan_helpers import MIXTRAL, build_plan, edited
+from conftest import MIXTRAL, build_plan, edited
 
 DOCS = {
     "tiny": dict(),

@@ -17,7 +17,7 @@ import pytest
 from export_corpus import corpus_plan
 from planner.plan_types import Plan
 from planner.schedule import ChunkTimes, order, plan_timeline, simulate
-from test_plan_helpers import build_plan, run_cli, write
+from conftest import build_plan, run_cli, write
 
 matplotlib = pytest.importorskip("matplotlib", reason="report needs the 'report' extra")
 

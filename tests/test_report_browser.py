@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from planner.plan_types import Plan
-from test_plan_helpers import build_plan
+from conftest import build_plan
 
 pytest.importorskip("matplotlib", reason="report needs the 'report' extra")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

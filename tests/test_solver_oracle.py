@@ -27,7 +27,7 @@ from clusters import load_cluster
 from models import load_model
 from models.native import build_native
 from planner.config import RuntimeOptions
-from planner.strategy import Recompute, interleaved_rank
+from planner.strategy import RECOMPUTE_POLICIES, Recompute, interleaved_rank
 from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import GIB, Cluster
@@ -243,7 +243,7 @@ def instances(draw) -> Instance:
     if too_many(pins):
         pins = replace(pins, zero=draw(st.sampled_from([0, 1, 2, 3])))
     if too_many(pins):
-        pins = replace(pins, recompute=draw(st.sampled_from(list(Recompute))))
+        pins = replace(pins, recompute=draw(st.sampled_from(RECOMPUTE_POLICIES)))
     fraction = draw(st.floats(-0.1, 1.0))
     memory = memory_between(model, ample, global_batch, pins, fraction)
     return Instance(model, replace(ample, gpu=replace(ample.gpu, memory_gib=memory)),

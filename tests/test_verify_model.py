@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch", reason="PyTorch is not installed (pip insta
 
 from planner.runtime.model import (build_decoder, check_parameter_counts,  # noqa: E402
                                    decoder_shape, lm_loss, synthetic_batch)
-from planner.runtime.torch_exec import pipeline_chunks, schedule_name  # noqa: E402
+from planner.runtime.support import pipeline_chunks, schedule_name  # noqa: E402
 
 FIXTURES = "tests/fixtures"
 
@@ -126,7 +126,7 @@ def _result(rank, pp, dp, held):
 def test_state_checks_exact_group_sum_and_mismatch():
     from planner.config import ParallelConfig
     from planner.cost.model import MemoryBreakdown
-    from planner.runtime.torch_exec import state_checks
+    from planner.runtime.verify_report import state_checks
 
     config = ParallelConfig(tp=1, pp=1, dp=2, global_batch=4, seq_len=32, zero_stage=1)
     memory = [MemoryBreakdown(params=400.0, grads=400.0, optimizer=400.0)]

@@ -7,7 +7,9 @@ latency of the slowest tier the group spans, derived from the topology graph); p
 Collective model (NVIDIA nccl-tests ``doc/PERFORMANCE.md``; Thakur et al. 2005 for ring and tree
 algorithms): a ring all-reduce of ``S`` bytes over ``n`` ranks takes
 ``2(n-1)/n * S / B + 2(n-1) * alpha``; a double binary tree has the same bandwidth term and
-``2 log2(n) * alpha`` latency, and NCCL picks the faster, so we take the minimum. All-gather and
+``(2 ceil(log2 n) + 2) * alpha`` latency (reduce up and broadcast down a tree of depth
+``ceil(log2 n)``, plus a hop each way at the root), and NCCL picks the faster, so we take the
+minimum. All-gather and
 reduce-scatter move ``(n-1)/n * S`` (``S`` the full gathered buffer), all-to-all the same.
 Volumes per layer follow Narayanan et al. 2021 §3.2 / Korthikanti et al. 2022 §4.2.2 (TP),
 §4.1 (PP point-to-point), ZeRO §7 (DP and ZeRO-3), Llama 3 §3.3.2 (context parallel ring).

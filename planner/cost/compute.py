@@ -23,7 +23,7 @@ Model (pure functions, no state):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from planner.config import RuntimeOptions
@@ -43,6 +43,10 @@ FLASH_BWD_RATIO = 0.75  # flash backward efficiency / forward efficiency (FA2 §
 # tiles reuse operands better). Source: NVIDIA Deep Learning Performance guide, "Matrix
 # Multiplication Background", tile-quantization section.
 TILES = ((256, 128, 1.00), (128, 256, 1.00), (128, 128, 0.92), (128, 64, 0.80), (64, 64, 0.60))
+
+
+# Bytes per GEMM operand element; fp4 (NVFP4) is 4-bit values plus one fp8 scale per 16.
+GEMM_OPERAND_BYTES = {"fp8": 1.0, "fp4": 0.5 + 1.0 / 16}
 
 
 def hbm_bytes_per_s(gpu: Gpu) -> float:
@@ -96,6 +100,8 @@ class LayerCompute:
     fwd_flops: float
     attn_core_fwd_flops: float
     attn_core_bwd_s: float = 0.0  # the attention core's share of bwd_s
+    gemm_fwd_s: float = 0.0  # the GEMMs' share of fwd_s
+    gemm_fwd_flops: float = 0.0
 
     @property
     def attn_core_s(self) -> float:
@@ -103,6 +109,8 @@ class LayerCompute:
         return self.attn_core_fwd_s + self.attn_core_bwd_s
 
     def recompute_s(self, recompute: Recompute) -> float:
+        if recompute is Recompute.OP:  # half the GEMMs and every non-saved element-wise op
+            return self.fwd_s - self.attn_core_fwd_s - self.gemm_fwd_s / 2
         if recompute is Recompute.FULL:
             return self.fwd_s
         if recompute is Recompute.SELECTIVE:
@@ -110,6 +118,8 @@ class LayerCompute:
         return 0.0
 
     def recompute_flops(self, recompute: Recompute) -> float:
+        if recompute is Recompute.OP:
+            return self.gemm_fwd_flops / 2
         if recompute is Recompute.FULL:
             return self.fwd_flops
         if recompute is Recompute.SELECTIVE:
@@ -138,13 +148,17 @@ def _tile_efficiency(m: int, n: int, k: int, count: int, num_sms: int) -> float:
 
 
 @lru_cache(maxsize=65536)
-def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str) -> float:
-    """Roofline time of a GEMM: max(compute at shape-dependent efficiency, HBM traffic) + launch."""
+def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0) -> float:
+    """Roofline time of a GEMM: max(compute at shape-dependent efficiency, HBM traffic) + launch.
+    FP8 GEMMs reach ``fp8_factor`` of the 16-bit efficiency on their doubled peak (calibrated:
+    planner/calibration/defaults.yaml; scaling and casts are not free)."""
     if gemm.m <= 0 or gemm.n <= 0 or gemm.k <= 0:
         return 0.0
     eff = gpu.matmul_efficiency * _tile_efficiency(gemm.m, gemm.n, gemm.k, gemm.count, gpu.num_sms)
+    if dtype == "fp8":
+        eff *= fp8_factor
     compute = gemm.flops / (gpu.peak_flops(dtype) * eff)
-    elem = 1 if dtype == "fp8" else 2
+    elem = GEMM_OPERAND_BYTES.get(dtype, 2)
     traffic = elem * gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
     memory = traffic / hbm_bytes_per_s(gpu)
     return max(compute, memory) + KERNEL_LAUNCH_S
@@ -233,12 +247,12 @@ def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str) -
     if kernel == "flash":
         flops = attention_core_flops(att, shard, kernel)
         efficiency = gpu.attention_efficiency or FLASH_DEFAULT_RELATIVE * gpu.matmul_efficiency
-        rate = gpu.peak_flops("bf16" if shard.dtype == "fp8" else shard.dtype) * efficiency
+        rate = gpu.peak_flops("bf16" if shard.dtype in ("fp8", "fp4") else shard.dtype) * efficiency
         fwd = flops / rate + KERNEL_LAUNCH_S
         bwd = 2.5 * flops / (rate * FLASH_BWD_RATIO) + KERNEL_LAUNCH_S
         return fwd, bwd
     # Eager: batched GEMMs over (micro_batch x heads) plus a memory-bound softmax over the scores.
-    dtype = "bf16" if shard.dtype == "fp8" else shard.dtype
+    dtype = "bf16" if shard.dtype in ("fp8", "fp4") else shard.dtype
     q = shard.tokens // shard.micro_batch
     keys = shard.seq_len
     batch = shard.micro_batch * heads
@@ -288,19 +302,32 @@ def elementwise_bytes(layer: Layer, shard: Shard, options: RuntimeOptions) -> fl
 
 
 def layer_compute(layer: Layer, shard: Shard, gpu: Gpu, options: RuntimeOptions) -> LayerCompute:
-    """Forward and backward seconds of ``layer`` for one micro-batch on one GPU."""
-    return _layer_compute(layer, shard, gpu, options.attention_kernel, options.dropout)
+    """Forward and backward seconds of ``layer`` for one micro-batch on one GPU. Calibrated
+    efficiencies in ``options`` (planner/calibration) replace the GPU preset's."""
+    if options.matmul_efficiency is not None or options.attention_efficiency is not None:
+        gpu = replace(gpu, matmul_efficiency=options.matmul_efficiency or gpu.matmul_efficiency,
+                      attention_efficiency=options.attention_efficiency
+                      or gpu.attention_efficiency)
+    return _layer_compute(layer, shard, gpu, options.attention_kernel, options.dropout,
+                          options.elementwise_factor, options.fp8_gemm_factor)
 
 
 @lru_cache(maxsize=16384)
-def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: bool) -> LayerCompute:
+def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: bool,
+                   elementwise_factor: float = 1.0, fp8_factor: float = 1.0) -> LayerCompute:
+    """``elementwise_factor``: HBM traffic of the element-wise ops relative to fused kernels
+    (eager PyTorch launches norms, activations and residual adds separately and re-reads their
+    inputs; Transformer Engine / torch.compile fuse them: calibrated per runtime)."""
     options = RuntimeOptions(attention_kernel=kernel, dropout=dropout)
     gemms = layer_gemms(layer, shard)
-    fwd = sum(gemm_time_s(g, gpu, shard.dtype) for g in gemms)
-    bwd = sum(gemm_time_s(b, gpu, shard.dtype) for g in gemms for b in backward_gemms(g))
+    fwd = sum(gemm_time_s(g, gpu, shard.dtype, fp8_factor) for g in gemms)
+    gemm_fwd = fwd
+    bwd = sum(gemm_time_s(b, gpu, shard.dtype, fp8_factor) for g in gemms
+              for b in backward_gemms(g))
     flops = sum(g.flops for g in gemms)
+    gemm_flops = flops
     hbm = hbm_bytes_per_s(gpu)
-    elementwise = elementwise_bytes(layer, shard, options) / hbm
+    elementwise = elementwise_bytes(layer, shard, options) / hbm * elementwise_factor
     # ~10 element-wise kernels per block forward, twice that backward
     kernels = 10 if layer.kind is LayerKind.BLOCK else 2
     fwd += elementwise + kernels * KERNEL_LAUNCH_S
@@ -312,4 +339,4 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
         fwd += core_fwd
         bwd += core_bwd
         flops += core_flops
-    return LayerCompute(fwd, bwd, core_fwd, flops, core_flops, core_bwd)
+    return LayerCompute(fwd, bwd, core_fwd, flops, core_flops, core_bwd, gemm_fwd, gemm_flops)

@@ -3,9 +3,9 @@ parallelism, and the pipeline schedule's micro-batches in flight.
 
 Pure functions over byte counts. Sources:
 
-* ZeRO stages: Rajbhandari et al. 2020 §5 (formulas.md §3.1); per-runtime bytes per parameter
+* ZeRO stages: Rajbhandari et al. 2020 §5 (ZeRO, Rajbhandari et al. 2020 §3.1); per-runtime bytes per parameter
   in :class:`planner.config.StateBytes`.
-* Activations per transformer layer: Korthikanti et al. 2022 §4 (formulas.md §4). The general
+* Activations per transformer layer: Korthikanti et al. 2022 §4 (Korthikanti et al. 2022 §4). The general
   form below reproduces their ``sbh(34 + 5as/h)`` exactly for a GPT block with dropout and
   eager attention, and extends it tensor by tensor to GQA, gated MLPs, MoE, MLA and flash
   attention.
@@ -118,14 +118,49 @@ def block_activation_bytes_per_token(layer: Layer, tp: int, sp: bool, seq_len: i
     return replicated / (tp if sp else 1) + sharded + core, core
 
 
+def fp8_input_saving_per_token(layer: Layer, tp: int, sp: bool) -> float:
+    """Bytes per token saved when the GEMM inputs kept for backward are FP8 (1 byte) instead of
+    16-bit: Transformer Engine's Linear / LayerNormLinear save their FP8-cast input for the
+    weight gradient. The four dense GEMM inputs: the QKV and FC1 inputs (norm outputs, replicated
+    unless SP), the output-projection input and the FC2 input (TP-sharded)."""
+    h = layer.hidden
+    saving = 2 * h * (ACT_BYTES - 1) / (tp if sp else 1)  # one byte less per element
+    if layer.attention is not None:
+        saving += (ACT_BYTES - 1) * layer.attention.num_heads * layer.attention.v_head_dim / tp
+    if layer.mlp is not None and not layer.mlp.is_moe:
+        saving += (ACT_BYTES - 1) * layer.mlp.ffn_hidden / tp
+    return saving
+
+
+def op_sac_saved_per_token(layer: Layer, tp: int, sp: bool) -> float:
+    """Bytes per token per-op selective checkpointing keeps (torchtitan ``op`` SAC): the block
+    input, the attention kernel's output and log-sum-exp, and the output of every other matmul
+    (half of the GEMM outputs); everything else is recomputed in backward."""
+    h = layer.hidden
+    saved = ACT_BYTES * h / (tp if sp else 1)
+    outputs = 0.0
+    att, mlp = layer.attention, layer.mlp
+    if att is not None:
+        heads, kv_heads = att.num_heads / tp, max(att.num_kv_heads / tp, 1)
+        saved += ACT_BYTES * heads * att.v_head_dim + 4.0 * heads
+        outputs += ACT_BYTES * (heads * att.head_dim + kv_heads * (att.head_dim + att.v_head_dim))
+        outputs += ACT_BYTES * h
+    if mlp is not None:
+        up = 2 if mlp.gated else 1
+        routed = mlp.top_k if mlp.is_moe else 1
+        outputs += routed * ACT_BYTES * (up * mlp.ffn_hidden / tp + h)
+    return saved + outputs / 2
+
+
 def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int, cp: int,
                            sp: bool, recompute: Recompute, kernel: str,
-                           dropout: bool, etp: int = 0,
-                           expert_load: float = 1.0) -> tuple[float, float]:
+                           dropout: bool, etp: int = 0, expert_load: float = 1.0,
+                           fp8_inputs: bool = False) -> tuple[float, float]:
     """(stored, working) activation bytes of one layer for one micro-batch on one GPU.
 
     ``stored`` stays alive until the micro-batch's backward reaches the layer; ``working`` is the
     transient extra while the layer's backward runs (the recomputed activations under FULL).
+    ``fp8_inputs``: the runtime keeps FP8 GEMM inputs (:func:`fp8_input_saving_per_token`).
     """
     tokens = micro_batch * seq_len / cp
     h = layer.hidden
@@ -140,6 +175,11 @@ def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int
         return stored, tokens * (ACT_BYTES + 4.0) * layer.vocab / tp
     full, core = block_activation_bytes_per_token(layer, tp, sp, seq_len, kernel, dropout, etp,
                                                   expert_load)
+    if fp8_inputs:
+        full -= fp8_input_saving_per_token(layer, tp, sp)
+    if recompute is Recompute.OP:
+        saved = min(op_sac_saved_per_token(layer, tp, sp), full)
+        return tokens * saved, tokens * (full - saved)
     if recompute is Recompute.FULL:
         return tokens * ACT_BYTES * h / seq_split, tokens * full
     if recompute is Recompute.SELECTIVE:

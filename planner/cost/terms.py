@@ -18,11 +18,23 @@ How a stage is made of terms (``S`` = the stage's layers, ``l`` a layer, ``C`` t
   ``C.in_flight[stage] * sum_S act_stored + max_S act_working``; buffers:
   ``C.buffer_bytes + max_S gather_buffer_bytes``; reserve:
   ``C.reserve_bytes + C.allocator_overhead * (activations + buffers)``.
-* time per micro-batch = ``sum_S time_s + C.boundary_s`` plus, when ``C.per_micro_batch_sync``,
-  ``max(0, sum_S zero_traffic_s + intercepts - sum_S (fwd_s + bwd_s))``.
+* time per micro-batch = ``sum_S time_s + C.boundary_s + C.micro_batch_overhead_s`` plus, when
+  ``C.per_micro_batch_sync`` (ZeRO-2/3, FSDP), the exposed per-phase traffic: the forward
+  all-gathers hide behind the forward only, the backward all-gathers and reduce-scatters behind
+  the backward and recomputation only, and the first gather and last reduce-scatter (one layer's,
+  ``max_S zero_edge_s``) behind nothing (PyTorch FSDP notes: prefetching overlaps the next
+  layer's collective with the current layer's compute)::
+
+      fwd = sum_S zero_fwd_traffic_s + gather intercept / 2
+      bwd = sum_S zero_traffic_s + intercepts - fwd
+      e = edge + (fwd - sum_S fwd_s)^+ + (bwd - sum_S (bwd_s + recompute_s))^+
+      time += e + C.comm_slowdown * (fwd + bwd - e)
+
+  (the hidden traffic still slows compute: NCCL kernels take SMs and HBM bandwidth).
 * data-parallel sync of a stage: reduce = ``sum_S dp_reduce_s`` + intercept, gather =
-  ``sum_S dp_gather_s`` + intercept; exposed ``(reduce - hidden)^+ + (gather - fwd)^+`` where
-  hidden is the stage's backward (with overlap) plus the backward of earlier stages.
+  ``sum_S dp_gather_s`` + intercept; exposed ``e = (reduce - hidden)^+ + (gather - fwd)^+`` where
+  hidden is the stage's backward (with overlap) plus the backward of earlier stages; the stage
+  costs ``e + C.comm_slowdown * (reduce + gather - e)``.
 * step = pipeline(stage times) + max over stages of the exposed sync + max over stages of
   ``sum_S optimizer_s`` + ``C.embedding_sync_s``.
 
@@ -52,10 +64,10 @@ from planner.ir import Layer, LayerKind
 from planner.strategy import LayerOption, Recompute
 
 # The PyTorch caching allocator holds freed blocks for reuse; nvidia-smi therefore reports more
-# than the live tensors. Modelled as a fraction of the dynamic (activation and buffer) memory.
+# than the live tensors. Modelled as a fraction of the dynamic (activation and buffer) memory,
+# per runtime: RuntimeOptions.allocator_overhead (calibrated: planner/calibration/defaults.yaml).
 # The runtime reserve (CUDA context, workspaces, NCCL buffers) is a GPU property:
-# planner.hardware.Gpu.reserve_gib (2.5 GiB by default, calibrated in docs/accuracy.md).
-ALLOCATOR_OVERHEAD = 0.25
+# planner.hardware.Gpu.reserve_gib (2.5 GiB by default).
 # Adam step: read fp32 master, m, v and the gradient, write master, m, v and the 16-bit weights.
 OPTIMIZER_BYTES_PER_PARAM = 4 * 4 + 3 * 4 + 2
 
@@ -68,6 +80,7 @@ class Affine:
     intercept_s: float = 0.0
 
     @staticmethod
+    @lru_cache(maxsize=16384)
     def of(fn, *args) -> "Affine":
         """Slope and intercept of ``fn(size, *args)``, an alpha-beta collective of comm.py."""
         a, b = fn(1e9, *args), fn(2e9, *args)
@@ -104,6 +117,8 @@ class LayerTerms:
     optimizer_bytes: float
     gather_buffer_bytes: float  # max: ZeRO-3 gathered weights of the current and next layer
     zero_traffic_s: float  # ZeRO-2/3 per-micro-batch reduce-scatter (+ all-gathers), slope part
+    zero_fwd_traffic_s: float  # of which the forward all-gather (ZeRO-3), slope part
+    zero_edge_s: float  # max: this layer's forward gather + backward reduce-scatter, unhidden
     dp_reduce_s: float  # once per step: gradient reduction, slope part
     dp_gather_s: float  # once per step: updated-weight all-gather (ZeRO-1/2), slope part
     optimizer_s: float  # Adam step over the parameters this GPU updates
@@ -154,6 +169,9 @@ class ConfigTerms:
     overlap_grad_reduce: bool
     overlap_param_gather: bool
     embedding_sync_s: float  # tied embeddings: gradient all-reduce of first and last stage
+    comm_slowdown: float = 0.0  # compute slowdown per second of overlapped NCCL traffic
+    micro_batch_overhead_s: float = 0.0  # fixed host / launch seconds per micro-batch per stage
+
 
 
 # Configuration terms the solver's model reads (the mutation test drops each in turn).
@@ -161,7 +179,8 @@ SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "b
                        "zero_reduce_dense", "zero_reduce_expert", "zero_gather_dense",
                        "zero_gather_expert", "dp_reduce_dense",
                        "dp_reduce_expert", "dp_gather_dense", "dp_gather_expert",
-                       "embedding_sync_s", "in_flight")
+                       "embedding_sync_s", "in_flight", "comm_slowdown",
+                       "micro_batch_overhead_s")
 
 
 def config_terms(ctx: CostContext) -> ConfigTerms:
@@ -221,16 +240,22 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         gat_dense, gat_expert = coll(comm.all_gather_s, n), ecoll(comm.all_gather_s, n_expert)
     return ConfigTerms(
         pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
-        in_flight=tuple(in_flight_micro_batches(i, c.pp, c.num_micro_batches, c.virtual_stages)
-                        for i in range(c.pp)),
+        in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages),
         capacity_bytes=ctx.cluster.memory_bytes_per_gpu,
         reserve_bytes=ctx.cluster.gpu.reserve_gib * GIB,
-        allocator_overhead=ALLOCATOR_OVERHEAD, buffer_bytes=buffers, boundary_s=boundary_s,
+        allocator_overhead=opts.allocator_overhead, buffer_bytes=buffers, boundary_s=boundary_s,
         per_micro_batch_sync=per_mb, zero_reduce_dense=zr_dense, zero_reduce_expert=zr_expert,
         zero_gather_dense=zg_dense, zero_gather_expert=zg_expert,
         dp_reduce_dense=red_dense, dp_reduce_expert=red_expert, dp_gather_dense=gat_dense,
         dp_gather_expert=gat_expert, overlap_grad_reduce=opts.overlap_grad_reduce,
-        overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx))
+        overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx),
+        comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s)
+
+
+@lru_cache(maxsize=4096)
+def _in_flight(pp: int, num_micro_batches: int, virtual_stages: int) -> tuple[float, ...]:
+    return tuple(in_flight_micro_batches(i, pp, num_micro_batches, virtual_stages)
+                 for i in range(pp))
 
 
 def embedding_sync_s(ctx: CostContext) -> float:
@@ -271,9 +296,10 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     if c.tp > 1 and not c.sp and layer.kind is LayerKind.HEAD:
         fwd_syncs = 0  # without SP the head's input is already replicated
     tp_fwd = fwd_syncs * one
-    tp_comm = (tp_fwd + bwd_syncs * one) * (1.0 - opts.tp_comm_overlap)
-    if recompute is Recompute.FULL:
-        tp_comm += tp_fwd * (1.0 - opts.tp_comm_overlap)
+    tp_total = tp_fwd + bwd_syncs * one + (tp_fwd if recompute is Recompute.FULL else 0.0)
+    # the hidden share still slows the GEMMs it overlaps (NCCL takes SMs)
+    tp_comm = tp_total * ((1.0 - opts.tp_comm_overlap)
+                          + opts.tp_comm_overlap * opts.comm_slowdown)
     other = 0.0
     mlp = layer.mlp
     moe_buffer = 0.0
@@ -297,7 +323,8 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         other += max(0.0, ring - core_s)
     stored, working = layer_activation_bytes(layer, c.micro_batch, c.seq_len, c.tp, c.cp, c.sp,
                                              recompute, opts.attention_kernel, opts.dropout,
-                                             mesh.expert_tp, opts.moe.load_factor)
+                                             mesh.expert_tp, opts.moe.load_factor,
+                                             opts.fp8_saved_inputs and c.dtype == "fp8")
     working += moe_buffer
     dense, expert = layer_params_on_gpu(layer, c.tp, c.ep, mesh.expert_tp)
     state = opts.state_bytes
@@ -308,10 +335,11 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     t = config_terms(ctx)
     grad_dense, grad_expert = dense * state.grad_reduce_bytes, expert * state.grad_reduce_bytes
     w_dense, w_expert = dense * state.weights, expert * state.weights
-    zero_traffic = (t.zero_reduce_dense.slope_s_per_byte * grad_dense
-                    + t.zero_reduce_expert.slope_s_per_byte * grad_expert
-                    + t.zero_gather_dense.slope_s_per_byte * w_dense
-                    + t.zero_gather_expert.slope_s_per_byte * w_expert)
+    zero_reduce = (t.zero_reduce_dense.slope_s_per_byte * grad_dense
+                   + t.zero_reduce_expert.slope_s_per_byte * grad_expert)
+    zero_gather = (t.zero_gather_dense.slope_s_per_byte * w_dense
+                   + t.zero_gather_expert.slope_s_per_byte * w_expert)  # forward + backward
+    zero_traffic = zero_reduce + zero_gather
     owned = dense / (n if zero >= 1 else 1) + expert / (n_expert if zero >= 1 else 1)
     return LayerTerms(
         fwd_s=compute.fwd_s, bwd_s=compute.bwd_s, recompute_s=compute.recompute_s(recompute),
@@ -320,7 +348,8 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         grads_bytes=dense_states.grads + expert_states.grads,
         optimizer_bytes=dense_states.optimizer + expert_states.optimizer,
         gather_buffer_bytes=2 * (dense + expert) * state.weights if zero >= 3 else 0.0,
-        zero_traffic_s=zero_traffic,
+        zero_traffic_s=zero_traffic, zero_fwd_traffic_s=zero_gather / 2,
+        zero_edge_s=zero_gather / 2 + zero_reduce,
         dp_reduce_s=(t.dp_reduce_dense.slope_s_per_byte * grad_dense
                      + t.dp_reduce_expert.slope_s_per_byte * grad_expert),
         dp_gather_s=(t.dp_gather_dense.slope_s_per_byte * w_dense
@@ -388,12 +417,18 @@ def stage_memory(t: ConfigTerms, stage: int, layers: Sequence[LayerTerms]) -> Me
 def stage_time(t: ConfigTerms, layers: Sequence[LayerTerms]) -> float:
     """Seconds per micro-batch on one stage: its layers, the stage-boundary transfers and the
     exposed part of the ZeRO-2/3 per-micro-batch traffic (overlapped with the stage's compute)."""
-    time_s = sum(x.time_s for x in layers) + t.boundary_s
+    time_s = sum(x.time_s for x in layers) + t.boundary_s + t.micro_batch_overhead_s
     if t.per_micro_batch_sync:
         traffic = _charged(layers, sum(x.zero_traffic_s for x in layers),
                            t.zero_reduce_dense + t.zero_gather_dense,
                            t.zero_reduce_expert + t.zero_gather_expert)
-        time_s += max(0.0, traffic - sum(x.fwd_s + x.bwd_s for x in layers))
+        fwd_traffic = _charged(layers, sum(x.zero_fwd_traffic_s for x in layers),
+                               t.zero_gather_dense.scaled(0.5), t.zero_gather_expert.scaled(0.5))
+        exposed = (max((x.zero_edge_s for x in layers), default=0.0)
+                   + max(0.0, fwd_traffic - sum(x.fwd_s for x in layers))
+                   + max(0.0, traffic - fwd_traffic
+                         - sum(x.bwd_s + x.recompute_s for x in layers)))
+        time_s += exposed + t.comm_slowdown * (traffic - exposed)
     return time_s
 
 
@@ -441,7 +476,8 @@ def step_time(t: ConfigTerms | Sequence[ConfigTerms], stage_layers: Sequence[Seq
         fwd = sum(x.fwd_s for x in layers)
         hidden_reduce = (bwd + slack) if t.overlap_grad_reduce else slack
         hidden_gather = fwd if t.overlap_param_gather else 0.0
-        exposed = max(exposed, max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather))
+        e = max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather)
+        exposed = max(exposed, e + t.comm_slowdown * (reduce + gather - e))
         slack += bwd
     # Optimizer step: memory-bound Adam over the parameters this GPU updates (slowest stage).
     optimizer = max((sum(x.optimizer_s for x in layers) for layers in stage_layers), default=0.0)

@@ -14,10 +14,10 @@ Every string an exporter writes goes through :mod:`planner.export.quoting`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from planner.errors import invalid
-from planner.export import deepspeed, json, megatron, torchtitan, vllm
+from planner.export import deepspeed, json, megatron, sglang, torchtitan, trtllm, vllm
 from planner.export.base import ExportResult
 from planner.plan_types import Plan
 
@@ -38,15 +38,23 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("deepspeed", "DeepSpeed config JSON", deepspeed.export),
     Format("vllm", "vLLM engine arguments (one line)", vllm.export),
     Format("json", "the plan itself, pretty-printed", json.export),
+    Format("sglang", "SGLang launch_server arguments (serving plans)", sglang.export_training),
+    Format("trtllm", "trtllm-serve commands + extra_llm_api_options YAML (serving plans)",
+           trtllm.export_training),
 )}
 
 
-def export_plan(plan: Plan, fmt: str, target_version: str | None = None) -> ExportResult:
+def export_plan(plan: Plan | Mapping[str, Any], fmt: str,
+                target_version: str | None = None) -> ExportResult:
     """Translate a plan into ``fmt`` (a key of :data:`FORMATS`), for
     ``target_version`` of the runtime where its format changed between versions."""
     entry = FORMATS.get(fmt)
     if entry is None:
         raise invalid(f"unknown export format {fmt!r}; valid: {', '.join(FORMATS)}")
+    if not isinstance(plan, Plan):  # a serving plan document (planner/export/serve_formats.py)
+        from planner.export.serve_formats import export_serving
+
+        return export_serving(plan, fmt, target_version)
     _refuse_malformed(plan)
     if entry.resolve is not None:
         return entry.run(plan, entry.resolve(target_version))

@@ -169,7 +169,6 @@ def cheap_bounds(model, cluster, config, options) -> tuple[float, float, float]:
     from planner.cost.compute import Shard, layer_compute
     from planner.cost.memory import (layer_activation_bytes, layer_params_on_gpu,
                                      zero_state_bytes)
-    from planner.cost.terms import ALLOCATOR_OVERHEAD
     from planner.hardware import GIB
     from planner.strategy import Recompute
 
@@ -202,6 +201,6 @@ def cheap_bounds(model, cluster, config, options) -> tuple[float, float, float]:
                                             c.sp, r, options.attention_kernel,
                                             options.dropout)[0]
                      for r in Recompute) * cls.count for cls in classes)
-    memory_lb = (states + (1 + ALLOCATOR_OVERHEAD) * stored) / c.pp + \
+    memory_lb = (states + (1 + options.allocator_overhead) * stored) / c.pp + \
         min(p.gpu.reserve_gib for p in cluster.pools) * GIB
     return time_lb, memory_lb, max(p.memory_bytes_per_gpu for p in cluster.pools)

@@ -299,14 +299,42 @@ class _Builder:
             M.add(mem <= room)
 
             # stage time per micro-batch (x slowdown), with the exposed ZeRO-2/3 traffic
-            stage = self.time(i, TIME_TERMS, f) + pool_const(lambda t: t.boundary_s, True, f)
+            stage = self.time(i, TIME_TERMS, f) + pool_const(
+                lambda t: t.boundary_s + t.micro_batch_overhead_s, True, f)
             if inner[0].per_micro_batch_sync:
-                traffic = charged(("zero_traffic_s",),
-                                  lambda t: t.zero_reduce_dense + t.zero_gather_dense,
-                                  lambda t: t.zero_reduce_expert + t.zero_gather_expert, f)
-                e = M.new_int_var(0, 2**50, f"e[{i}]")
-                M.add(e >= traffic - self.time(i, ("fwd_s", "bwd_s"), f))
-                stage += e
+                # per-phase exposure as planner.cost.terms.stage_time (forward gathers behind
+                # the forward, backward traffic behind backward + recompute, one layer's edge),
+                # scaled by (1 - kappa), plus kappa x the traffic (NCCL slowing compute)
+                kappa = inner[0].comm_slowdown
+                keep = (1.0 - kappa) * f
+                total = charged(("zero_traffic_s",),
+                                lambda t: t.zero_reduce_dense + t.zero_gather_dense,
+                                lambda t: t.zero_reduce_expert + t.zero_gather_expert, keep)
+                fwd = charged(("zero_fwd_traffic_s",),
+                              lambda t: t.zero_gather_dense.scaled(0.5),
+                              lambda t: t.zero_gather_expert.scaled(0.5), keep)
+                e_f = M.new_int_var(0, 2**50, f"e_fwd[{i}]")
+                M.add(e_f >= fwd - self.time(i, ("fwd_s",), keep))
+                e_b = M.new_int_var(0, 2**50, f"e_bwd[{i}]")
+                M.add(e_b >= total - fwd - self.time(i, ("bwd_s", "recompute_s"), keep))
+                edge = M.new_int_var(0, 2**50, f"edge[{i}]")
+                for ci, cls in enumerate(self.classes):
+                    for p in range(P):
+                        k = max(self.ticks(keep * x.zero_edge_s) for x in self.costs(p, ci))
+                        if k:
+                            M.add(edge >= k * self.both(self.a[i, p], self.present[i, ci],
+                                                        f"edge[{i},{p},{ci}]"))
+                for p in range(P):
+                    for cost in self.fixed(p, i):
+                        k = self.ticks(keep * cost.zero_edge_s)
+                        if k:
+                            M.add(edge >= k * self.a[i, p])
+                stage += e_f + e_b + edge
+                if kappa:
+                    stage += charged(("zero_traffic_s",),
+                                     lambda t: t.zero_reduce_dense + t.zero_gather_dense,
+                                     lambda t: t.zero_reduce_expert + t.zero_gather_expert,
+                                     kappa * f)
             t = M.new_int_var(0, 2**50, f"t[{i}]")
             M.add(t == stage)
             M.add(T_var >= t)

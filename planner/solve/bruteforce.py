@@ -41,6 +41,7 @@ from planner.cost.terms import (LayerTerms, config_terms, layer_terms, stage_mem
                                 step_time)
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
+from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins, enumerate_configs
 from planner.strategy import NO_OPTION, LayerOption, LayerPlacement, interleaved_rank
 
@@ -71,17 +72,20 @@ def _num_splits(num_blocks: int, pp: int, virtual_stages: int) -> int:
     return 1 if virtual_stages > 1 else math.comb(num_blocks - 1, pp - 1)
 
 
-def _allowed(pins: Pins) -> tuple[LayerOption, ...]:
-    return pins.block_options()
+def _allowed(pins: Pins, config: ParallelConfig,
+             runtime: RuntimeOptions = RuntimeOptions()) -> tuple[LayerOption, ...]:
+    return pins.block_options(config, runtime_profile(runtime.profile))
 
 
 def count_placements(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
-                     dtype: str = "bf16", pins: Pins = Pins()) -> int:
+                     dtype: str = "bf16", pins: Pins = Pins(),
+                     runtime: RuntimeOptions = RuntimeOptions()) -> int:
     """How many placements :func:`brute_force` would enumerate (cheap: no cost model calls)."""
     blocks = model.num_blocks
-    per_split = len(_allowed(pins)) ** blocks
-    return sum(_num_splits(blocks, c.pp, c.virtual_stages) * per_split
-               for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins))
+    return sum(_num_splits(blocks, c.pp, c.virtual_stages)
+               * len(_allowed(pins, c, runtime)) ** blocks
+               for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins,
+                                          runtime_profile(runtime.profile)))
 
 
 def _placement(model: ModelGraph, pp: int, block_stage: Sequence[int],
@@ -109,17 +113,18 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
     first placement found (configurations in ``enumerate_configs`` order, splits and
     option tuples in lexicographic order).
     """
-    total = count_placements(model, cluster, global_batch, seq_len, dtype, pins)
+    total = count_placements(model, cluster, global_batch, seq_len, dtype, pins, runtime)
     if total > budget:
         raise ValueError(f"brute force would enumerate {total} placements of {model.name} on "
                          f"{cluster.num_gpus} GPUs, over the budget of {budget}; pin choices or "
                          "use a smaller instance")
-    allowed = _allowed(pins)
     best: tuple[float, ParallelConfig, LayerPlacement] | None = None
     configs = placements = scored = 0
-    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
+    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins,
+                                    runtime_profile(runtime.profile)):
         configs += 1
         incumbent = best[0] if best is not None else math.inf
+        allowed = _allowed(pins, config, runtime)
         if literal:
             found, n, k = _literal(model, cluster, config, runtime, allowed, incumbent)
         else:

@@ -17,6 +17,7 @@ from planner.cost.context import make_context
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
+from planner.profiles import profile as runtime_profile
 from planner.solve.bounds import memory_lower_bound, time_lower_bound
 from planner.solve.costs import StageProblem, stage_problem
 from planner.solve.space import Pins, enumerate_configs
@@ -35,15 +36,16 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
                deadline: float = math.inf) -> list[Candidate]:
     """Every valid outer configuration with its bounds, sorted by time bound; raises
     SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating."""
-    allowed = pins.block_options()
+    prof = runtime_profile(runtime.profile)  # the search enumerates what the runtime can run
     out = []
-    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins):
+    for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins, prof):
         if time.monotonic() > deadline:
             raise PlannerError(ErrorKind.SOLVER_LIMIT,
                                f"the time limit ran out while enumerating configurations "
                                f"({len(out)} so far) before any plan was solved",
                                ("raise --time-limit", "pin some degrees with --pin"))
-        problem = stage_problem(make_context(model, cluster, config, runtime), allowed)
+        problem = stage_problem(make_context(model, cluster, config, runtime),
+                                pins.block_options(config, prof))
         out.append(Candidate(config, problem, time_lower_bound(problem),
                              memory_lower_bound(problem)))
     # stable, deterministic order: bound first, then the config's fields

@@ -195,6 +195,9 @@ class _Builder:
         zero_expert = self.ct("zero_reduce_expert") + self.ct("zero_gather_expert")
         red_dense, red_expert = self.ct("dp_reduce_dense"), self.ct("dp_reduce_expert")
         gat_dense, gat_expert = self.ct("dp_gather_dense"), self.ct("dp_gather_expert")
+        zg_half_dense = self.ct("zero_gather_dense").scaled(0.5)
+        zg_half_expert = self.ct("zero_gather_expert").scaled(0.5)
+        kappa = self.ct("comm_slowdown")
 
         T_var = M.new_int_var(0, 2**50, "T")
         d = M.new_int_var(0, 2**50, "d")
@@ -242,12 +245,42 @@ class _Builder:
 
             # stage time per micro-batch, with (Z) the exposed ZeRO-2/3 traffic
             time_terms, time_c = self.stage_terms(i, *TIME_TERMS)
-            stage = self.time_lin(time_terms) + self.ticks(time_c + self.ct("boundary_s"))
+            stage = self.time_lin(time_terms) + self.ticks(
+                time_c + self.ct("boundary_s") + self.ct("micro_batch_overhead_s"))
             if T.per_micro_batch_sync:
+                # per-phase exposure (terms.stage_time): e_f, e_b and the edge are scaled by
+                # (1 - kappa) so their coefficients stay integers; kappa * traffic is added
+                keep = 1.0 - kappa
                 traffic = charged(("zero_traffic_s",), zero_dense, zero_expert)
-                e = M.new_int_var(0, 2**50, f"e[{i}]")
-                M.add(e >= traffic - self.seconds(i, "fwd_s", "bwd_s"))
-                stage += e
+                fwd_terms, fwd_c = self.stage_terms(i, "zero_fwd_traffic_s")
+                fwd_c += zg_half_dense.intercept_s
+                traffic_terms, traffic_c = self.stage_terms(i, "zero_traffic_s")
+                traffic_c += zero_dense.intercept_s
+                bwd_terms = [(var, a - b) for (var, a), (_, b) in zip(traffic_terms, fwd_terms)]
+                bwd_c = traffic_c - fwd_c
+                f_terms, f_c = self.stage_terms(i, "fwd_s")
+                b_terms, b_c = self.stage_terms(i, "bwd_s", "recompute_s")
+                e_f = M.new_int_var(0, 2**50, f"e_fwd[{i}]")
+                M.add(e_f >= self.time_lin(fwd_terms, keep) - self.time_lin(f_terms, keep)
+                      + self.ticks(keep * (fwd_c - f_c)) + self._expert_ticks(
+                          zg_half_expert.intercept_s * keep, has_expert))
+                e_b = M.new_int_var(0, 2**50, f"e_bwd[{i}]")
+                M.add(e_b >= self.time_lin(bwd_terms, keep) - self.time_lin(b_terms, keep)
+                      + self.ticks(keep * (bwd_c - b_c)) + self._expert_ticks(
+                          (zero_expert.intercept_s - zg_half_expert.intercept_s) * keep,
+                          has_expert))
+                edge = M.new_int_var(0, 2**50, f"edge[{i}]")
+                for ci, cls in enumerate(P.classes):
+                    k = max(self.ticks(keep * self.lt(x, "zero_edge_s")) for x in cls.costs)
+                    if k:
+                        M.add(edge >= k * self.present[i, ci])
+                for cost in self.fixed(i):
+                    M.add(edge >= self.ticks(keep * self.lt(cost, "zero_edge_s")))
+                stage += e_f + e_b + edge
+                if kappa:
+                    stage += self.time_lin(traffic_terms, kappa) + self.ticks(
+                        kappa * traffic_c) + self._expert_ticks(
+                            kappa * zero_expert.intercept_s, has_expert)
             t = M.new_int_var(0, 2**50, f"t[{i}]")
             M.add(t == stage)
             M.add(T_var >= t)
@@ -266,7 +299,11 @@ class _Builder:
             exposed_g = M.new_int_var(0, 2**50, f"exposed_gather[{i}]")
             M.add(exposed_r >= reduce - hidden)
             M.add(exposed_g >= gather_s - hidden_gather)
-            M.add(d >= exposed_r + exposed_g)
+            if kappa:  # d >= (1 - kappa) e + kappa (reduce + gather), in ticks x 1000
+                M.add(1000 * d >= int(round(1000 * (1 - kappa))) * (exposed_r + exposed_g)
+                      + int(round(1000 * kappa)) * (reduce + gather_s))
+            else:
+                M.add(d >= exposed_r + exposed_g)
             slack += bwd
             slack_c += bwd_c
 
@@ -279,6 +316,10 @@ class _Builder:
         M.minimize(self.objective)
         if self.cutoff_s is not None:
             M.add(self.objective <= self.ticks((self.cutoff_s - self.constant_s()) * v))
+
+    def _expert_ticks(self, seconds: float, has_expert):
+        """An expert-group intercept, charged when the stage holds routed experts."""
+        return self.ticks(seconds) * has_expert if seconds else 0
 
     def constant_s(self) -> float:
         """Step-time terms no decision changes (the tied-embedding gradient all-reduce)."""

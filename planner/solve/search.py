@@ -27,6 +27,7 @@ from planner.ir import ModelGraph
 from planner.solve.candidates import candidates, config_key
 from planner.solve.explain import does_not_fit
 from planner.solve.inner import solve_stages
+from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins
 from planner.strategy import LayerOption, default_placement
 
@@ -107,7 +108,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     capacity = cluster.memory_bytes_per_gpu
     fitting = [c for c in cands if c.memory_lb_bytes <= capacity]
     pruned_memory = total - len(fitting)
-    allowed = pins.block_options()
+    prof = runtime_profile(options.runtime.profile)
 
     kept: list[tuple[float, tuple, Evaluation]] = []  # (step time, key, evaluation)
     evaluated = optimal = 0
@@ -123,7 +124,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             timed_out = True
             open_bound = min(open_bound, cand.time_lb_s)
             break
-        hint = uniform_placement(model, cluster, cand.config, options.runtime, allowed)
+        hint = uniform_placement(model, cluster, cand.config, options.runtime,
+                                 pins.block_options(cand.config, prof))
         result = solve_stages(
             cand.problem, hint=hint.placement if hint else None,
             cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),

@@ -16,6 +16,11 @@ Choices (each documented so users know what is searched):
 * virtual stages: 1, and v in 2..8 when pp > 1, the blocks split into pp x v equal chunks and the
   micro-batches are a multiple of pp (Megatron-LM's interleaving rules).
 * ZeRO 0..3, sequence parallelism on and off when tp > 1.
+
+A runtime profile (planner/profiles.py) narrows all of this to what that runtime can run: its
+ZeRO / FSDP stages, whether it has TP, PP, CP, EP and interleaving, whether SP is a choice or
+implied by TP, and its recomputation policies (:meth:`Pins.block_options`). A pin the runtime
+cannot honour is an error that says so.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from planner.config import ParallelConfig
 from planner.errors import PlannerError, invalid
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.strategy import LayerOption, Recompute, block_options
+from planner.strategy import RECOMPUTE_POLICIES, LayerOption, Recompute, block_options_for
 
 MAX_MICRO_BATCH = 16
 MAX_VIRTUAL_STAGES = 8
@@ -70,7 +75,8 @@ class Pins:
                 try:
                     values[name] = Recompute(text)
                 except ValueError:
-                    raise invalid(f"pin recompute={raw!r}: expected none, selective or full") from None
+                    raise invalid(f"pin recompute={raw!r}: expected one of "
+                                  f"{', '.join(r.value for r in Recompute)}") from None
             else:
                 if not text.isdigit() or int(text) < (0 if name == "zero" else 1):
                     raise invalid(f"pin {key}={raw!r}: expected a positive integer")
@@ -79,9 +85,45 @@ class Pins:
             raise invalid(f"pin zero={values['zero']}: ZeRO stages are 0, 1, 2, 3")
         return Pins(**values)
 
-    def block_options(self) -> tuple[LayerOption, ...]:
-        """The per-block options these pins allow (all of them unless recompute is pinned)."""
-        return block_options((self.recompute,)) if self.recompute is not None else block_options()
+    def block_options(self, config: ParallelConfig | None = None,
+                      runtime=None) -> tuple[LayerOption, ...]:
+        """The per-block options these pins allow under ``config`` (every one
+        :func:`planner.strategy.block_options_for` gives) with the recomputation policies of
+        the ``runtime`` profile (the default ones without a profile), unless recompute is
+        pinned."""
+        if runtime is None:
+            allowed = RECOMPUTE_POLICIES
+        else:  # every-nth is a mix of none and full blocks, which the solver places itself
+            allowed = tuple(r for r in Recompute
+                            if any(p.planner == r.value or (p.planner == "every-nth" and r in
+                                                           (Recompute.NONE, Recompute.FULL))
+                                   for p in runtime.recompute))
+        if self.recompute is not None:
+            if self.recompute not in allowed:
+                raise invalid(f"pin recompute={self.recompute.value}: runtime "
+                              f"{runtime.name} has no such policy",
+                              f"its policies: {', '.join(p.name for p in runtime.recompute)}")
+            allowed = (self.recompute,)
+        return block_options_for(config, allowed)
+
+    def check_runtime(self, runtime) -> None:
+        """Refuse pins the runtime profile cannot run (before any search)."""
+        bad = []
+        if self.zero is not None and not runtime.allows_zero(self.zero):
+            bad.append(f"zero={self.zero} (it runs {', '.join(map(str, runtime.zero_stages))})")
+        for name, flag in (("tp", runtime.tp), ("pp", runtime.pp), ("cp", runtime.cp),
+                           ("ep", runtime.ep)):
+            value = getattr(self, name)
+            if value is not None and value > 1 and not flag:
+                bad.append(f"{name}={value} (it has no {name.upper()})")
+        if self.virtual_stages is not None and self.virtual_stages > 1 and \
+                not runtime.allows_schedule("interleaved-1f1b"):
+            bad.append(f"virtual_stages={self.virtual_stages} (no interleaved schedule)")
+        if self.sp is not None and runtime.sp == "none" and self.sp:
+            bad.append("sp=on (it has no sequence parallelism)")
+        if bad:
+            raise invalid(f"runtime {runtime.name} cannot run the pinned "
+                          f"{'; '.join(bad)}", "drop the pin, or choose another --runtime")
 
     def as_dict(self) -> dict:
         return {f.name: (v.value if isinstance(v, Recompute) else v)
@@ -117,7 +159,9 @@ def _expert_meshes(pins: Pins, tp: int, cp: int, dp: int, experts: int,
 
 
 def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
-                      dtype: str, pins: Pins = Pins()) -> Iterator[ParallelConfig]:
+                      dtype: str, pins: Pins = Pins(), runtime=None) -> Iterator[ParallelConfig]:
+    """Every valid configuration in a fixed order; ``runtime`` (a RuntimeProfile) keeps only
+    what that runtime can run."""
     n = cluster.num_gpus
     blocks = model.num_blocks
     heads = min((b.attention.num_heads for b in model.blocks() if b.attention), default=1)
@@ -127,11 +171,20 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
     tp_default = [t for t in _divisors(cluster.gpus_per_node) if heads % t == 0 and n % t == 0]
     cp_default = [1] + ([c for c in (2, 4, 8) if seq_len % (2 * c) == 0]
                         if seq_len >= LONG_SEQUENCE else [])
+    zero_default = [0, 1, 2, 3]
+    if runtime is not None:
+        pins.check_runtime(runtime)
+        tp_default = tp_default if runtime.tp else [1]
+        cp_default = cp_default if runtime.cp else [1]
+        zero_default = [z for z in zero_default if z in runtime.search_zero_stages]
     for tp in _choices(pins.tp, tp_default):
         for cp in _choices(pins.cp, cp_default):
             if n % (tp * cp):
                 continue
-            for pp in _choices(pins.pp, [p for p in _divisors(n // (tp * cp)) if p <= blocks]):
+            pps = [p for p in _divisors(n // (tp * cp)) if p <= blocks]
+            if runtime is not None and not runtime.pp:
+                pps = [1]
+            for pp in _choices(pins.pp, pps):
                 if n % (tp * cp * pp):
                     continue
                 dp = n // (tp * cp * pp)
@@ -139,19 +192,26 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                     continue
                 if global_batch % dp:
                     continue
-                for ep, etp in _expert_meshes(pins, tp, cp, dp, experts, expert_ffn):
+                meshes = _expert_meshes(pins, tp, cp, dp, experts, expert_ffn)
+                if runtime is not None and not runtime.ep:
+                    meshes = [(ep, etp) for ep, etp in meshes if ep == 1]
+                for ep, etp in meshes:
                     for mbs in _choices(pins.micro_batch, [b for b in _divisors(global_batch // dp)
                                                            if b <= MAX_MICRO_BATCH]):
                         m = global_batch // (dp * mbs) if global_batch % (dp * mbs) == 0 else 0
                         if not m:
                             continue
                         vs = [1]
-                        if pp > 1 and m % pp == 0:
+                        if pp > 1 and m % pp == 0 and (
+                                runtime is None or runtime.allows_schedule("interleaved-1f1b")):
                             vs += [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
                                    if blocks % (pp * v) == 0]
                         for v in _choices(pins.virtual_stages, vs):
-                            for zero in _choices(pins.zero, [0, 1, 2, 3]):
-                                for sp in _choices(pins.sp, [True, False] if tp > 1 else [False]):
+                            sps = [True, False] if tp > 1 else [False]
+                            if runtime is not None and tp > 1 and runtime.sp != "optional":
+                                sps = [runtime.sp == "with-tp"]
+                            for zero in _choices(pins.zero, zero_default):
+                                for sp in _choices(pins.sp, sps):
                                     config = ParallelConfig(
                                         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp,
                                         zero_stage=zero, micro_batch=mbs,

@@ -1,0 +1,53 @@
+"""Apply calibrated constants to a configuration's inputs: the one place constants meet the
+cost model (used by ``evaluate``, ``plan``, ``check``, the fit and the accuracy report).
+
+Consumes a cluster, runtime options and a :class:`Constants`; produces the runtime options the
+cost terms read: the GPU generation's GEMM and attention efficiency, allocator overhead, NCCL
+slowdown, per-micro-batch overhead, element-wise fusion, FP8 GEMM efficiency and the
+TP-communication overlap where the profile has it. The cluster is returned unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from planner.calibration.constants import PARAM_NAMES, Constants
+from planner.calibration.regimes import gpu_generation
+from planner.config import RuntimeOptions
+from planner.hardware import Cluster
+from planner.profiles import profile
+
+
+def calibrated_options(options: RuntimeOptions, constants: Constants, gpu_name: str,
+                       compiled: bool = False) -> RuntimeOptions:
+    """``compiled``: the runtime fuses element-wise ops (torch.compile); eager otherwise. The
+    GPU generation's efficiencies go into the options, not the cluster: the cluster stays the
+    preset the user named (its content hash is the plan's input identity)."""
+    prof = profile(options.profile)
+    name = prof.name
+    changes: dict = {}
+    gen = gpu_generation(gpu_name)
+    if f"matmul_efficiency.{gen}" in PARAM_NAMES:  # generations not calibrated keep presets
+        changes["matmul_efficiency"] = constants.get(f"matmul_efficiency.{gen}")
+        changes["attention_efficiency"] = constants.get(f"attention_efficiency.{gen}")
+    changes.update({
+        "allocator_overhead": constants.get(f"allocator_overhead.{name}"),
+        "comm_slowdown": constants.get("nccl_compute_slowdown"),
+        "micro_batch_overhead_s": constants.get("microbatch_overhead_s"),
+        "fp8_gemm_factor": constants.get("fp8_relative_efficiency"),
+        "fp8_saved_inputs": prof.fp8_saved_inputs,
+    })
+    key = f"unfused_elementwise.{name}"
+    changes["elementwise_factor"] = 1.0 if compiled or key not in PARAM_NAMES else \
+        constants.get(key)
+    key = f"tp_comm_overlap.{name}"
+    if prof.tp_comm_overlap and key in PARAM_NAMES:
+        changes["tp_comm_overlap"] = constants.get(key)
+    return replace(options, **changes)
+
+
+def calibrate(cluster: Cluster, options: RuntimeOptions, constants: Constants | None,
+              compiled: bool = False) -> tuple[Cluster, RuntimeOptions]:
+    """Both at once; ``constants`` None leaves the inputs as they are (raw preset values)."""
+    if constants is None:
+        return cluster, options
+    return cluster, calibrated_options(options, constants, cluster.gpu.name, compiled)

@@ -1,0 +1,154 @@
+"""Error bands: an interval with a stated nominal coverage around every prediction.
+
+The band of a prediction comes from the residuals of the calibration fit in the prediction's
+regime (planner/calibration/regimes.py): the log-ratio ``log(measured / predicted)`` of the
+calibration runs of the same runtime, GPU generation and parallelism regime has mean ``mu`` and
+spread ``sigma``; the interval is ``predicted * exp(mu -/+ z * sigma)`` with ``z`` the normal
+quantile of the nominal coverage (80 %: z = 1.2816). Small groups borrow strength from the
+wider ones: a label's sigma is shrunk toward the pooled sigma with a prior weight of
+``PRIOR_RUNS`` runs (sigma^2 = (n s^2 + k S^2) / (n + k)); the most specific label with at
+least ``MIN_RUNS`` runs is used (the full regime, then the parallelism regime, the GPU
+generation, the runtime). Outside the calibration data's coverage (a regime with no run,
+more than twice the GPUs or the parameters of any calibration run of the regime) the spread is multiplied by
+``EXTRAPOLATION_WIDENING`` and the band says why ("extrapolating: ...").
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Sequence
+
+NOMINAL_COVERAGE = 0.80
+PRIOR_RUNS = 4
+EXTRAPOLATION_WIDENING = 2.0
+MIN_SIGMA = 0.02  # measurement noise floor: repeated published runs differ by ~2 %
+MIN_RUNS = 3
+
+
+def z_of(coverage: float) -> float:
+    return statistics.NormalDist().inv_cdf(0.5 + coverage / 2)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Residual statistics of one label: log-ratio mean and standard deviation, run count, and
+    the largest GPU count / parameter count the label's calibration runs reached."""
+
+    n: int
+    mu: float
+    sigma: float
+    max_gpus: int = 0
+    max_params: float = 0.0
+
+    def to_plain(self) -> dict:
+        return {"n": self.n, "mu": round(self.mu, 5), "sigma": round(self.sigma, 5),
+                "max_gpus": self.max_gpus, "max_params": float(f"{self.max_params:.4g}")}
+
+    @staticmethod
+    def from_plain(data: Mapping) -> "Spread":
+        return Spread(int(data["n"]), float(data["mu"]), float(data["sigma"]),
+                      int(data.get("max_gpus", 0)), float(data.get("max_params", 0.0)))
+
+
+@dataclass(frozen=True)
+class BandTable:
+    """Per quantity ("step_time", "memory"): the pooled spread and one spread per label
+    ("runtime:megatron", "generation:hopper", "parallelism:fsdp")."""
+
+    pooled: Mapping[str, Spread]
+    labels: Mapping[str, Mapping[str, Spread]] = field(default_factory=dict)
+
+    def to_plain(self) -> dict:
+        return {q: {"pooled": self.pooled[q].to_plain(),
+                    "labels": {k: v.to_plain() for k, v in sorted(self.labels.get(q, {}).items())}}
+                for q in sorted(self.pooled)}
+
+    @staticmethod
+    def from_plain(data: Mapping) -> "BandTable":
+        pooled = {q: Spread.from_plain(v["pooled"]) for q, v in data.items()}
+        labels = {q: {k: Spread.from_plain(s) for k, s in v.get("labels", {}).items()}
+                  for q, v in data.items()}
+        return BandTable(pooled, labels)
+
+
+def spread_of(log_ratios: Sequence[float], gpus: Sequence[int] = (),
+              params: Sequence[float] = ()) -> Spread:
+    n = len(log_ratios)
+    if n == 0:
+        return Spread(0, 0.0, 0.0)
+    mu = statistics.fmean(log_ratios)
+    sigma = statistics.pstdev(log_ratios) if n > 1 else 0.0
+    return Spread(n, mu, sigma, max(gpus, default=0), max(params, default=0.0))
+
+
+def build_table(samples: Iterable[tuple[str, float, Sequence[str], int, float]]) -> BandTable:
+    """``samples``: (quantity, log(measured/predicted), labels, GPUs, parameters)."""
+    by_q: dict[str, list] = {}
+    for quantity, ratio, labels, gpus, params in samples:
+        by_q.setdefault(quantity, []).append((ratio, labels, gpus, params))
+    pooled, per_label = {}, {}
+    for q, items in by_q.items():
+        pooled[q] = spread_of([r for r, *_ in items], [g for *_, g, _ in items],
+                              [p for *_, p in items])
+        groups: dict[str, list] = {}
+        for ratio, labels, gpus, params in items:
+            for label in labels:
+                groups.setdefault(label, []).append((ratio, gpus, params))
+        per_label[q] = {k: spread_of([r for r, _, _ in v], [g for _, g, _ in v],
+                                     [p for _, _, p in v]) for k, v in groups.items()}
+    return BandTable(pooled, per_label)
+
+
+@dataclass(frozen=True)
+class Band:
+    low: float
+    high: float
+    coverage: float
+    extrapolating: tuple[str, ...]
+
+    @property
+    def interval(self) -> list[float]:
+        return [self.low, self.high]
+
+
+def band(table: BandTable, quantity: str, predicted: float, labels: Sequence[str],
+         gpus: int, params: float, coverage: float = NOMINAL_COVERAGE) -> Band:
+    """The interval around ``predicted``; ``labels`` from the most specific (the full regime
+    key) to the least (one label): the first with at least ``MIN_RUNS`` calibration runs sets
+    the spread, shrunk toward the pooled one."""
+    pooled = table.pooled.get(quantity)
+    if pooled is None or pooled.n == 0 or not math.isfinite(predicted):
+        return Band(predicted, predicted, coverage, ("no calibration data",))
+    z = z_of(coverage)
+    pooled_sigma = max(pooled.sigma, MIN_SIGMA)
+    reasons: list[str] = []
+    chosen = None
+    for label in labels:
+        s = table.labels.get(quantity, {}).get(label)
+        if s is not None and s.n >= MIN_RUNS:
+            chosen = (label, s)
+            break
+    widen = 1.0
+    if chosen is None:
+        mu, sigma = pooled.mu, pooled_sigma
+        widen = EXTRAPOLATION_WIDENING
+        last = labels[-1] if labels else "this regime"
+        reasons.append(f"no calibration runs with {last.split(':', 1)[-1]}")
+    else:
+        label, s = chosen
+        mu = (s.n * s.mu + PRIOR_RUNS * pooled.mu) / (s.n + PRIOR_RUNS)
+        sigma = math.sqrt((s.n * s.sigma ** 2 + PRIOR_RUNS * pooled_sigma ** 2)
+                          / (s.n + PRIOR_RUNS))
+        name = label.split(":", 1)[-1]
+        if s.max_gpus and gpus > 2 * s.max_gpus:
+            widen = EXTRAPOLATION_WIDENING
+            reasons.append(f"no calibration run with {name} beyond {s.max_gpus} GPUs")
+        if s.max_params and params > 2 * s.max_params:
+            widen = EXTRAPOLATION_WIDENING
+            reasons.append(f"no calibration run with {name} on a model beyond "
+                           f"{s.max_params / 1e9:.0f}B parameters")
+    sigma = max(sigma, MIN_SIGMA) * widen
+    lo_log, hi_log = mu - z * sigma, mu + z * sigma
+    return Band(predicted * math.exp(min(lo_log, 0.0)), predicted * math.exp(max(hi_log, 0.0)),
+                coverage, tuple(reasons))

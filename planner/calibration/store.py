@@ -1,0 +1,89 @@
+"""The calibration profile file: fitted constants and error-band residuals, as YAML.
+
+Format (``shardplan_calibration: 1``; written by ``bench/calibrate_defaults.py`` for the
+shipped ``defaults.yaml`` and by ``shardplan calibrate`` for a user's runs)::
+
+    shardplan_calibration: 1
+    runtime: megatron            # the profile the constants were fitted for (null: all)
+    constants: {matmul_efficiency.hopper: 0.71, ...}   # names and bounds: constants.py
+    bands: {step_time: {pooled: {n, mu, sigma, ...}, labels: {...}}, memory: {...}}
+    fit: {runs: 120, ...}        # provenance and the fit's own report (free-form numbers)
+
+Every value is validated (unknown keys and out-of-range constants are refused with the name of
+the key), like every other input of the planner.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+
+from planner.calibration.bands import BandTable
+from planner.calibration.constants import DEFAULTS_FILE, FORMAT_KEY, Constants, validate_values
+from planner.errors import invalid
+
+KEYS = (FORMAT_KEY, "runtime", "description", "constants", "bands", "fit")
+
+
+@dataclass(frozen=True)
+class CalibrationProfile:
+    constants: Constants
+    bands: BandTable | None
+    runtime: str | None = None
+    description: str = ""
+    fit: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def to_plain(self) -> dict:
+        return {FORMAT_KEY: 1, "runtime": self.runtime, "description": self.description,
+                "constants": {k: round(float(v), 5) for k, v in sorted(self.constants.values.items())},
+                "bands": self.bands.to_plain() if self.bands else None,
+                "fit": dict(self.fit)}
+
+
+def dump(profile: CalibrationProfile) -> str:
+    return yaml.safe_dump(profile.to_plain(), sort_keys=False, width=100)
+
+
+def parse(data: Any, where: str) -> CalibrationProfile:
+    if not isinstance(data, Mapping):
+        raise invalid(f"{where}: expected a mapping (a calibration profile)")
+    unknown = sorted(set(data) - set(KEYS))
+    if unknown:
+        raise invalid(f"{where}: unknown key(s) {', '.join(map(str, unknown))}",
+                      f"valid keys: {', '.join(KEYS)}")
+    if data.get(FORMAT_KEY) != 1:
+        raise invalid(f"{where}: {FORMAT_KEY}: expected 1, got {data.get(FORMAT_KEY)!r}")
+    runtime = data.get("runtime")
+    if runtime is not None:
+        from planner.profiles import profile
+        runtime = profile(str(runtime)).name
+    values = validate_values(data.get("constants") or {}, where)
+    bands = None
+    if data.get("bands"):
+        try:
+            bands = BandTable.from_plain(data["bands"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise invalid(f"{where}: bands: malformed ({exc})") from None
+    fit = data.get("fit") or {}
+    if not isinstance(fit, Mapping):
+        raise invalid(f"{where}: fit: expected a mapping")
+    return CalibrationProfile(Constants(MappingProxyType(values), where), bands, runtime,
+                              str(data.get("description") or ""), MappingProxyType(dict(fit)))
+
+
+def load(path: str | Path) -> CalibrationProfile:
+    from planner.safe_input import parse_yaml, read_text
+    text = read_text(Path(path), "calibration profile")
+    return parse(parse_yaml(text, str(path)) if text.strip() else None, str(path))
+
+
+@lru_cache(maxsize=1)
+def shipped() -> CalibrationProfile | None:
+    """The library's calibrated defaults (None before bench/calibrate_defaults.py ran)."""
+    if not DEFAULTS_FILE.is_file():
+        return None
+    return parse(yaml.safe_load(DEFAULTS_FILE.read_text()), "planner/calibration/defaults.yaml")

@@ -1,0 +1,103 @@
+"""``shardplan calibrate``: fit one runtime profile's constants to a user's own measured runs.
+
+Consumes a runs file in the calibration schema (``published_runs.yaml``: ``entries`` with
+``model`` (shapes, or a preset name / config.json path), ``cluster``, ``training``, ``results``)
+and a runtime; produces a :class:`~planner.calibration.store.CalibrationProfile` (the file
+``--calibration`` reads) and a leave-one-out report: each run predicted by constants fitted
+without it, before (the shipped defaults) and after.
+
+Which constants move: only those the runs can inform (the efficiencies of the GPU generations
+present, the FP8 efficiency when a run is FP8, the runtime's TP overlap when a run uses TP);
+the others keep their starting values.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+from planner.calibration.constants import PARAMS, Constants
+from planner.calibration.fit import fit, residual_bands
+from planner.calibration.predict import predict
+from planner.calibration.runs import CalibrationRun
+from planner.calibration.store import CalibrationProfile
+from planner.errors import invalid
+
+
+@dataclass(frozen=True)
+class RunReport:
+    id: str
+    measured_s: float
+    before_s: float
+    after_s: float  # leave-one-out prediction
+
+    @property
+    def error_before(self) -> float:
+        return self.before_s / self.measured_s - 1
+
+    @property
+    def error_after(self) -> float:
+        return self.after_s / self.measured_s - 1
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    profile: CalibrationProfile
+    runs: tuple[RunReport, ...]
+    skipped: tuple[tuple[str, str], ...]
+
+    @property
+    def median_before(self) -> float:
+        return statistics.median(abs(r.error_before) for r in self.runs)
+
+    @property
+    def median_after(self) -> float:
+        return statistics.median(abs(r.error_after) for r in self.runs)
+
+
+def informative(runs: Sequence[CalibrationRun]) -> list[str]:
+    """The constants these runs can inform."""
+    names = set()
+    for run in runs:
+        gen = run.regime.generation
+        names.update({f"matmul_efficiency.{gen}", f"attention_efficiency.{gen}"})
+        if run.config.dtype == "fp8":
+            names.add("fp8_relative_efficiency")
+        if run.config.tp > 1 and run.profile.tp_comm_overlap:
+            names.add(f"tp_comm_overlap.{run.profile.name}")
+        if not run.compiled:
+            names.add(f"unfused_elementwise.{run.profile.name}")
+        if run.measured.memory_gib:
+            names.add(f"allocator_overhead.{run.profile.name}")
+    return [p.name for p in PARAMS if p.name in names]
+
+
+def calibrate_runs(runs: Sequence[CalibrationRun], runtime: str, start: Constants,
+                   *, max_evaluations: int = 60, leave_one_out: bool = True,
+                   skipped: Sequence[tuple[str, str]] = ()) -> CalibrationReport:
+    timed = [r for r in runs if r.measured.step_time_s and not r.measured.oom]
+    if not timed:
+        raise invalid("no run with a measured step time (iteration_time_s or "
+                      "tokens_per_sec_per_gpu) to calibrate on")
+    names = informative(timed)
+    result = fit(timed, start, names, max_evaluations=max_evaluations)
+    reports = []
+    for i, run in enumerate(timed):
+        before = predict(run, start).step_time_s
+        if leave_one_out and len(timed) > 1:
+            others = timed[:i] + timed[i + 1:]
+            loo = fit(others, start, informative(others), max_evaluations=max_evaluations)
+            after = predict(run, loo.constants).step_time_s
+        else:
+            after = predict(run, result.constants).step_time_s
+        reports.append(RunReport(run.id, run.measured.step_time_s, before, after))
+    prof = CalibrationProfile(
+        constants=result.constants, bands=residual_bands(timed, result.constants),
+        runtime=runtime, description=f"Calibrated with shardplan calibrate on {len(timed)} runs",
+        fit={"runs": len(timed), "fitted": list(names),
+             "loo_median_abs_error_before": round(statistics.median(
+                 abs(r.error_before) for r in reports), 4),
+             "loo_median_abs_error_after": round(statistics.median(
+                 abs(r.error_after) for r in reports), 4)})
+    return CalibrationReport(prof, tuple(reports), tuple(skipped))
+

@@ -1,0 +1,77 @@
+"""What the serving exporters share: the deployment of a serving plan (``workload: serve``,
+:mod:`planner.serve.plan`) as per-worker settings, in each runtime's units.
+
+Consumes a validated serving plan document; produces :class:`WorkerSpec` rows (one per kind of
+worker: the aggregated worker, or the prefill and the decode worker) that ``vllm``, ``sglang``
+and ``trtllm`` exporters turn into arguments. A training plan is refused (exit code 2): serving
+exports need a plan made with ``shardplan plan --workload serve``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planner.errors import invalid
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    role: str  # aggregated | prefill | decode
+    count: int  # identical workers (replicas, or the pool's size)
+    tp: int
+    pp: int
+    ep: int
+    attention_dp: int
+    max_batch: int  # sequences at once (--max-num-seqs / --max-running-requests / max_batch_size)
+    max_num_tokens: int  # tokens per iteration
+    max_model_len: int  # isl + osl
+    memory_fraction: float
+    dtype: str  # bf16 | fp8 | fp4 (weights)
+    kv_dtype: str  # bf16 | fp8
+    model: str  # the model spec the plan was made for
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.attention_dp
+
+
+def worker_specs(doc: dict[str, Any], fmt: str) -> list[WorkerSpec]:
+    if doc.get("workload") != "serve":
+        raise invalid(f"the {fmt} export needs a serving plan; this is a training plan",
+                      "make one with `shardplan plan --workload serve ... -o PLAN`")
+    from planner.serve.runtime import runtime
+
+    inf = doc["inference"]
+    wl, dep = inf["workload"], inf["deployment"]
+    rt = runtime(fmt if fmt in ("vllm", "sglang", "trtllm") else inf["runtime"])
+    common = dict(max_num_tokens=dep["max_num_tokens"], max_model_len=wl["isl"] + wl["osl"],
+                  memory_fraction=rt.memory_fraction, dtype=wl["dtype"], kv_dtype=wl["kv_dtype"],
+                  model=doc["inputs"]["model"]["spec"])
+
+    def spec(role: str, w: dict, count: int, batch: int) -> WorkerSpec:
+        return WorkerSpec(role, count, w["tp"], w["pp"], w["ep"], w["attention_dp"], batch,
+                          **common)
+
+    if dep["mode"] == "aggregated":
+        return [spec("aggregated", dep["worker"], dep["replicas"], dep["batch"])]
+    prefill, decode = dep["prefill"], dep["decode"]
+    return [spec("prefill", prefill, prefill["workers"], max(prefill["batch"], 1)),
+            spec("decode", decode, decode["workers"], dep["batch"])]
+
+
+def header(spec: WorkerSpec, total: int) -> str:
+    what = {"aggregated": "worker", "prefill": "prefill worker", "decode": "decode worker"}
+    return (f"# {what[spec.role]}: {spec.count} x {spec.gpus} GPU(s) "
+            f"(tp {spec.tp}, pp {spec.pp}, ep {spec.ep}, attention dp {spec.attention_dp}); "
+            f"{total} GPUs in all")
+
+
+def model_warning(spec: WorkerSpec) -> str:
+    return (f"the model argument is the plan's model spec {spec.model!r}: replace it with the "
+            f"checkpoint you serve (Hugging Face id or path) at the planned precision "
+            f"({spec.dtype} weights, {spec.kv_dtype} KV cache)")
+
+
+def refuse_training(fmt: str):
+    raise invalid(f"the {fmt} export needs a serving plan; this is a training plan",
+                  "make one with `shardplan plan --workload serve ... -o PLAN`")

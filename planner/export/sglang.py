@@ -1,0 +1,59 @@
+"""SGLang ``python -m sglang.launch_server`` arguments for a serving plan.
+
+Argument names: SGLang server arguments (``sglang/srt/server_args.py``; docs.sglang.io "Server
+Arguments"), listed and checked in ``tests/serve_runtime_options.py``: ``--model-path``,
+``--tp-size``, ``--pp-size``, ``--dp-size``, ``--ep-size``, ``--enable-dp-attention``,
+``--max-running-requests``, ``--chunked-prefill-size``, ``--context-length``,
+``--mem-fraction-static``, ``--kv-cache-dtype``, ``--quantization``, and for disaggregated
+serving ``--disaggregation-mode prefill|decode``.
+
+With ``--enable-dp-attention`` SGLang's ``--tp-size`` counts all ranks of the worker and
+``--dp-size`` the attention replicas among them (attention tp = tp-size / dp-size).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from planner.export.base import ExportResult
+from planner.export.quoting import comment, shell_word
+from planner.export.serving import header, model_warning, worker_specs
+
+QUANTIZATION = {"fp8": "fp8", "fp4": "modelopt_fp4"}
+KV = {"bf16": "auto", "fp8": "fp8_e4m3"}
+
+
+def worker_args(spec) -> list[str]:
+    ranks = spec.tp * spec.attention_dp
+    args = ["python", "-m", "sglang.launch_server", "--model-path", spec.model,
+            "--tp-size", str(ranks), "--pp-size", str(spec.pp)]
+    if spec.attention_dp > 1:
+        args += ["--dp-size", str(spec.attention_dp), "--enable-dp-attention"]
+    if spec.ep > 1:
+        args += ["--ep-size", str(spec.ep)]
+    args += ["--max-running-requests", str(spec.max_batch),
+             "--chunked-prefill-size", str(spec.max_num_tokens),
+             "--context-length", str(spec.max_model_len),
+             "--mem-fraction-static", f"{spec.memory_fraction:g}",
+             "--kv-cache-dtype", KV[spec.kv_dtype]]
+    if spec.dtype in QUANTIZATION:
+        args += ["--quantization", QUANTIZATION[spec.dtype]]
+    if spec.role in ("prefill", "decode"):
+        args += ["--disaggregation-mode", spec.role]
+    return args
+
+
+def export(doc: dict[str, Any]) -> ExportResult:
+    specs = worker_specs(doc, "sglang")
+    total = sum(s.count * s.gpus for s in specs)
+    lines = []
+    for spec in specs:
+        words = " ".join(shell_word(a) for a in worker_args(spec))
+        lines += [comment(header(spec, total)), words]
+    return ExportResult("sglang", "\n".join(lines) + "\n", (model_warning(specs[0]),), ".sh")
+
+
+def export_training(plan) -> ExportResult:
+    """A training plan has no serving deployment to export."""
+    from planner.export.serving import refuse_training
+
+    refuse_training("sglang")

@@ -1,0 +1,70 @@
+"""TensorRT-LLM ``trtllm-serve`` command lines plus the ``extra_llm_api_options`` YAML of each
+worker, for a serving plan.
+
+Names: ``trtllm-serve`` options (TensorRT-LLM docs "trtllm-serve": ``--tp_size``, ``--pp_size``,
+``--ep_size``, ``--max_batch_size``, ``--max_num_tokens``, ``--max_seq_len``,
+``--kv_cache_free_gpu_memory_fraction``, ``--extra_llm_api_options``) and LLM-API fields in the
+YAML (``enable_attention_dp``, ``enable_chunked_prefill``, ``kv_cache_config.dtype``,
+``kv_cache_config.free_gpu_memory_fraction``, ``cuda_graph_config.max_batch_size``), listed and
+checked in ``tests/serve_runtime_options.py``. With attention DP, ``--tp_size`` counts every
+rank of the worker (TensorRT-LLM replicates attention over them). The document is one YAML
+stream: per worker a mapping with its ``command`` (the shell line, shlex-quoted) and its
+``extra_llm_api_options`` (the file the command names).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from planner.export.base import ExportResult
+from planner.export.quoting import shell_word
+from planner.export.serving import model_warning, worker_specs
+
+KV = {"bf16": "auto", "fp8": "fp8"}
+
+
+def options(spec) -> dict:
+    doc = {"enable_attention_dp": spec.attention_dp > 1,
+           "enable_chunked_prefill": True,
+           "kv_cache_config": {"dtype": KV[spec.kv_dtype],
+                               "free_gpu_memory_fraction": spec.memory_fraction},
+           "cuda_graph_config": {"max_batch_size": spec.max_batch, "enable_padding": True}}
+    return doc
+
+
+def command(spec, options_file: str) -> list[str]:
+    ranks = spec.tp * spec.attention_dp
+    args = ["trtllm-serve", spec.model, "--backend", "pytorch", "--tp_size", str(ranks),
+            "--pp_size", str(spec.pp)]
+    if spec.ep > 1:
+        args += ["--ep_size", str(spec.ep)]
+    args += ["--max_batch_size", str(spec.max_batch), "--max_num_tokens",
+             str(spec.max_num_tokens), "--max_seq_len", str(spec.max_model_len),
+             "--kv_cache_free_gpu_memory_fraction", f"{spec.memory_fraction:g}",
+             "--extra_llm_api_options", options_file]
+    return args
+
+
+def export(doc: dict[str, Any]) -> ExportResult:
+    specs = worker_specs(doc, "trtllm")
+    warnings = [model_warning(specs[0])]
+    workers = []
+    for spec in specs:
+        name = f"{spec.role}.yaml"
+        if spec.dtype in ("fp8", "fp4"):
+            warnings.append(f"{spec.role}: {spec.dtype} weights: TensorRT-LLM reads the "
+                            f"precision from the checkpoint; serve a ModelOpt {spec.dtype.upper()} "
+                            f"checkpoint of {spec.model}")
+        workers.append({"role": spec.role, "count": spec.count, "gpus_per_worker": spec.gpus,
+                        "command": " ".join(shell_word(a) for a in command(spec, name)),
+                        "options_file": name, "extra_llm_api_options": options(spec)})
+    text = yaml.safe_dump({"trtllm_workers": workers}, sort_keys=True)
+    return ExportResult("trtllm", text, tuple(warnings), ".yaml")
+
+
+def export_training(plan) -> ExportResult:
+    """A training plan has no serving deployment to export."""
+    from planner.export.serving import refuse_training
+
+    refuse_training("trtllm")

@@ -1,0 +1,65 @@
+"""``vllm serve`` arguments for a serving plan (the serving part of the vLLM exporter).
+
+Argument names: vLLM engine arguments (``vllm/engine/arg_utils.py``; docs.vllm.ai "Engine
+Arguments"), listed in ``tests/serve_runtime_options.py`` and checked there:
+``--tensor-parallel-size``, ``--pipeline-parallel-size``, ``--data-parallel-size``,
+``--enable-expert-parallel``, ``--max-num-seqs``, ``--max-num-batched-tokens``,
+``--max-model-len``, ``--gpu-memory-utilization``, ``--kv-cache-dtype``, ``--quantization``,
+``--enable-chunked-prefill``, ``--block-size``; disaggregated workers get
+``--kv-transfer-config`` (a JSON object, role ``kv_producer`` / ``kv_consumer``).
+
+Data-parallel attention is vLLM's data parallelism with expert parallelism: ``-dp`` attention
+replicas whose MoE layers spread over ``tp x dp`` ranks. Independent replicas are separate
+servers (one line per worker, repeated ``count`` times behind a load balancer).
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from planner.export.base import ExportResult
+from planner.export.quoting import comment, shell_word
+from planner.export.serving import header, model_warning, worker_specs
+
+QUANTIZATION = {"fp8": "fp8", "fp4": "modelopt_fp4"}
+KV = {"bf16": "auto", "fp8": "fp8"}
+ROLE = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def worker_args(spec) -> list[str]:
+    args = ["vllm", "serve", spec.model,
+            "--tensor-parallel-size", str(spec.tp),
+            "--pipeline-parallel-size", str(spec.pp)]
+    warnings: list[str] = []
+    if spec.attention_dp > 1:
+        args += ["--data-parallel-size", str(spec.attention_dp)]
+    if spec.ep > 1:
+        args.append("--enable-expert-parallel")
+    args += ["--max-num-seqs", str(spec.max_batch),
+             "--max-num-batched-tokens", str(spec.max_num_tokens),
+             "--max-model-len", str(spec.max_model_len),
+             "--gpu-memory-utilization", f"{spec.memory_fraction:g}",
+             "--kv-cache-dtype", KV[spec.kv_dtype],
+             "--enable-chunked-prefill", "--block-size", "16"]
+    if spec.dtype in QUANTIZATION:
+        args += ["--quantization", QUANTIZATION[spec.dtype]]
+    if spec.role in ROLE:
+        args += ["--kv-transfer-config",
+                 json.dumps({"kv_connector": "NixlConnector", "kv_role": ROLE[spec.role]},
+                            sort_keys=True, separators=(",", ":"))]
+    return args, warnings
+
+
+def export(doc: dict[str, Any]) -> ExportResult:
+    specs = worker_specs(doc, "vllm")
+    total = sum(s.count * s.gpus for s in specs)
+    lines, warnings = [], [model_warning(specs[0])]
+    for spec in specs:
+        args, notes = worker_args(spec)
+        warnings += notes
+        if spec.ep > 1 and spec.ep != spec.tp * spec.attention_dp:
+            warnings.append(f"expert parallelism: vLLM's --enable-expert-parallel spreads the "
+                            f"experts over tp x dp = {spec.tp * spec.attention_dp} GPUs; the "
+                            f"plan's ep is {spec.ep}")
+        lines += [comment(header(spec, total)), " ".join(shell_word(a) for a in args)]
+    return ExportResult("vllm", "\n".join(lines) + "\n", tuple(warnings), ".sh")

@@ -1,0 +1,240 @@
+"""Runtime profiles: what each training runtime can run, how it lays out memory, how it overlaps.
+
+A plan is only useful if its runtime can execute it as planned, so the search enumerates only
+what the target runtime offers (``allows``), and the cost model reads the runtime's memory
+layout and overlap behaviour from here. Four profiles:
+
+* ``megatron``: Megatron-LM / Megatron-Core / NeMo / Megatron-Bridge. Distributed optimizer
+  (``--use-distributed-optimizer`` = ZeRO-1), Megatron-FSDP
+  (``--data-parallel-sharding-strategy optim|optim_grads|optim_grads_params`` = ZeRO-1/2/3),
+  ``--sequence-parallel``, ``--context-parallel-size``, ``--expert-model-parallel-size``,
+  interleaved 1F1B with uneven first/last stages (``--decoder-first/last-pipeline-num-layers``,
+  ``--pipeline-model-parallel-layout``), recompute ``--recompute-granularity selective``
+  (``--recompute-modules core_attn`` by default) or ``full`` (``--recompute-method
+  uniform|block``, ``--recompute-num-layers``), ``--tp-comm-overlap`` (Transformer Engine
+  userbuffers), ``--overlap-grad-reduce`` / ``--overlap-param-gather``
+  (NVIDIA/Megatron-LM ``megatron/training/arguments.py`` and ``examples/``).
+* ``torchtitan``: FSDP2 (``fully_shard``, ``data_parallel_shard_degree``; HSDP with
+  ``data_parallel_replicate_degree``; ``fsdp_reshard_after_forward`` default/always/never),
+  DTensor TP with sequence parallel implied, async TP (``enable_async_tensor_parallel``),
+  ``context_parallel_degree``, ``expert_parallel_degree``, ``pipeline_parallel_schedule`` from
+  PyTorch's ``get_schedule_class`` (1F1B, Interleaved1F1B, GPipe, LoopedBFS,
+  InterleavedZeroBubble, ZBVZeroBubble, DualPipeV), uneven stages via
+  ``pipeline_parallel_first/last_stage_less_layers``; ``activation_checkpoint.mode``
+  none / full / selective with ``selective_ac_option`` "op" (per-op SAC) or N (every N-th
+  layer) (pytorch/torchtitan v0.2.2 ``torchtitan/config/job_config.py``). No ZeRO-1/2: FSDP2 always shards
+  parameters; ``reshard_after_forward=never`` keeps them gathered between forward and
+  backward (ZeRO-2-like traffic, ZeRO-3 state layout).
+* ``deepspeed``: DeepSpeed and Megatron-DeepSpeed: ``zero_optimization.stage`` 0-3,
+  ``overlap_comm``, AutoTP, PipelineModule (1F1B only, no interleaving), activation
+  checkpointing (``checkpoint_num_layers``), fp16 or the BF16_Optimizer (DeepSpeed config-json
+  docs, deepspeed.ai/docs/config-json).
+* ``fsdp``: PyTorch FSDP1 as used by Composer / llm-foundry and fms-fsdp:
+  ``sharding_strategy`` FULL_SHARD / SHARD_GRAD_OP / HYBRID_SHARD / NO_SHARD, forward and
+  backward prefetch, ``activation_checkpointing`` (every block), ``limit_all_gathers``; no TP,
+  PP or CP in those stacks.
+
+Old optimizer-layout names (``--runtime deepspeed-bf16``, ``torch-fp32``, ``zero-paper``) stay
+valid: :func:`resolve_runtime` maps them to a profile and keeps the layout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from planner.errors import invalid
+
+
+@dataclass(frozen=True)
+class RecomputePolicy:
+    """A recomputation policy under the runtime's own name, and what it does."""
+
+    name: str  # the runtime's spelling, e.g. "selective:op"
+    planner: str  # the cost model's policy: none | selective | full | op | every-nth
+    every_nth: int = 0  # for every-nth: checkpoint one block in N
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class RuntimeProfile:
+    name: str
+    title: str
+    frameworks: tuple[str, ...]
+    zero_stages: tuple[int, ...]  # data-parallel sharding stages it runs
+    sharding_names: Mapping[int, str]  # stage -> the runtime's own spelling
+    hsdp: bool  # shard inside a group, replicate across groups (--dp-shard N < dp)
+    tp: bool
+    sp: str  # "optional" (a flag), "with-tp" (always on with TP), "none"
+    cp: bool
+    ep: bool
+    pp: bool
+    schedules: tuple[str, ...]  # pipeline schedules it offers
+    uneven_chunks: bool  # interleaved stages may hold unequal block counts
+    recompute: tuple[RecomputePolicy, ...]
+    state_layout: str  # key of planner.config.RUNTIME_STATE_BYTES (fp16 variant below)
+    state_layout_fp16: str
+    attention_kernel: str  # default attention kernel of current versions
+    tp_comm_overlap: bool  # can hide TP collectives behind GEMMs
+    grad_reduce_overlap: bool
+    param_gather_overlap: bool
+    per_phase_prefetch: bool  # FSDP-style: AGs prefetched per layer in fwd and bwd
+    fp8_saved_inputs: bool  # FP8 runs keep the GEMM inputs for backward in FP8 (TE)
+    allocator: str  # how its memory is read and cached (see memory model)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+    searched_zero_stages: tuple[int, ...] | None = None  # default: all of zero_stages
+
+    @property
+    def search_zero_stages(self) -> tuple[int, ...]:
+        """The stages the search tries unpinned (a pin may choose any of ``zero_stages``)."""
+        return self.searched_zero_stages if self.searched_zero_stages is not None \
+            else self.zero_stages
+
+    def allows_zero(self, stage: int) -> bool:
+        return stage in self.zero_stages
+
+    def allows_schedule(self, schedule: str) -> bool:
+        return schedule in self.schedules
+
+    def recompute_policy(self, name: str) -> RecomputePolicy:
+        key = name.strip().lower()
+        for policy in self.recompute:
+            if policy.name == key:
+                return policy
+        raise invalid(f"runtime {self.name} has no recompute policy {name!r}",
+                      f"choose one of {', '.join(p.name for p in self.recompute)}")
+
+    def state_layout_for(self, dtype: str) -> str:
+        return self.state_layout_fp16 if dtype == "fp16" else self.state_layout
+
+
+_NONE = RecomputePolicy("none", "none", description="keep every activation")
+
+PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
+    "megatron": RuntimeProfile(
+        name="megatron", title="Megatron-LM / Megatron-Core / NeMo",
+        frameworks=("Megatron-LM", "Megatron-Core", "NeMo", "Megatron-Bridge"),
+        # Megatron-FSDP (ZeRO-2/3, --use-megatron-fsdp) runs when pinned but is not searched:
+        # the Megatron exporter emits DDP / the distributed optimizer, so a searched plan must
+        # be one of those to run without a fallback.
+        zero_stages=(0, 1, 2, 3), searched_zero_stages=(0, 1),
+        sharding_names=MappingProxyType({
+            0: "DDP (no --use-distributed-optimizer)", 1: "--use-distributed-optimizer",
+            2: "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads",
+            3: "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"}),
+        hsdp=False, tp=True, sp="optional", cp=True, ep=True, pp=True,
+        schedules=("1f1b", "interleaved-1f1b"), uneven_chunks=True,
+        recompute=(_NONE,
+                   RecomputePolicy("selective", "selective",
+                                   description="--recompute-granularity selective "
+                                               "(--recompute-modules core_attn)"),
+                   RecomputePolicy("full", "full",
+                                   description="--recompute-granularity full "
+                                               "--recompute-method uniform")),
+        state_layout="megatron", state_layout_fp16="megatron", attention_kernel="flash",
+        tp_comm_overlap=True, grad_reduce_overlap=True, param_gather_overlap=True,
+        per_phase_prefetch=False, fp8_saved_inputs=True,
+        allocator="pytorch caching allocator, nvidia-smi reading",
+        notes=("fp32 main_grad buffer (18 bytes/param before the distributed optimizer)",)),
+    "torchtitan": RuntimeProfile(
+        name="torchtitan", title="torchtitan (FSDP2 + DTensor TP/CP/PP)",
+        frameworks=("torchtitan", "FSDP2", "AutoModel"),
+        zero_stages=(3,),
+        sharding_names=MappingProxyType({3: "fully_shard (data_parallel_shard_degree)"}),
+        hsdp=True, tp=True, sp="with-tp", cp=True, ep=True, pp=True,
+        schedules=("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zbv", "dualpipe"),
+        uneven_chunks=True,
+        recompute=(_NONE,
+                   RecomputePolicy("full", "full", description="activation_checkpoint.mode full"),
+                   RecomputePolicy("selective:op", "op",
+                                   description="mode selective, selective_ac_option op: saves "
+                                               "matmul / attention outputs, recomputes the rest"),
+                   RecomputePolicy("selective:2", "every-nth", every_nth=2,
+                                   description="mode selective, selective_ac_option 2: full AC "
+                                               "on every 2nd block"),
+                   RecomputePolicy("selective:3", "every-nth", every_nth=3,
+                                   description="full AC on every 3rd block")),
+        state_layout="zero-paper", state_layout_fp16="zero-paper", attention_kernel="flash",
+        tp_comm_overlap=True, grad_reduce_overlap=True, param_gather_overlap=True,
+        per_phase_prefetch=True, fp8_saved_inputs=False,
+        allocator="pytorch caching allocator, max_memory_reserved reading (no CUDA context)",
+        notes=("fp32 sharded parameters, bf16 all-gather (MixedPrecisionPolicy param_dtype)",
+               "TP implies sequence parallel; async TP overlaps its collectives")),
+    "deepspeed": RuntimeProfile(
+        name="deepspeed", title="DeepSpeed / Megatron-DeepSpeed",
+        frameworks=("DeepSpeed", "Megatron-DeepSpeed", "GPT-NeoX"),
+        zero_stages=(0, 1, 2, 3),
+        sharding_names=MappingProxyType({0: "zero_optimization.stage 0",
+                                         1: "zero_optimization.stage 1",
+                                         2: "zero_optimization.stage 2",
+                                         3: "zero_optimization.stage 3"}),
+        hsdp=False, tp=True, sp="none", cp=False, ep=True, pp=True,
+        schedules=("1f1b",), uneven_chunks=False,
+        recompute=(_NONE,
+                   RecomputePolicy("full", "full",
+                                   description="activation_checkpointing, every block")),
+        state_layout="deepspeed-bf16", state_layout_fp16="deepspeed", attention_kernel="flash",
+        tp_comm_overlap=False, grad_reduce_overlap=True, param_gather_overlap=True,
+        per_phase_prefetch=True, fp8_saved_inputs=False,
+        allocator="pytorch caching allocator, nvidia-smi reading",
+        notes=("pipeline engine reduces gradients after the flush (no overlap with PP)",)),
+    "fsdp": RuntimeProfile(
+        name="fsdp", title="PyTorch FSDP1 (Composer / llm-foundry, fms-fsdp)",
+        frameworks=("Composer", "llm-foundry", "fms-fsdp", "metaseq", "PyTorch FSDP"),
+        zero_stages=(0, 2, 3),
+        sharding_names=MappingProxyType({0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}),
+        hsdp=True, tp=False, sp="none", cp=False, ep=False, pp=False,
+        schedules=("1f1b",), uneven_chunks=False,
+        recompute=(_NONE,
+                   RecomputePolicy("full", "full",
+                                   description="activation_checkpointing: true (every block)")),
+        state_layout="zero-paper", state_layout_fp16="zero-paper", attention_kernel="flash",
+        tp_comm_overlap=False, grad_reduce_overlap=True, param_gather_overlap=True,
+        per_phase_prefetch=True, fp8_saved_inputs=False,
+        allocator="pytorch caching allocator, nvidia-smi reading",
+        notes=("flat parameters, fp32 master sharded, bf16 compute (mixed_precision PURE/DEFAULT)",)),
+})
+
+# Old --runtime values named optimizer-state layouts; each keeps its layout and maps to the
+# profile that uses it (torch-fp32, the CPU verification runtime of planner/runtime, and the
+# ZeRO paper's layout keep the default profile's search space, as before).
+LEGACY_LAYOUTS = MappingProxyType({
+    "deepspeed-bf16": "deepspeed", "torch-fp32": "megatron", "zero-paper": "megatron",
+})
+DEFAULT_RUNTIME = "megatron"
+
+
+def profile(name: str) -> RuntimeProfile:
+    """The profile ``name`` (a profile or a legacy layout name); INVALID_INPUT otherwise."""
+    key = (name or "").strip().lower()
+    key = LEGACY_LAYOUTS.get(key, key)
+    if key not in PROFILES:
+        raise invalid(f"unknown runtime {name!r}",
+                      f"choose one of {', '.join(PROFILES)} (or a legacy layout: "
+                      f"{', '.join(LEGACY_LAYOUTS)})")
+    return PROFILES[key]
+
+
+def resolve_runtime(name: str, dtype: str = "bf16") -> tuple[RuntimeProfile, str]:
+    """(profile, state layout) for a ``--runtime`` value; a legacy layout name keeps its layout."""
+    key = (name or "").strip().lower()
+    prof = profile(key)
+    layout = key if key in LEGACY_LAYOUTS else prof.state_layout_for(dtype)
+    return prof, layout
+
+
+def profile_for_framework(framework: str) -> RuntimeProfile:
+    """The profile of a framework description such as 'Megatron-Core r0.8.0' or
+    'Composer/llm-foundry, PyTorch FSDP FULL_SHARD' (calibration files' ``training.framework``).
+    First match wins, most specific first (Megatron-DeepSpeed before Megatron)."""
+    text = (framework or "").lower()
+    order = (("megatron-deepspeed", "deepspeed"), ("deepspeed", "deepspeed"),
+             ("gpt-neox", "deepspeed"), ("torchtitan", "torchtitan"), ("fsdp2", "torchtitan"),
+             ("automodel", "torchtitan"), ("composer", "fsdp"), ("llm-foundry", "fsdp"),
+             ("fms-fsdp", "fsdp"), ("metaseq", "fsdp"), ("fsdp", "fsdp"),
+             ("megatron", "megatron"), ("nemo", "megatron"))
+    for needle, name in order:
+        if needle in text:
+            return PROFILES[name]
+    raise invalid(f"framework {framework!r} matches no runtime profile",
+                  f"name one of: {', '.join(sorted({n for n, _ in order}))}")

@@ -1,0 +1,155 @@
+"""What the CPU runtime can execute of a plan, and how it executes it: the plan read as a
+:class:`~planner.plan_types.Plan`, the support policy (which degrees and shapes the verification
+runtime runs), the model chunks of the pipeline, the runtime options of the CPU run, and the
+human-readable summary of the PyTorch APIs that apply each part of the plan.
+
+Consumes a plan file, document or Plan; produces a Plan checked as runnable (or a PlannerError
+of kind UNSUPPORTED / INVALID_INPUT naming why not). No processes are started here.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.strategy import LayerPlacement
+from planner.plan_types import Plan
+from planner.errors import ErrorKind, PlannerError, invalid
+from planner.ir import LayerKind, ModelGraph
+from planner.runtime.model import decoder_shape
+
+
+MAX_PROCESSES = 16
+
+ZERO_IMPLEMENTATION = {
+    0: "replicated parameters; gradients all-reduced (averaged) over dp after the last "
+       "micro-batch (manual all_reduce on each local gradient shard)",
+    1: "gradients all-reduced over dp, then torch.distributed.optim.ZeroRedundancyOptimizer "
+       "(Adam): each dp rank keeps Adam states of the whole parameters assigned to it (greedy "
+       "by size) and broadcasts them after its step",
+    2: "ZeroRedundancyOptimizer (as ZeRO-1) plus gradient partitioning: a "
+       "post-accumulate-grad hook reduces every parameter's gradient to the dp rank that owns "
+       "it after each micro-batch's backward and frees it elsewhere (DeepSpeed ZeRO-2 "
+       "semantics at whole-parameter granularity; FSDP2 with reshard_after_forward=False would "
+       "also shard the resting weights, i.e. be ZeRO-3 memory)",
+    3: "FSDP2 fully_shard per layer and per stage root over the dp mesh (weights, gradients "
+       "and Adam states sharded on dim 0; weights all-gathered for forward and backward, "
+       "gradients reduce-scattered per micro-batch)",
+}
+
+
+def read_plan(plan: "str | os.PathLike | dict | Plan") -> tuple[Plan, str]:
+    """The :class:`~planner.plan_types.Plan` (read and schema-validated by
+    :mod:`planner.plan_io` when given a path) and its name."""
+    from planner.plan_types import Plan
+
+    if isinstance(plan, Plan):
+        return plan, "<plan>"
+    if isinstance(plan, dict):
+        return Plan.from_dict(plan), "<plan document>"
+    from planner.plan_io import load_plan, read_json_file
+
+    try:
+        doc = load_plan(plan)
+    except PlannerError as error:
+        if "jsonschema" not in error.message:
+            raise
+        # without jsonschema: strict JSON parsing only; Plan.from_dict checks what it reads
+        doc = read_json_file(plan, "plan file")
+    decoded = Plan.from_dict(doc)
+    if len(decoded.placement.stage) != len(decoded.model.layers):
+        raise invalid(f"plan has {len(decoded.placement.stage)} layer decisions for a model of "
+                      f"{len(decoded.model.layers)} layers")
+    return decoded, str(plan)
+
+
+def pipeline_chunks(stages: Sequence[int], pp: int, virtual_stages: int) -> list[list[int]]:
+    """Model chunks in pipeline order (runs of consecutive layers on one rank); chunk ``k``
+    runs on pipeline rank ``k mod pp`` (PyTorch's and Megatron's interleaved layout)."""
+    chunks: list[tuple[int, list[int]]] = []
+    for index, stage in enumerate(stages):
+        if chunks and chunks[-1][0] == stage:
+            chunks[-1][1].append(index)
+        else:
+            chunks.append((stage, [index]))
+    expected = pp * virtual_stages
+    layout = [rank for rank, _ in chunks]
+    if len(chunks) != expected or any(rank != k % pp for k, rank in enumerate(layout)):
+        raise invalid(f"the plan's layer stages {list(stages)} do not form {expected} model "
+                      f"chunks placed round-robin on {pp} pipeline ranks")
+    return [layers for _, layers in chunks]
+
+
+def unsupported(message: str) -> PlannerError:
+    return PlannerError(ErrorKind.UNSUPPORTED, message)
+
+
+def check_supported(plan: Plan, max_processes: int = MAX_PROCESSES) -> None:
+    c, model = plan.config, plan.model
+    shape = decoder_shape(model)  # raises UNSUPPORTED for non-llama graphs
+    if c.cp > 1:
+        raise unsupported(
+            f"context parallelism (cp {c.cp}) is not executed: PyTorch's context_parallel "
+            "(ring attention) has no rule for the CPU attention kernel (\"NotImplementedError: "
+            "Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a "
+            "sharding strategy registered.\", PyTorch 2.13)")
+    if c.ep > 1:
+        raise unsupported("expert parallelism is not executed (the runtime builds dense models)")
+    if c.num_gpus > max_processes:
+        raise unsupported(f"the plan needs {c.num_gpus} processes; the limit is "
+                          f"{max_processes} (--max-processes)")
+    if shape.num_kv_heads % c.tp:
+        raise unsupported(f"tp {c.tp} does not divide the {shape.num_kv_heads} KV heads "
+                          "(KV-head replication is not built)")
+    if shape.tied and (c.tp > 1 or c.pp > 1):
+        raise unsupported("tied embeddings are executed only without TP and PP")
+    pipeline_chunks(plan.placement.stage, c.pp, c.virtual_stages)
+
+
+def runtime_options(plan: Plan) -> RuntimeOptions:
+    """What the CPU runtime is: torch-fp32 states, the plan's attention kernel and dropout."""
+    rt = plan.runtime
+    return RuntimeOptions(runtime="torch-fp32", attention_kernel=rt.attention_kernel,
+                          dropout=rt.dropout)
+
+
+def schedule_name(config: ParallelConfig) -> str:
+    """The PyTorch schedule class for the plan's pipeline. PyTorch's Schedule1F1B refuses fewer
+    micro-batches than stages ("Number of microbatches (1) must be greater than or equal to the
+    number of stages (2)"), which the planner allows; with m <= pp micro-batches 1F1B has no
+    steady phase and is exactly GPipe (all m forwards, then all m backwards; min(pp - i, m) = m
+    in flight on every stage), so ScheduleGPipe runs it."""
+    if config.virtual_stages > 1:
+        return "ScheduleInterleaved1F1B"
+    return "ScheduleGPipe" if config.num_micro_batches < config.pp else "Schedule1F1B"
+
+
+def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
+                           model: ModelGraph) -> dict[str, str]:
+    c = config
+    out = {"mesh": f"init_device_mesh('cpu', ({c.pp}, {c.dp}, {c.cp}, {c.tp}), "
+                   f"mesh_dim_names=('pp', 'dp', 'cp', 'tp')), gloo"}
+    if c.tp > 1:
+        out["tp"] = ("DTensor parallelize_module: ColwiseParallel q/k/v/gate/up, RowwiseParallel "
+                     "o/down, embedding RowwiseParallel, lm_head ColwiseParallel (output "
+                     "Replicate)" + ("; SequenceParallel norms, PrepareModuleInput(Shard(1) -> "
+                                     "Replicate) before attention and MLP" if c.sp else ""))
+    if c.dp > 1 or c.zero_stage:
+        out["dp"] = f"ZeRO-{c.zero_stage}: {ZERO_IMPLEMENTATION[c.zero_stage]}"
+    if c.pp > 1:
+        name = schedule_name(c)
+        if name == "ScheduleGPipe":
+            name += (f" (the plan's 1F1B with {c.num_micro_batches} micro-batch(es) < pp "
+                     f"{c.pp}: identical order and memory; Schedule1F1B refuses m < pp)")
+        counts = [sum(1 for i in placement.layers_of_stage(s)
+                      if model.layers[i].kind is LayerKind.BLOCK) for s in range(c.pp)]
+        out["pp"] = (f"torch.distributed.pipelining PipelineStage x {c.pp * c.virtual_stages} + "
+                     f"{name}, {c.num_micro_batches} micro-batches; blocks per rank {counts}")
+    modes = sorted({placement.recompute[i].value for i, layer in enumerate(model.layers)
+                    if layer.kind is LayerKind.BLOCK})
+    if modes != ["none"]:
+        out["recompute"] = ("torch.utils.checkpoint(use_reentrant=False) per block: full = the "
+                            "whole block, selective = the attention core (SDPA); "
+                            f"modes in this plan: {', '.join(modes)}")
+    return out

@@ -1,0 +1,192 @@
+"""What ``shardplan verify`` reports: per-rank held bytes against the cost model's prediction,
+the loss curves of the distributed and reference runs, and the verdict.
+
+Consumes the per-rank result dicts of a run and the cost model's evaluation of the plan under
+the torch-fp32 state layout; produces :class:`VerifyReport`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+
+from planner.config import ParallelConfig, RuntimeOptions
+from planner.plan_types import Plan
+
+
+STATE_CATEGORIES = ("params", "grads", "optimizer")
+
+
+@dataclass(frozen=True)
+class StateCheck:
+    """One model-state category on one rank: predicted vs held bytes."""
+
+    category: str
+    predicted: float
+    held: int
+    verdict: str  # "exact", "group-sum exact" or "mismatch"
+    note: str = ""
+
+    @property
+    def difference(self) -> float:
+        return self.held - self.predicted
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict != "mismatch"
+
+
+@dataclass(frozen=True)
+class RankReport:
+    rank: int
+    coords: dict
+    stage: int
+    layers: list
+    states: tuple[StateCheck, ...]
+    optimizer_step_counters: int
+    activations_predicted: float  # the stage's activation memory (stored + working)
+    activations_predicted_stored: float  # micro-batches in flight x stored bytes (no working)
+    activations_measured: int
+    setup_s: float
+    step_s: list
+    grad_layout_differences: list = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(s.ok for s in self.states)
+
+
+@dataclass
+class VerifyReport:
+    plan: str
+    parallelism: dict
+    world_size: int
+    steps: int
+    seed: int
+    lr: float
+    loss_rtol: float
+    reference_losses: list[float]
+    distributed_losses: list[float]
+    ranks: list[RankReport]
+    implementation: dict[str, str]
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+    error_traceback: str | None = None
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def loss_rel_diffs(self) -> list[float]:
+        return [abs(d - r) / max(abs(r), 1e-12)
+                for r, d in zip(self.reference_losses, self.distributed_losses)]
+
+    @property
+    def max_loss_rel_diff(self) -> float | None:
+        diffs = self.loss_rel_diffs
+        return max(diffs) if diffs else None
+
+    @property
+    def losses_ok(self) -> bool:
+        return (self.error is None and len(self.distributed_losses) == self.steps
+                and len(self.reference_losses) == self.steps
+                and all(math.isfinite(x) for x in self.distributed_losses)
+                and all(d <= self.loss_rtol for d in self.loss_rel_diffs))
+
+    @property
+    def states_ok(self) -> bool:
+        return self.error is None and bool(self.ranks) and all(r.ok for r in self.ranks)
+
+    @property
+    def ok(self) -> bool:
+        return self.losses_ok and self.states_ok
+
+    def to_dict(self) -> dict:
+        ranks = []
+        for r in self.ranks:
+            row = asdict(r)
+            row["states"] = {s.category: {"predicted_bytes": s.predicted, "held_bytes": s.held,
+                                          "difference_bytes": s.difference,
+                                          "verdict": s.verdict, "note": s.note}
+                             for s in r.states}
+            row["ok"] = r.ok
+            ranks.append(row)
+        return {"plan": self.plan, "parallelism": self.parallelism,
+                "world_size": self.world_size, "steps": self.steps, "seed": self.seed,
+                "lr": self.lr,
+                "loss": {"reference": self.reference_losses,
+                         "distributed": self.distributed_losses,
+                         "rel_diff": self.loss_rel_diffs,
+                         "max_rel_diff": self.max_loss_rel_diff, "rtol": self.loss_rtol,
+                         "ok": self.losses_ok},
+                "states_ok": self.states_ok, "ok": self.ok, "ranks": ranks,
+                "implementation": self.implementation, "notes": self.notes,
+                "error": self.error, "error_traceback": self.error_traceback,
+                "seconds": self.seconds}
+
+
+def _sharded_categories(zero: int) -> dict[str, str]:
+    """Categories whose per-rank split is the runtime's (not the plan's even split), and why."""
+    zro = ("ZeroRedundancyOptimizer assigns whole parameters to dp ranks (greedy by size), "
+           "not an even split of every tensor")
+    if zero == 1:
+        return {"optimizer": zro}
+    if zero == 2:
+        return {"grads": zro, "optimizer": zro}
+    if zero == 3:
+        fsdp = ("FSDP2 shards dim 0 with torch.chunk: when dim 0 is not divisible by dp the "
+                "last ranks hold fewer rows (padding is not counted)")
+        return {c: fsdp for c in STATE_CATEGORIES}
+    return {}
+
+
+def state_checks(config: ParallelConfig, stage_memory: Sequence[Any], results: list[dict]
+                 ) -> dict[int, tuple[StateCheck, ...]]:
+    """Compare each rank's held bytes with its stage's predicted bytes (see VerifyReport)."""
+    shard_degree = config.dp * config.cp
+    explained = _sharded_categories(config.zero_stage) if shard_degree > 1 else {}
+    groups: dict[tuple, list[dict]] = {}
+    for r in results:
+        key = (r["coords"]["pp"], r["coords"]["tp"])
+        groups.setdefault(key, []).append(r)
+    out: dict[int, tuple[StateCheck, ...]] = {}
+    for r in results:
+        memory = stage_memory[r["stage"]]
+        checks = []
+        for category in STATE_CATEGORIES:
+            predicted = float(getattr(memory, category))
+            held = int(r["held"][category])
+            if abs(held - predicted) < 0.5:
+                checks.append(StateCheck(category, predicted, held, "exact"))
+                continue
+            if category in explained:
+                group = groups[(r["coords"]["pp"], r["coords"]["tp"])]
+                total = sum(int(g["held"][category]) for g in group)
+                if abs(total - predicted * len(group)) < 0.5:
+                    checks.append(StateCheck(
+                        category, predicted, held, "group-sum exact",
+                        f"{explained[category]}; the {len(group)} ranks of the shard group hold "
+                        f"{total:,} B = {len(group)} x predicted"))
+                    continue
+            checks.append(StateCheck(category, predicted, held, "mismatch",
+                                     f"held {held:,} B, predicted {predicted:,.1f} B"))
+        out[r["rank"]] = tuple(checks)
+    return out
+
+
+def predicted_stored_activations(plan: Plan, options: RuntimeOptions) -> list[float]:
+    """Per stage: micro-batches in flight x the bytes its layers store for backward (the
+    cost model's activations without the transient working set of the layer in backward),
+    which is what the saved-tensor measurement sees."""
+    from planner.cost.memory import in_flight_micro_batches
+    from planner.cost.context import make_context
+    from planner.cost.terms import layer_terms
+
+    c, model, placement = plan.config, plan.model, plan.placement
+    ctx = make_context(model, plan.cluster, c, options)
+    out = []
+    for stage in range(c.pp):
+        per_micro_batch = sum(layer_terms(ctx, model.layers[i], placement.options[i])
+                              .act_stored_bytes for i in placement.layers_of_stage(stage))
+        out.append(in_flight_micro_batches(stage, c.pp, c.num_micro_batches, c.virtual_stages)
+                   * per_micro_batch)
+    return out

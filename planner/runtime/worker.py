@@ -1,0 +1,198 @@
+"""One rank of a verification run: build the DeviceMesh the plan describes (dims and shape
+from :class:`planner.mesh.Mesh`), keep this rank's pipeline chunks, apply the plan
+(:mod:`planner.runtime.parallelize`), train the steps and write this rank's result file.
+
+Runs inside the worker processes :mod:`planner.runtime.launch` starts; consumes the job dict
+:func:`planner.runtime.torch_exec.verify_plan` builds.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                         ScheduleInterleaved1F1B)
+
+from planner.mesh import DIMS, Mesh
+from planner.runtime.measure import SavedTensorTracker, held_state_bytes, local, unique_params
+from planner.runtime.model import MEASURE, Block, Decoder, build_decoder, lm_loss, synthetic_batch
+from planner.runtime.parallelize import (LocalShards, Zero2Gradients, _group_ranks, _mesh_group,
+                                         align_grad_layouts, apply_fsdp, apply_tensor_parallel)
+
+
+MESH_DIMS = DIMS  # the rank layout is planner.mesh.Mesh's (TP innermost, PP outermost)
+
+
+def _worker(rank: int, job: dict) -> None:
+    """One process of the distributed run (started by :func:`run_distributed`)."""
+    torch.set_num_threads(1)
+    # The decoder never modifies a layer's output in place (residuals are out-of-place), which
+    # is what this FSDP2 warning about the TP embedding's view output is about.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+    if sys.platform.startswith("linux"):  # all ranks on this host: loopback, whatever the
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # hostname resolves to
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(job["port"])
+    out = Path(job["outdir"])
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=job["world_size"],
+                                timeout=timedelta(seconds=job["timeout_s"]))
+        try:
+            result = _run_rank(rank, job)
+        finally:
+            dist.destroy_process_group()
+        (out / f"rank{rank}.json").write_text(json.dumps(result))
+    except BaseException as error:
+        (out / f"rank{rank}.error.json").write_text(json.dumps({
+            "rank": rank, "error": f"{type(error).__name__}: {error}",
+            "traceback": traceback.format_exc()}))
+        raise
+
+
+def _run_rank(rank: int, job: dict) -> dict:
+    from planner.serialize import model_from_dict
+
+    t0 = time.perf_counter()
+    c = job["config"]
+    graph = model_from_dict(job["model"])
+    layout = Mesh(pp=c["pp"], dp=c["dp"], cp=c["cp"], tp=c["tp"])
+    pp, dp, tp = layout.pp, layout.dp, layout.tp
+    mesh = init_device_mesh("cpu", layout.shape, mesh_dim_names=MESH_DIMS)
+    coords = dict(zip(MESH_DIMS, mesh.get_coordinate()))
+    m = c["global_batch"] // (c["micro_batch"] * dp)
+    chunks = job["chunks"]
+    mine = [k for k in range(len(chunks)) if k % pp == coords["pp"]]
+
+    full = build_decoder(graph, job["seed"])
+    parts = [Decoder({i: full.layers[str(i)] for i in chunks[k]}) for k in mine]
+    del full
+    for part in parts:
+        for key, layer in part.layers.items():
+            if isinstance(layer, Block):
+                layer.set_recompute(job["recompute"][int(key)])
+    if tp > 1:
+        for part in parts:
+            apply_tensor_parallel(part, mesh["tp"], c["sp"])
+    zero = c["zero_stage"]
+    if zero == 3:
+        for part in parts:
+            apply_fsdp(part, mesh["dp"])
+    params = unique_params(parts)
+    dp_group = _mesh_group(mesh, "dp")
+    dp_ranks = _group_ranks(mesh, "dp")
+    lr = job["lr"]
+    shards = None
+    if zero in (1, 2):
+        shards = LocalShards(params)
+        optimizer = ZeroRedundancyOptimizer(shards.proxies, optimizer_class=torch.optim.Adam,
+                                            process_group=dp_group, lr=lr, foreach=False)
+        optimizer_state = optimizer.optim.state
+    else:
+        optimizer = torch.optim.Adam(params, lr=lr, foreach=False)
+        optimizer_state = optimizer.state
+    zero2 = None
+    if zero == 2:
+        owner = {p: optimizer._param_to_rank[q] for p, q in zip(params, shards.proxies)}
+        zero2 = Zero2Gradients(params, owner, dp_group, rank, dp_ranks)
+
+    schedule = None
+    first_pp, last_pp = coords["pp"] == 0, coords["pp"] == pp - 1
+    mb, seq, hidden = c["micro_batch"], c["seq_len"], graph.hidden
+    if pp > 1:
+        seq_local = seq // tp if (tp > 1 and c["sp"]) else seq
+        stages = []
+        for k, part in zip(mine, parts):
+            if k == 0:
+                example_in = torch.zeros(mb, seq, dtype=torch.long)
+            else:
+                example_in = torch.empty(mb, seq_local, hidden, requires_grad=True)
+            if k == len(chunks) - 1:
+                example_out = torch.empty(mb, seq, graph.vocab, requires_grad=True)
+            else:
+                example_out = torch.empty(mb, seq_local, hidden, requires_grad=True)
+            stages.append(PipelineStage(part, k, len(chunks), torch.device("cpu"),
+                                        input_args=example_in, output_args=example_out,
+                                        group=_mesh_group(mesh, "pp")))
+        if c["virtual_stages"] > 1:
+            schedule = ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=lm_loss)
+        elif m < pp:  # see schedule_name()
+            schedule = ScheduleGPipe(stages[0], n_microbatches=m, loss_fn=lm_loss)
+        else:
+            schedule = Schedule1F1B(stages[0], n_microbatches=m, loss_fn=lm_loss)
+
+    names = {id(p): n for part in parts for n, p in part.named_parameters()}
+    grad_layouts: list[dict] = []
+    tracker = SavedTensorTracker(lambda: unique_params(parts))
+    MEASURE.measure = True
+    losses: list[float] = []
+    step_seconds: list[float] = []
+    rows = c["global_batch"] // dp
+    setup_s = time.perf_counter() - t0
+    for step in range(job["steps"]):
+        t_step = time.perf_counter()
+        inputs, labels = synthetic_batch(job["seed"], step, c["global_batch"], seq, graph.vocab)
+        lo = coords["dp"] * rows
+        inputs, labels = inputs[lo:lo + rows], labels[lo:lo + rows]
+        # on the real parameters: under TP, ZeroRedundancyOptimizer.zero_grad would only
+        # reach the local-shard proxies and leave the DTensor gradients to accumulate
+        for p in params:
+            p.grad = None
+        if shards is not None:
+            shards.clear_grads()
+        micro_losses: list[torch.Tensor] = []
+        with tracker.hooks():
+            if schedule is not None:
+                kwargs: dict[str, Any] = {}
+                if last_pp:
+                    kwargs.update(target=labels, losses=micro_losses)
+                if first_pp:
+                    schedule.step(inputs, **kwargs)
+                else:
+                    schedule.step(**kwargs)
+            else:
+                part = parts[0]
+                for i in range(m):
+                    sl = slice(i * mb, (i + 1) * mb)
+                    loss = lm_loss(part(inputs[sl]), labels[sl])
+                    (loss / m).backward()
+                    micro_losses.append(loss.detach())
+        fixed = align_grad_layouts(params, names)
+        if step == 0:
+            grad_layouts = fixed
+        if zero2 is not None:
+            zero2.finish(dp * (m if schedule is not None else 1))
+        elif zero in (0, 1) and dp > 1:
+            for p in params:
+                if p.grad is not None:
+                    dist.all_reduce(local(p.grad), group=dp_group)
+                    local(p.grad).div_(dp)
+        if shards is not None:
+            shards.load_grads()
+        optimizer.step()
+        if last_pp:
+            mean = torch.stack([x.float() for x in micro_losses]).mean()
+            if dp > 1:
+                dist.all_reduce(mean, group=dp_group)
+                mean /= dp
+            losses.append(float(mean.detach()))
+        step_seconds.append(time.perf_counter() - t_step)
+    MEASURE.measure = False
+    held = held_state_bytes(params, optimizer_state)
+    return {"rank": rank, "coords": coords, "stage": coords["pp"],
+            "chunks": [chunks[k] for k in mine],
+            "losses": losses if last_pp else None,
+            "held": held, "activation_peak_bytes": tracker.peak,
+            "num_param_tensors": len(params), "grad_layout_differences": grad_layouts,
+            "optimizer_param_tensors": len(optimizer_state),
+            "setup_s": setup_s, "step_s": step_seconds}

@@ -1,0 +1,365 @@
+"""Evaluate one serving deployment: TTFT, TPOT, output tokens/s per GPU and per user, the KV
+cache and the largest batch that fits.
+
+Consumes a ModelGraph, a Cluster, a :class:`ServingWorkload` and a :class:`ServingConfig`;
+produces a :class:`ServingEvaluation`. Steady state of continuous (in-flight) batching:
+
+* **Aggregated**: a worker runs ``b = min(concurrency per replica, batch cap, KV capacity)``
+  sequences. Each finishes after ``osl`` steps and is replaced by a request with ``isl`` prompt
+  tokens, so an iteration carries on average ``b x isl / osl`` prefill tokens next to its ``b``
+  decode tokens (chunked prefill mixes them; the iteration token budget ``max_num_tokens`` caps
+  it: at most ``max_num_tokens / (1 + isl/osl)`` sequences can be kept decoding). TPOT is that
+  iteration's time, throughput ``b / TPOT`` per worker. TTFT is the request's own prefill
+  (``ceil(isl / chunk)`` iterations), plus the marginal prefill time of the requests ahead of it
+  (a calibrated fraction of the other concurrent requests: fixed-length closed-loop clients
+  arrive in bursts), plus waiting for a free slot when concurrency exceeds the batch.
+* **Disaggregated**: decode workers hold ``concurrency / decode_workers`` sequences each (TPOT
+  = a pure decode iteration); prefill workers run batches of ``prefill_batch`` prompts; TTFT =
+  prefill + KV transfer to the decode worker (KV bytes over the inter-worker link) + queueing
+  (the same burst term, plus M/D/1 waiting at the prefill pool's utilisation). Request rate =
+  ``concurrency / (TTFT + (osl - 1) x TPOT)`` (closed loop), capped by each pool's capacity.
+* Open loop (``request_rate``): the concurrency that rate implies (Little's law) is found by
+  fixed-point iteration; a rate above the deployment's capacity does not fit.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from planner.topology import group_link
+from planner.cost import comm
+from functools import lru_cache
+
+from planner.errors import PlannerError, invalid
+from planner.hardware import Cluster
+from planner.ir import LayerKind, ModelGraph
+from planner.serve._cache import Ident
+from planner.serve.memory import ServingMemory, serving_memory
+from planner.serve.phases import Calibration, IterationTime, iteration_time
+from planner.serve.runtime import CALIBRATED, DEFAULT_RUNTIME, ServingRuntime, runtime
+from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
+
+MAX_FIXED_POINT_ITERATIONS = 60
+
+
+@dataclass(frozen=True)
+class PoolResult:
+    """One kind of worker of a deployment (the only one when aggregated)."""
+
+    role: str  # aggregated | prefill | decode
+    worker: WorkerConfig
+    workers: int
+    memory: ServingMemory
+    max_batch: int  # sequences (prompts for prefill) one worker can hold
+    batch: int  # sequences one worker runs in the steady state
+    iteration: IterationTime
+
+    def as_dict(self) -> dict:
+        return {"role": self.role, **self.worker.as_dict(), "workers": self.workers,
+                "memory": self.memory.as_dict(), "max_batch": self.max_batch,
+                "batch": self.batch, "iteration": self.iteration.as_dict()}
+
+
+@dataclass(frozen=True)
+class ServingEvaluation:
+    model: ModelGraph
+    cluster: Cluster
+    workload: ServingWorkload
+    config: ServingConfig
+    runtime: str
+    pools: tuple[PoolResult, ...]
+    ttft_s: float
+    tpot_s: float
+    output_tokens_per_s: float  # whole deployment
+    concurrency: float  # requests in flight in the steady state
+    max_concurrency: int  # the most requests the deployment holds at once
+    fits: bool
+    problems: tuple[str, ...] = field(default=())
+    kv_transfer_s: float = 0.0
+
+    @property
+    def num_gpus(self) -> int:
+        return self.config.num_gpus
+
+    @property
+    def output_tokens_per_s_per_gpu(self) -> float:
+        return self.output_tokens_per_s / self.num_gpus
+
+    @property
+    def output_tokens_per_s_per_user(self) -> float:
+        return 1.0 / self.tpot_s if self.tpot_s > 0 else 0.0
+
+    @property
+    def kv_cache_gib(self) -> float:
+        """KV-cache memory per GPU (of the decode pool when disaggregated)."""
+        return self.pools[-1].memory.kv_cache_gib
+
+    def meets_targets(self) -> bool:
+        w = self.workload
+        if not self.fits:
+            return False
+        if w.ttft_ms is not None and self.ttft_s * 1e3 > w.ttft_ms:
+            return False
+        return not (w.tpot_ms is not None and self.tpot_s * 1e3 > w.tpot_ms)
+
+    def predicted(self) -> dict:
+        """The ``predicted`` block of ``evaluate --json`` (names fixed by the CLI contract)."""
+        def finite(x: float) -> float | None:
+            return x if math.isfinite(x) else None
+
+        return {"output_tokens_per_s_per_gpu": self.output_tokens_per_s_per_gpu,
+                "output_tokens_per_s_per_user": self.output_tokens_per_s_per_user,
+                "output_tokens_per_s": self.output_tokens_per_s,
+                "ttft_ms": finite(self.ttft_s * 1e3), "tpot_ms": finite(self.tpot_s * 1e3),
+                "max_concurrency": self.max_concurrency, "concurrency": finite(self.concurrency),
+                "kv_cache_gib": self.kv_cache_gib, "kv_transfer_ms": self.kv_transfer_s * 1e3,
+                "fits": self.fits, "meets_targets": self.meets_targets(),
+                "num_gpus": self.num_gpus}
+
+
+def validate_worker(model: ModelGraph, worker: WorkerConfig, what: str = "worker") -> None:
+    """Degrees the runtimes accept: tp divides the heads, and the KV heads divide tp or tp
+    divides them; ep divides the experts; pp at most the blocks."""
+    error = _worker_error(Ident(model), worker)
+    if error:
+        raise invalid(f"{what}: {error}")
+
+
+@lru_cache(maxsize=65536)
+def _worker_error(model_key, worker: WorkerConfig) -> str | None:
+    try:
+        _validate_worker(model_key.obj, worker)
+    except PlannerError as error:
+        return error.message
+    return None
+
+
+def _validate_worker(model: ModelGraph, worker: WorkerConfig, what: str = "worker") -> None:
+    blocks = [cls.layer for cls in model.layer_classes() if cls.layer.kind is LayerKind.BLOCK]
+    num_blocks = model.num_blocks
+    for layer in blocks:
+        att = layer.attention
+        if att is not None:
+            if att.num_heads % worker.tp:
+                raise invalid(f"tp={worker.tp} does not divide the {att.num_heads} "
+                              f"attention heads")
+            kv = att.num_kv_heads
+            if not att.is_mla and kv % worker.tp and worker.tp % kv:
+                raise invalid(f"tp={worker.tp} and the {kv} KV heads: one must divide "
+                              f"the other")
+        mlp = layer.mlp
+        if mlp is not None and mlp.is_moe:
+            if mlp.num_experts % worker.ep:
+                raise invalid(f"ep={worker.ep} does not divide the {mlp.num_experts} "
+                              f"experts")
+            if mlp.ffn_hidden % worker.moe_tp:
+                raise invalid(f"expert tensor parallelism {worker.moe_tp} does not "
+                              f"divide the expert width {mlp.ffn_hidden}")
+    if not model.is_moe and worker.ep > 1:
+        raise invalid(f"ep={worker.ep} needs a mixture-of-experts model")
+    if worker.pp > num_blocks:
+        raise invalid(f"pp={worker.pp} is more than the {num_blocks} blocks")
+
+
+def _pool_memory(model, cluster, workload, worker, rt, config, max_batch):
+    context = workload.isl + workload.osl / 2
+    return serving_memory(model, cluster.gpu, worker, workload.dtype, workload.kv_cache_dtype, rt,
+                          config.max_num_tokens, max_batch, context)
+
+
+def _capacity(memory: ServingMemory, worker: WorkerConfig, tokens_per_seq: int,
+              rt: ServingRuntime) -> int:
+    return memory.max_sequences(tokens_per_seq, rt.kv_block_tokens) * worker.attention_dp
+
+
+def evaluate_serving(model: ModelGraph, cluster: Cluster, workload: ServingWorkload,
+                     config: ServingConfig, runtime_name: str = DEFAULT_RUNTIME,
+                     calibration: Calibration | None = None) -> ServingEvaluation:
+    calib = calibration or Calibration.from_mapping(CALIBRATED)
+    rt = runtime(runtime_name)
+    if workload.dtype not in cluster.gpu.peak_tflops and workload.dtype != "bf16":
+        raise invalid(f"GPU {cluster.gpu.name} has no {workload.dtype} tensor cores",
+                      "use --dtype bf16" + (" or fp8" if "fp8" in cluster.gpu.peak_tflops else ""))
+    if config.num_gpus > cluster.num_gpus:
+        raise invalid(f"the deployment needs {config.num_gpus} GPUs; the cluster has "
+                      f"{cluster.num_gpus}", "pass --nodes or fewer replicas/workers")
+    if config.mode == "aggregated":
+        validate_worker(model, config.worker)
+        return _aggregated(model, cluster, workload, config, rt, calib)
+    validate_worker(model, config.prefill, "prefill worker")
+    validate_worker(model, config.decode, "decode worker")
+    return _disaggregated(model, cluster, workload, config, rt, calib)
+
+
+def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluation:
+    w, isl, osl = config.worker, workload.isl, workload.osl
+    memory = _pool_memory(model, cluster, workload, w, rt, config, config.batch)
+    held = isl + osl if rt.reserve_full_sequence else isl + math.ceil(osl / 2)
+    capacity = _capacity(memory, w, held, rt)
+    # the iteration token budget bounds how many sequences prefill can keep fed
+    budget = max(1, int(config.max_num_tokens / (1 + isl / osl)))
+    max_batch = min(config.batch, capacity, budget)
+    problems = []
+    if capacity < 1:
+        problems.append("the weights leave no room for one sequence's KV cache"
+                        if memory.kv_budget_bytes <= 0 else
+                        f"the KV cache holds {memory.kv_cache_gib:.2f} GiB, less than one "
+                        f"sequence of {held} tokens")
+    if config.max_num_tokens < min(isl, 1) or problems:
+        return _not_fitting(model, cluster, workload, config, rt, memory, capacity, problems)
+    context = isl + osl / 2
+
+    def step(b: float, prefill: float) -> IterationTime:
+        return iteration_time(model, cluster, w, workload.dtype, workload.kv_cache_dtype, calib,
+                              decode_seqs=b, context=context, prefill_tokens=prefill,
+                              prefill_isl=isl, prefill_requests=prefill / isl)
+
+    def at(c: float) -> tuple[float, float, float, IterationTime]:
+        b = min(c, max_batch)
+        it = step(b, b * isl / osl)
+        pure = step(b, 0.0).total_s
+        tpot = pure + calib.interference(rt.name) * (it.total_s - pure)
+        chunk = max(config.max_num_tokens - math.ceil(b), 1)
+        chunks = math.ceil(isl / chunk)
+        own = chunks * step(b, min(isl, chunk)).total_s
+        marginal = max(step(b, isl).total_s - step(b, 0.0).total_s, 0.0)
+        waiting = max(c - b, 0.0)
+        slot_wait = waiting * osl * it.total_s / b
+        # steady state: arrivals at b / (osl x step) per second, each needing `marginal` of
+        # prefill: M/D/1 waiting at that utilisation, plus half an iteration to join the batch
+        rho = min(b / (osl * it.total_s) * marginal, 0.95)
+        steady = it.total_s / 2 + rho / (2 * (1 - rho)) * marginal
+        burst = calib.queue_fraction(rt.name) * max(min(c, b) - 1, 0) * marginal
+        ttft = own + steady + burst + slot_wait
+        return b, ttft, tpot, it
+
+    replicas = config.replicas
+    if workload.concurrency is not None:
+        c = workload.concurrency / replicas
+    elif workload.request_rate_per_s is not None:
+        c = _concurrency_for_rate(workload.request_rate_per_s / replicas, osl, at)
+        if c is None:
+            problems.append(f"a request rate of {workload.request_rate_per_s:g}/s exceeds the "
+                            f"deployment's capacity")
+            c = float(max_batch)
+    else:
+        c = float(max_batch)
+    b, ttft, tpot, it = at(c)
+    pool = PoolResult("aggregated", w, replicas, memory, max_batch, math.ceil(b), it)
+    return ServingEvaluation(model, cluster, workload, config, rt.name, (pool,), ttft, tpot,
+                             replicas * b / it.total_s, c * replicas, max_batch * replicas,
+                             not problems, tuple(problems))
+
+
+def _concurrency_for_rate(rate: float, osl: int, at) -> float | None:
+    """Little's law: concurrency = rate x (TTFT + (osl - 1) TPOT), by fixed-point iteration."""
+    c = 1.0
+    for _ in range(MAX_FIXED_POINT_ITERATIONS):
+        b, ttft, tpot, _ = at(c)
+        if rate * osl * tpot / max(b, 1e-9) >= 1.0 and c >= b:  # slots cannot keep up
+            return None
+        new = rate * (ttft + (osl - 1) * tpot)
+        if abs(new - c) <= 1e-3 * max(c, 1.0):
+            return max(new, 1e-9)
+        c = max(new, 1e-9)
+    return c
+
+
+def _not_fitting(model, cluster, workload, config, rt, memory, capacity, problems):
+    zero = IterationTime(0.0, 0.0, 0.0, 0.0)
+    worker = config.worker or config.decode
+    pool = PoolResult("aggregated" if config.mode == "aggregated" else "decode", worker,
+                      config.replicas if config.mode == "aggregated" else config.decode_workers,
+                      memory, max(capacity, 0), 0, zero)
+    return ServingEvaluation(model, cluster, workload, config, rt.name, (pool,), math.inf,
+                             math.inf, 0.0, 0.0, 0, False, tuple(problems))
+
+
+def kv_transfer_s(model, cluster, workload, prefill: WorkerConfig, prompts: int,
+                  deployment_gpus: int) -> float:
+    """Seconds to move ``prompts`` prompts' KV cache from a prefill worker to a decode worker:
+    each prefill GPU sends its share over the link between the pools (NVLink when both pools
+    fit in one node, else the network tier, as a two-rank group crossing nodes)."""
+    from planner.serve.memory import kv_bytes_per_token
+
+    per_gpu = kv_bytes_per_token(model, prefill, workload.kv_cache_dtype) * workload.isl * prompts
+    gpn = cluster.gpus_per_node
+    if deployment_gpus <= gpn or cluster.num_nodes == 1:
+        link = group_link(cluster, 2, 1)
+    else:
+        link = group_link(cluster, 2, gpn)
+    return comm.p2p_s(per_gpu, link)
+
+
+def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluation:
+    isl, osl = workload.isl, workload.osl
+    P, D = config.prefill, config.decode
+    n_p, n_d, k = config.prefill_workers, config.decode_workers, config.prefill_batch
+    mem_p = _pool_memory(model, cluster, workload, P, rt, config, k)
+    mem_d = _pool_memory(model, cluster, workload, D, rt, config, config.batch)
+    cap_p = _capacity(mem_p, P, isl, rt)
+    cap_d = _capacity(mem_d, D, isl + osl if rt.reserve_full_sequence else
+                      isl + math.ceil(osl / 2), rt)
+    problems = []
+    if cap_p < k:
+        problems.append(f"a prefill worker holds the KV of {cap_p} prompts, fewer than the "
+                        f"prefill batch of {k}")
+    if cap_d < 1:
+        problems.append("a decode worker has no room for one sequence's KV cache")
+    if problems:
+        return _not_fitting(model, cluster, workload, config, rt, mem_d, cap_d, problems)
+    max_batch = min(config.batch, cap_d)
+    context = isl + osl / 2
+    tokens = k * isl
+    chunks = math.ceil(tokens / config.max_num_tokens)
+    it_p = iteration_time(model, cluster, P, workload.dtype, workload.kv_cache_dtype, calib,
+                          decode_seqs=0, context=0, prefill_tokens=tokens / chunks,
+                          prefill_isl=isl, prefill_requests=k / chunks)
+    t_prefill = chunks * it_p.total_s
+    t_kv = kv_transfer_s(model, cluster, workload, P, k, config.num_gpus)
+    prefill_rate_cap = n_p * k / t_prefill  # requests/s
+
+    def decode_at(c_total: float):
+        b = min(c_total / n_d, max_batch)
+        it = iteration_time(model, cluster, D, workload.dtype, workload.kv_cache_dtype, calib,
+                            decode_seqs=b, context=context)
+        return b, it
+
+    if workload.concurrency is not None:
+        c = float(workload.concurrency)
+    elif workload.request_rate_per_s is not None:
+        c = None
+    else:
+        c = float(max_batch * n_d)
+    # fixed point on the request rate (closed loop) or the concurrency (open loop)
+    rate = workload.request_rate_per_s or 0.0
+    ttft = t_prefill + t_kv
+    b, it_d = decode_at(c if c is not None else 1.0)
+    for _ in range(MAX_FIXED_POINT_ITERATIONS):
+        if c is None:  # open loop: concurrency from Little's law
+            c_new = rate * (ttft + (osl - 1) * it_d.total_s)
+            b, it_d = decode_at(max(c_new, 1e-9))
+            conc = c_new
+        else:
+            conc = c
+        tpot = it_d.total_s
+        decode_rate_cap = n_d * b / (osl * tpot)
+        if c is not None:
+            rate = min(conc / (ttft + (osl - 1) * tpot), prefill_rate_cap, decode_rate_cap)
+        rho = min(rate / prefill_rate_cap, 0.999)
+        burst = calib.queue_fraction(rt.name) * max(min(conc, n_d * max_batch) / n_p - k, 0) / k
+        new_ttft = t_prefill * (1 + burst + rho / (2 * (1 - rho))) + t_kv
+        if abs(new_ttft - ttft) <= 1e-6 * ttft:
+            ttft = new_ttft
+            break
+        ttft = new_ttft
+    if c is None and (rate > prefill_rate_cap or rate > n_d * max_batch / (osl * it_d.total_s)):
+        problems.append(f"a request rate of {rate:g}/s exceeds the deployment's capacity")
+    conc = c if c is not None else rate * (ttft + (osl - 1) * it_d.total_s)
+    if conc > n_d * max_batch:
+        ttft += (conc - n_d * max_batch) / rate if rate > 0 else math.inf
+    pools = (PoolResult("prefill", P, n_p, mem_p, cap_p, k, it_p),
+             PoolResult("decode", D, n_d, mem_d, max_batch, math.ceil(b), it_d))
+    return ServingEvaluation(model, cluster, workload, config, rt.name, pools, ttft,
+                             it_d.total_s, rate * osl, conc, max_batch * n_d, not problems,
+                             tuple(problems), t_kv)

@@ -1,0 +1,260 @@
+"""Time of one engine iteration of one serving worker: decode tokens of running sequences plus
+(chunked) prefill tokens of new ones.
+
+Reuses the training cost model's leaf terms, never a copy of them:
+
+* GEMMs, element-wise traffic and launch overhead of every layer:
+  :func:`planner.cost.compute.layer_compute` on a :class:`~planner.cost.compute.Shard` of the
+  iteration's tokens (one token per sequence in decode, ``seq_len = 1``). The GEMM roofline there
+  is ``max(FLOPs / (peak x shape efficiency), bytes / HBM bandwidth)``: at a small batch a decode
+  GEMM is bound by reading its weights, at a large batch by compute; fp8 / fp4 weights halve /
+  quarter the bytes.
+* Collectives: :mod:`planner.cost.comm` (alpha-beta ring/tree all-reduce for TP, all-to-all for
+  expert parallelism with data-parallel attention, point-to-point between pipeline stages) over
+  the links :func:`planner.topology.group_link` derives from the cluster's topology.
+
+Serving-specific terms written here:
+
+* Decode attention reads each running sequence's whole KV cache once per step (FlashDecoding /
+  paged attention): ``bytes = seqs x context x kv_bytes_per_token`` at the decode HBM efficiency,
+  or its FLOPs ``2 x seqs x context x heads x (d_qk + d_v)`` at the GPU's attention efficiency,
+  whichever is slower. MLA decodes in the absorbed form (DeepSeek-V2 §2.1.2 / App. C):
+  ``d_qk = kv_lora_rank + rope``, ``d_v = kv_lora_rank``, reading only the latent cache.
+* Prefill attention of ``P`` new tokens of prompts of ``isl`` tokens: each token attends on
+  average to ``isl / 2`` keys (causal), chunked or not: ``2 x P x isl/2 x heads x (d_qk + d_v)``.
+* Split layers: attention runs on ``tp`` ranks with ``seqs / attention_dp`` sequences, MoE layers
+  on ``ep`` x ``moe_tp`` ranks (each routed expert sees ``tokens x top_k / experts`` tokens).
+* Pipeline parallelism: ``pp`` micro-batches of ``seqs / pp`` sequences in flight; a token's
+  step passes every stage once (``pp`` stage times plus ``pp - 1`` activation hand-offs).
+* A fixed per-iteration overhead (scheduler, sampling, CUDA-graph launch).
+
+The decode HBM efficiency, prefill efficiency and per-step overhead are calibrated constants
+(:data:`planner.serve.runtime.CALIBRATED`), applied by handing the leaf terms a GPU whose HBM
+bandwidth or GEMM / attention efficiencies are scaled by them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Mapping
+
+from planner.topology import group_link
+from planner.config import RuntimeOptions
+from planner.cost import comm
+from planner.cost.compute import (HBM_EFFICIENCY, KERNEL_LAUNCH_S, Shard, _mlp_gemms,
+                                  elementwise_bytes, gemm_time_s, layer_compute)
+from planner.hardware import Cluster, Gpu
+from planner.ir import Attention, Layer, LayerKind, ModelGraph
+from planner.serve._cache import Ident
+from planner.serve.memory import ACT_BYTES, kv_elements_per_token
+from planner.serve.workload import KV_BYTES, WorkerConfig
+
+OPTIONS = RuntimeOptions(attention_kernel="flash", dropout=False)
+FLASH_FALLBACK = 0.8  # as planner.cost.compute: flash efficiency = 0.8 x matmul when none given
+
+
+@dataclass(frozen=True)
+class IterationTime:
+    """Seconds of one iteration of one worker, by kind (the sum is the step)."""
+
+    gemm_s: float  # GEMMs + element-wise + launches (layer_compute minus attention core)
+    attention_s: float  # attention core: decode KV reads, prefill attention
+    comm_s: float
+    overhead_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.gemm_s + self.attention_s + self.comm_s + self.overhead_s
+
+    def as_dict(self) -> dict:
+        return {"gemm_s": self.gemm_s, "attention_s": self.attention_s, "comm_s": self.comm_s,
+                "overhead_s": self.overhead_s, "total_s": self.total_s}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The calibrated constants (planner/serve/runtime.py CALIBRATED): three of the iteration
+    cost, and two of each runtime's scheduler, as ``(runtime, value)`` pairs."""
+
+    decode_hbm_efficiency: float
+    prefill_efficiency: float
+    step_overhead_s: float
+    prefill_queue_fraction: tuple[tuple[str, float], ...]
+    prefill_interference: tuple[tuple[str, float], ...]
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> "Calibration":
+        def per_runtime(key: str) -> tuple[tuple[str, float], ...]:
+            value = values[key]
+            if isinstance(value, Mapping):
+                return tuple(sorted((k, float(v)) for k, v in value.items()))
+            return (("*", float(value)),)
+        return cls(float(values["decode_hbm_efficiency"]), float(values["prefill_efficiency"]),
+                   float(values["step_overhead_s"]), per_runtime("prefill_queue_fraction"),
+                   per_runtime("prefill_interference"))
+
+    @staticmethod
+    def _pick(pairs: tuple[tuple[str, float], ...], runtime: str) -> float:
+        table = dict(pairs)
+        return table.get(runtime, table.get("*", 0.0))
+
+    def queue_fraction(self, runtime: str) -> float:
+        return self._pick(self.prefill_queue_fraction, runtime)
+
+    def interference(self, runtime: str) -> float:
+        return self._pick(self.prefill_interference, runtime)
+
+
+@lru_cache(maxsize=256)
+def serving_gpu(gpu: Gpu, decode_hbm_efficiency: float, prefill_efficiency: float) -> Gpu:
+    """The GPU as the leaf terms should see it when serving (see the module docstring)."""
+    attention = gpu.attention_efficiency or FLASH_FALLBACK * gpu.matmul_efficiency
+    return replace(gpu,
+                   hbm_bandwidth_gbytes_per_s=gpu.hbm_bandwidth_gbytes_per_s *
+                   decode_hbm_efficiency / HBM_EFFICIENCY,
+                   matmul_efficiency=gpu.matmul_efficiency * prefill_efficiency,
+                   attention_efficiency=attention * prefill_efficiency)
+
+
+def _compute_dtype(dtype: str, gpu: Gpu) -> str:
+    """GEMM dtype: the serving precision where the GPU has a unit for it."""
+    return dtype if dtype in gpu.peak_tflops else "bf16"
+
+
+def _attention_dims(att: Attention, decode: bool) -> tuple[int, int]:
+    if att.is_mla and decode:
+        return att.kv_lora_rank + att.rope_head_dim, att.kv_lora_rank
+    return att.head_dim, att.v_head_dim
+
+
+def attention_core_s(att: Attention, gpu: Gpu, tp: int, kv_dtype: str, decode_seqs: float,
+                     context: float, prefill_tokens: float, prefill_keys: float,
+                     hbm_bytes_per_s: float) -> float:
+    """Attention core of one layer on one GPU (see the module docstring)."""
+    heads = att.num_heads / tp
+    rate = gpu.peak_flops("bf16") * (gpu.attention_efficiency or
+                                     FLASH_FALLBACK * gpu.matmul_efficiency)
+    t = 0.0
+    if decode_seqs > 0:
+        keys = context if att.sliding_window is None else min(context, att.sliding_window)
+        dqk, dv = _attention_dims(att, decode=True)
+        flops = 2.0 * decode_seqs * keys * heads * (dqk + dv)
+        read = decode_seqs * keys * kv_elements_per_token(att, tp) * KV_BYTES[kv_dtype]
+        t += max(flops / rate, read / hbm_bytes_per_s) + KERNEL_LAUNCH_S
+    if prefill_tokens > 0:
+        keys = prefill_keys if att.sliding_window is None else min(prefill_keys,
+                                                                   att.sliding_window)
+        dqk, dv = _attention_dims(att, decode=False)
+        t += 2.0 * prefill_tokens * keys * heads * (dqk + dv) / rate + KERNEL_LAUNCH_S
+    return t
+
+
+def _links(cluster: Cluster, worker: WorkerConfig):
+    tp = group_link(cluster, worker.tp, 1)
+    moe = group_link(cluster, worker.tp * worker.attention_dp, 1)
+    pp = group_link(cluster, 2 if worker.pp > 1 else 1, worker.tp * worker.attention_dp)
+    return tp, moe, pp
+
+
+def _layer_part_s(layer: Layer, tokens: float, tp: int, ep: int, dtype: str, gpu: Gpu) -> float:
+    """GEMMs + element-wise of ``layer`` for ``tokens`` tokens on one GPU (no attention core)."""
+    if tokens <= 0:
+        return 0.0
+    n = max(1, math.ceil(tokens))
+    cost = layer_compute(layer, Shard(micro_batch=n, seq_len=1, tp=tp, ep=ep, dtype=dtype),
+                         gpu, OPTIONS)
+    return cost.fwd_s - cost.attn_core_fwd_s
+
+
+def _moe_part_s(layer: Layer, tokens: float, tp: int, ep: int, dtype: str, gpu: Gpu) -> float:
+    """Router, routed and shared experts of an MoE layer on one GPU of an ep x tp group whose
+    ranks each dispatch ``tokens`` tokens (the training model's MoE GEMM shapes and roofline)."""
+    if tokens <= 0:
+        return 0.0
+    n = max(1, math.ceil(tokens))
+    mlp = layer.mlp
+    shard = Shard(micro_batch=n, seq_len=1, tp=tp, ep=ep, dtype=dtype, etp=tp)
+    gemms = _mlp_gemms(mlp, layer.hidden, n, shard)
+    # At a small batch not every expert receives a token: with T tokens routed over the group,
+    # each expert is hit with probability 1 - (1 - k/E)^T (uniform routing); only hit experts'
+    # weights are read, each by a correspondingly larger share of the tokens.
+    local = mlp.num_experts // ep
+    hit = 1.0 - (1.0 - mlp.top_k / mlp.num_experts) ** (tokens * ep)
+    if hit < 1.0:
+        gemms = [replace(g, m=max(1, round(g.m / hit)), count=max(1, math.ceil(local * hit)))
+                 if g.count == local and local > 1 else g for g in gemms]
+    hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY
+    moved = elementwise_bytes(replace(layer, attention=None, num_norms=0), shard, OPTIONS)
+    return sum(gemm_time_s(g, gpu, dtype) for g in gemms) + moved / hbm
+
+
+def iteration_time(model: ModelGraph, cluster: Cluster, worker: WorkerConfig, dtype: str,
+                   kv_dtype: str, calib: Calibration, *, decode_seqs: float, context: float,
+                   prefill_tokens: float = 0.0, prefill_isl: float = 0.0,
+                   prefill_requests: float = 0.0) -> IterationTime:
+    """One iteration of a worker (all stages): ``decode_seqs`` running sequences at an average
+    ``context`` tokens each, plus ``prefill_tokens`` tokens of prompts of ``prefill_isl``
+    tokens (``prefill_requests`` of them finish their prompt and sample a first token)."""
+    return _iteration_time(Ident(model), Ident(cluster), worker, dtype, kv_dtype, calib,
+                           float(decode_seqs), float(context), float(prefill_tokens),
+                           float(prefill_isl), float(prefill_requests))
+
+
+@lru_cache(maxsize=65536)
+def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, decode_seqs, context,
+                    prefill_tokens, prefill_isl, prefill_requests) -> IterationTime:
+    model, cluster = model_key.obj, cluster_key.obj
+    gpu = serving_gpu(cluster.gpu, calib.decode_hbm_efficiency, calib.prefill_efficiency)
+    hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY  # = raw x decode efficiency
+    gemm_dtype = _compute_dtype(dtype, gpu)
+    w = worker
+    micro = w.pp  # micro-batches in flight (one per stage)
+    seqs_group = decode_seqs / w.attention_dp / micro  # per attention group, per micro-batch
+    prefill_group = prefill_tokens / w.attention_dp / micro
+    tokens_group = seqs_group + prefill_group
+    tokens_stage = tokens_group * w.attention_dp  # all tokens of a micro-batch in a stage
+    link_tp, link_moe, link_pp = _links(cluster, w)
+    gemm = attention = communication = 0.0
+    for cls in model.layer_classes():
+        layer, count = cls.layer, cls.count
+        if layer.kind is not LayerKind.BLOCK:
+            sampled = (decode_seqs + prefill_requests) / w.attention_dp / micro
+            embed_tokens = tokens_group if layer.kind is LayerKind.EMBEDDING else sampled
+            gemm += count * _layer_part_s(layer, embed_tokens, w.tp, 1, "bf16", gpu)
+            if layer.kind is LayerKind.EMBEDDING:
+                communication += count * comm.all_reduce_s(
+                    tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
+            continue
+        att, mlp = layer.attention, layer.mlp
+        split = mlp is not None and mlp.is_moe
+        if not split:  # one layer, one shard: attention and MLP on the same tp ranks
+            t = _layer_part_s(layer, tokens_group, w.tp, 1, gemm_dtype, gpu)
+        else:  # attention on tp ranks, experts over ep x moe_tp ranks
+            t = _layer_part_s(replace(layer, mlp=None), tokens_group, w.tp, 1, gemm_dtype, gpu)
+            t += _moe_part_s(layer, tokens_stage / w.ep, w.moe_tp, w.ep, gemm_dtype, gpu)
+        if att is not None:
+            attention += count * attention_core_s(att, gpu, w.tp, kv_dtype, seqs_group, context,
+                                                  prefill_group, prefill_isl / 2, hbm)
+            communication += count * comm.all_reduce_s(
+                tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
+        if mlp is not None:
+            if split and w.attention_dp > 1:  # dispatch and combine of the routed tokens
+                buffer = tokens_group * mlp.top_k * layer.hidden * ACT_BYTES
+                communication += count * 2 * comm.all_to_all_s(buffer, w.ep, link_moe)
+                if w.tp > 1:
+                    communication += count * comm.all_reduce_s(
+                        tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
+            else:  # row-parallel output (or the experts' partial sums) reduced over tp
+                communication += count * comm.all_reduce_s(
+                    tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
+        gemm += count * t
+    # Wall time of one iteration (every sequence one step): each stage runs its 1/pp of the
+    # layers once per micro-batch and there are pp micro-batches, so pp x (layers/pp) x
+    # (one micro-batch) = the sum above over all layers at one micro-batch's tokens; plus the
+    # hand-offs between stages.
+    if w.pp > 1:
+        communication += (w.pp - 1) * comm.p2p_s(tokens_group * model.hidden * ACT_BYTES,
+                                                 link_pp)
+    overhead = calib.step_overhead_s
+    return IterationTime(gemm, attention, communication, overhead)

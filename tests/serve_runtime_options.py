@@ -1,0 +1,74 @@
+"""Documented reference of the serving runtimes' options that the serving exporters write, used by
+``tests/test_serve_exports.py`` to parse exported command lines back (the runtimes themselves do
+not install on a CPU-only CI machine: vLLM, SGLang and TensorRT-LLM pull CUDA builds of torch).
+
+Each entry: option name -> (type, choices or None). Read from the runtimes' own documentation and
+argument definitions (names checked by hand against the sources below; no code copied):
+
+* vLLM: docs.vllm.ai "Engine Arguments" / ``vllm/engine/arg_utils.py`` (``vllm serve``):
+  parallel sizes, ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--max-model-len``,
+  ``--gpu-memory-utilization``, ``--kv-cache-dtype {auto,fp8,fp8_e5m2,fp8_e4m3}``,
+  ``--block-size``, ``--quantization``, ``--kv-transfer-config`` (JSON).
+* SGLang: docs.sglang.io "Server Arguments" / ``sglang/srt/server_args.py``
+  (``python -m sglang.launch_server``): ``--tp-size``, ``--pp-size``, ``--dp-size``,
+  ``--ep-size``, ``--enable-dp-attention``, ``--max-running-requests``,
+  ``--chunked-prefill-size``, ``--context-length``, ``--mem-fraction-static``,
+  ``--kv-cache-dtype {auto,fp8_e5m2,fp8_e4m3}``, ``--quantization``,
+  ``--disaggregation-mode {null,prefill,decode}``.
+* TensorRT-LLM: nvidia.github.io/TensorRT-LLM "trtllm-serve" (``--tp_size``, ``--pp_size``,
+  ``--ep_size``, ``--max_batch_size``, ``--max_num_tokens``, ``--max_seq_len``,
+  ``--kv_cache_free_gpu_memory_fraction``, ``--extra_llm_api_options``, ``--backend``) and the
+  LLM API fields of the options YAML (``enable_attention_dp``, ``enable_chunked_prefill``,
+  ``kv_cache_config.{dtype,free_gpu_memory_fraction}``, ``cuda_graph_config.{max_batch_size,
+  enable_padding}``) as in TensorRT-LLM's ``examples/serve`` configs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+FLAG = "flag"
+
+VLLM = {
+    "--tensor-parallel-size": (int, None), "--pipeline-parallel-size": (int, None),
+    "--data-parallel-size": (int, None), "--enable-expert-parallel": (FLAG, None),
+    "--max-num-seqs": (int, None), "--max-num-batched-tokens": (int, None),
+    "--max-model-len": (int, None), "--gpu-memory-utilization": (float, None),
+    "--kv-cache-dtype": (str, ("auto", "fp8", "fp8_e5m2", "fp8_e4m3")),
+    "--enable-chunked-prefill": (FLAG, None), "--block-size": (int, (8, 16, 32)),
+    "--quantization": (str, ("fp8", "modelopt", "modelopt_fp4", "awq", "gptq")),
+    "--kv-transfer-config": (json.loads, None),
+}
+SGLANG = {
+    "--model-path": (str, None), "--tp-size": (int, None), "--pp-size": (int, None),
+    "--dp-size": (int, None), "--ep-size": (int, None), "--enable-dp-attention": (FLAG, None),
+    "--max-running-requests": (int, None), "--chunked-prefill-size": (int, None),
+    "--context-length": (int, None), "--mem-fraction-static": (float, None),
+    "--kv-cache-dtype": (str, ("auto", "fp8_e5m2", "fp8_e4m3")),
+    "--quantization": (str, ("fp8", "modelopt_fp4", "awq", "gptq")),
+    "--disaggregation-mode": (str, ("null", "prefill", "decode")),
+}
+TRTLLM = {
+    "--backend": (str, ("pytorch", "tensorrt", "_autodeploy")), "--tp_size": (int, None),
+    "--pp_size": (int, None), "--ep_size": (int, None), "--max_batch_size": (int, None),
+    "--max_num_tokens": (int, None), "--max_seq_len": (int, None),
+    "--kv_cache_free_gpu_memory_fraction": (float, None), "--extra_llm_api_options": (str, None),
+}
+TRTLLM_YAML = {
+    "enable_attention_dp": bool, "enable_chunked_prefill": bool,
+    "kv_cache_config": {"dtype": ("auto", "fp8"), "free_gpu_memory_fraction": float},
+    "cuda_graph_config": {"max_batch_size": int, "enable_padding": bool},
+}
+
+
+def parser(reference: dict, prog: str, positional: int) -> argparse.ArgumentParser:
+    """An argparse parser accepting exactly the documented options (unknown ones fail)."""
+    p = argparse.ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False)
+    for i in range(positional):
+        p.add_argument(f"positional{i}")
+    for name, (kind, choices) in reference.items():
+        if kind == FLAG:
+            p.add_argument(name, action="store_true")
+        else:
+            p.add_argument(name, type=kind, choices=choices)
+    return p

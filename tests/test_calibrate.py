@@ -1,0 +1,98 @@
+"""``shardplan calibrate``: the fit round-trips (fit on half a calibration file improves the
+other half), the profile file validates like every input, and the CLI writes what it reports."""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from planner.calibration.constants import Constants  # noqa: E402
+from planner.calibration.predict import predict  # noqa: E402
+from clusters.calibration_runs import load_runs  # noqa: E402
+from planner.calibration.store import load, parse  # noqa: E402
+from planner.calibration.user import calibrate_runs  # noqa: E402
+from planner.errors import PlannerError  # noqa: E402
+
+MODERN = ROOT / "bench" / "data" / "modern_runs.yaml"
+
+
+def _mpt_runs():
+    entries = [e for e in yaml.safe_load(MODERN.read_text())["entries"]
+               if e["id"].startswith("mpt-")]
+    runs, _ = load_runs(entries)
+    return runs
+
+
+def _median_error(runs, constants):
+    return statistics.median(abs(predict(r, constants).step_time_s / r.measured.step_time_s - 1)
+                             for r in runs)
+
+
+def test_fit_on_half_a_file_improves_the_other_half():
+    runs = _mpt_runs()
+    assert len(runs) >= 20
+    train, held_out = runs[0::2], runs[1::2]
+    start = Constants()  # the uncalibrated preset values
+    report = calibrate_runs(train, "fsdp", start, max_evaluations=40, leave_one_out=False)
+    before = _median_error(held_out, start)
+    after = _median_error(held_out, report.profile.constants)
+    assert after < 0.9 * before, (before, after)
+    # only what the runs inform moved: no Blackwell run, so its efficiency is untouched
+    assert report.profile.constants.get("matmul_efficiency.blackwell") == \
+        start.get("matmul_efficiency.blackwell")
+
+
+def test_profile_file_round_trips_and_refuses_bad_values(tmp_path):
+    runs = _mpt_runs()[:4]
+    report = calibrate_runs(runs, "fsdp", Constants(), max_evaluations=10, leave_one_out=False)
+    from planner.calibration.store import dump
+    path = tmp_path / "profile.yaml"
+    path.write_text(dump(report.profile))
+    back = load(path)
+    assert back.runtime == "fsdp"
+    assert back.constants.values == pytest.approx(dict(report.profile.constants.values), abs=1e-5)
+    doc = yaml.safe_load(path.read_text())
+    doc["constants"]["matmul_efficiency.hopper"] = 1.7
+    with pytest.raises(PlannerError, match="outside the plausible range"):
+        parse(doc, "p.yaml")
+    doc["constants"] = {"matmul_efficency.hopper": 0.7}
+    with pytest.raises(PlannerError, match="unknown constant"):
+        parse(doc, "p.yaml")
+    with pytest.raises(PlannerError, match="unknown key"):
+        parse({"shardplan_calibration": 1, "constant": {}}, "p.yaml")
+
+
+def test_cli_calibrate_writes_the_profile(tmp_path, capsys):
+    from cli.main import main
+    entries = [e for e in yaml.safe_load(MODERN.read_text())["entries"]
+               if e["id"].startswith("mpt-7b")]
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text(yaml.safe_dump({"schema_version": 1, "entries": entries}))
+    out = tmp_path / "fsdp.yaml"
+    with pytest.raises(SystemExit) as done:
+        main(["calibrate", str(runs_file), "-o", str(out), "--no-leave-one-out",
+              "--max-evaluations", "10", "--json"])
+    assert done.value.code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["runtime"] == "fsdp" and len(doc["runs"]) == len(entries)
+    assert load(out).runtime == "fsdp"
+    with pytest.raises(SystemExit) as done:  # refuses to overwrite without --force
+        main(["calibrate", str(runs_file), "-o", str(out), "--json"])
+    assert done.value.code == 2
+
+
+def test_cli_calibrate_bad_runs_file_is_a_clear_error(tmp_path, capsys):
+    from cli.main import main
+    bad = tmp_path / "runs.yaml"
+    bad.write_text("entries: 3\n")
+    with pytest.raises(SystemExit) as done:
+        main(["calibrate", str(bad), "-o", str(tmp_path / "p.yaml"), "--json"])
+    assert done.value.code == 2
+    assert "entries" in json.loads(capsys.readouterr().out)["error"]["message"]

@@ -1,0 +1,128 @@
+"""Serving exports (vLLM, SGLang, TensorRT-LLM) parsed back by a documented reference of each
+runtime's options (tests/serve_runtime_options.py), and compared with the plan."""
+from __future__ import annotations
+
+import shlex
+
+import pytest
+import yaml
+
+import serve_runtime_options as ref
+from clusters import load_cluster
+from models import load_model
+from planner.errors import PlannerError
+from planner.export import export_plan
+from planner.serve.evaluate import evaluate_serving
+from planner.serve.plan import make_serve_plan
+from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
+
+
+def _plan(model, cluster, workload, config, nodes=None):
+    ev = evaluate_serving(load_model(model), load_cluster(cluster, nodes=nodes), workload, config,
+                          "vllm")
+    return make_serve_plan(ev, model_spec="org/model name", cluster_spec=cluster, nodes=nodes,
+                           solver={"status": "EVALUATED"})
+
+
+@pytest.fixture(scope="module")
+def aggregated():
+    wl = ServingWorkload(isl=2000, osl=500, concurrency=64, dtype="fp8", kv_dtype="fp8")
+    cfg = ServingConfig("aggregated", worker=WorkerConfig(tp=4), replicas=2, batch=96,
+                        max_num_tokens=4096)
+    return _plan("llama-3.1-70b", "dgx-h100", wl, cfg)
+
+
+@pytest.fixture(scope="module")
+def disaggregated():
+    wl = ServingWorkload(isl=1024, osl=1024, concurrency=64, mode="disaggregated", dtype="fp8",
+                         kv_dtype="fp8")
+    cfg = ServingConfig("disaggregated", prefill=WorkerConfig(tp=8, ep=8),
+                        decode=WorkerConfig(tp=1, ep=16, attention_dp=16), prefill_workers=2,
+                        decode_workers=1, batch=64)
+    return _plan("deepseek-v3", "dgx-h200", wl, cfg, nodes=4)
+
+
+def _commands(text: str, start: str) -> list[list[str]]:
+    return [shlex.split(line) for line in text.splitlines() if line.startswith(start)]
+
+
+def test_vllm_aggregated_round_trip(aggregated):
+    out = export_plan(aggregated, "vllm")
+    (cmd,) = _commands(out.text, "vllm serve")
+    args = ref.parser(ref.VLLM, "vllm", 3).parse_args(cmd)
+    assert args.positional2 == "org/model name"  # shlex quoting keeps the spec whole
+    assert (args.tensor_parallel_size, args.pipeline_parallel_size) == (4, 1)
+    assert args.max_num_seqs == 96 and args.max_num_batched_tokens == 4096
+    assert args.max_model_len == 2500 and args.kv_cache_dtype == "fp8"
+    assert args.gpu_memory_utilization == 0.9 and args.quantization == "fp8"
+    assert "2 x 4 GPU(s)" in out.text
+
+
+def test_sglang_and_trtllm_aggregated_round_trip(aggregated):
+    (cmd,) = _commands(export_plan(aggregated, "sglang").text, "python -m sglang")
+    assert cmd[:3] == ["python", "-m", "sglang.launch_server"]
+    args = ref.parser(ref.SGLANG, "sglang", 0).parse_args(cmd[3:])
+    assert args.model_path == "org/model name"
+    assert (args.tp_size, args.pp_size, args.max_running_requests) == (4, 1, 96)
+    assert args.context_length == 2500 and args.chunked_prefill_size == 4096
+    assert args.kv_cache_dtype == "fp8_e4m3" and not args.enable_dp_attention
+    doc = yaml.safe_load(export_plan(aggregated, "trtllm").text)
+    (worker,) = doc["trtllm_workers"]
+    args = ref.parser(ref.TRTLLM, "trtllm-serve", 2).parse_args(shlex.split(worker["command"]))
+    assert (args.tp_size, args.pp_size, args.max_batch_size, args.max_seq_len) == (4, 1, 96, 2500)
+    assert args.extra_llm_api_options == worker["options_file"]
+    _check_yaml(worker["extra_llm_api_options"], ref.TRTLLM_YAML)
+    assert worker["extra_llm_api_options"]["kv_cache_config"]["dtype"] == "fp8"
+    assert worker["count"] == 2
+
+
+def _check_yaml(doc: dict, schema: dict) -> None:
+    assert set(doc) <= set(schema), set(doc) - set(schema)
+    for key, value in doc.items():
+        kind = schema[key]
+        if isinstance(kind, dict):
+            _check_yaml(value, kind)
+        elif isinstance(kind, tuple):
+            assert value in kind
+        else:
+            assert isinstance(value, kind)
+
+
+def test_disaggregated_exports_name_both_pools(disaggregated):
+    vllm = _commands(export_plan(disaggregated, "vllm").text, "vllm serve")
+    parse = ref.parser(ref.VLLM, "vllm", 3).parse_args
+    prefill, decode = (parse(c) for c in vllm)
+    assert prefill.kv_transfer_config["kv_role"] == "kv_producer"
+    assert decode.kv_transfer_config["kv_role"] == "kv_consumer"
+    assert (decode.tensor_parallel_size, decode.data_parallel_size) == (1, 16)
+    assert decode.enable_expert_parallel
+    sg = [ref.parser(ref.SGLANG, "sglang", 0).parse_args(c[3:])
+          for c in _commands(export_plan(disaggregated, "sglang").text, "python -m sglang")]
+    assert [a.disaggregation_mode for a in sg] == ["prefill", "decode"]
+    assert (sg[1].tp_size, sg[1].dp_size, sg[1].ep_size, sg[1].enable_dp_attention) == \
+        (16, 16, 16, True)
+    workers = yaml.safe_load(export_plan(disaggregated, "trtllm").text)["trtllm_workers"]
+    assert [w["role"] for w in workers] == ["prefill", "decode"]
+    assert workers[1]["extra_llm_api_options"]["enable_attention_dp"] is True
+    args = ref.parser(ref.TRTLLM, "trtllm-serve", 2).parse_args(shlex.split(workers[1]["command"]))
+    assert (args.tp_size, args.ep_size) == (16, 16)
+    assert [w["count"] for w in workers] == [2, 1]
+
+
+def test_reference_rejects_unknown_options():
+    import argparse
+    with pytest.raises((SystemExit, argparse.ArgumentError)):
+        ref.parser(ref.VLLM, "vllm", 3).parse_args(["vllm", "serve", "m", "--tp-size", "2"])
+
+
+def test_serving_exports_refuse_training_plans(tmp_path):
+    from planner.config import ParallelConfig
+    from planner.cost.model import evaluate
+    from planner.plan import make_plan
+    model, cluster = load_model("tiny"), load_cluster("tiny")
+    ev = evaluate(model, cluster, ParallelConfig(tp=1, pp=1, dp=cluster.num_gpus,
+                                                 global_batch=cluster.num_gpus, seq_len=128))
+    doc = make_plan(ev, model_spec="tiny", cluster_spec="tiny")
+    for fmt in ("sglang", "trtllm"):
+        with pytest.raises(PlannerError):
+            export_plan(doc, fmt)

@@ -1,371 +1,148 @@
-"""Every class of bad input, the answer ``shardplan`` gives to it, and its exit code.
+"""Run the bad-input catalogue (``tests/reliability_cases.py``) and the process cases below
+(signals, pipes, full and closed stdout, debug switches; each in a child process) and write their
+real answers into ``docs/reliability.md``::
 
-One catalogue (:data:`CASES`) serves two readers: ``tests/test_reliability_cli.py`` asserts each
-case (exit code, no traceback, the message names the problem, ``--json`` prints one document
-with an ``error`` object), and this script runs each case and writes the table of real messages
-into ``docs/reliability.md`` (section "Bad input")::
-
-    python bench/reliability_table.py               # print the table
-    python bench/reliability_table.py --write-doc   # also rewrite the section in the doc
-
-Inputs are generated into a scratch folder by :func:`make_inputs` (the 17 MiB files are sparse)
-and every command runs with that folder as the working directory, so messages name short,
-relative paths.
+    python bench/reliability_table.py               # print the tables
+    python bench/reliability_table.py --write-doc   # also rewrite the sections in the doc
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import os
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from reliability_cases import CASES, make_inputs, run_cli  # noqa: E402
+
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+
 DOC = ROOT / "docs" / "reliability.md"
 BEGIN, END = "<!-- BEGIN bad-input table (bench/reliability_table.py) -->", \
     "<!-- END bad-input table -->"
-
-HUGE_BYTES = 17 * 1024 * 1024  # over the 16 MiB limit of model and cluster files
-
-# A valid native model (the shape of the `tiny` preset) and a small valid cluster whose GPUs have
-# room for it: 2 nodes x 4 tiny-gpu with 16 GiB each, so that `plan` finds a plan in ~0.1 s.
-MODEL = """\
-shardplan_model: 1
-name: small
-num_layers: 4
-hidden_size: 256
-num_heads: 8
-num_kv_heads: 4
-ffn_hidden_size: 512
-vocab_size: 1024
-seq_len: 128
-max_seq_len: 128
+PBEGIN, PEND = "<!-- BEGIN process table (bench/reliability_table.py) -->", \
+    "<!-- END process table -->"
+SMALL_PLAN = ["plan", "-m", "tiny", "-c", "small-cluster.yaml", "--global-batch", "8"]
+LONG_PLAN = ["plan", "-m", "gpt3-175b", "-c", "dgx-a100-80g", "--nodes", "128",
+             "--global-batch", "1536"]
+TRIP = """
+import os, signal, sys
+import cli.entry
+class Trip:
+    def find_spec(self, name, path=None, target=None):
+        if name == "rich.console":
+            os.kill(os.getpid(), signal.SIGINT)
+sys.meta_path.insert(0, Trip())
+sys.argv = ["shardplan", "models"]
+cli.entry.main()
 """
 
-CLUSTER = """\
-shardplan_cluster: 1
-name: small
-gpu: tiny-gpu
-gpu_overrides:
-  memory_gib: 16
-gpus_per_node: 4
-num_nodes: 2
-tiers:
-  - name: nvlink
-    bandwidth_gbytes_per_s: 50
-    latency_us: 1.0
-  - name: ethernet
-    bandwidth_gbytes_per_s: 5
-    latency_us: 5.0
-"""
 
-V100_CLUSTER = """\
-shardplan_cluster: 1
-name: dgx2-v100
-gpu: v100-sxm2-32gb
-gpus_per_node: 8
-num_nodes: 1
-tiers:
-  - {name: nvswitch, bandwidth_gbytes_per_s: 150, latency_us: 1.0}
-  - {name: infiniband, bandwidth_gbytes_per_s: 12.5, latency_us: 5.0}
-"""
-
-ANCHORED_MODEL = """\
-shardplan_model: 1
-name: anchored
-num_layers: &depth 4
-hidden_size: 256
-num_heads: &heads 8
-num_kv_heads: *heads
-ffn_hidden_size: 512
-vocab_size: 1024
-seq_len: 128
-"""
-
-ANCHORED_CLUSTER = """\
-shardplan_cluster: 1
-name: anchored
-gpu: tiny-gpu
-gpu_overrides: {memory_gib: 16}
-gpus_per_node: 4
-num_nodes: 2
-tiers:
-  - &link {name: nvlink, bandwidth_gbytes_per_s: 50, latency_us: 1.0}
-  - <<: *link
-    name: ethernet
-    bandwidth_gbytes_per_s: 5
-"""
-
-# "Billion laughs": six levels of ten aliases each expand to a million nodes.
-ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
-    f"{name}: &{name} [{', '.join([f'*{prev}'] * 10)}]\n" for prev, name in zip("abcde", "bcdef"))
+def _env(**extra: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **extra)
+    if "SHARDPLAN_DEBUG" not in extra:
+        env.pop("SHARDPLAN_DEBUG", None)
+    return env
 
 
-def _replace(text: str, old: str, new: str) -> str:
-    assert old in text, old
-    return text.replace(old, new, 1)
+def _shardplan(argv, **kwargs) -> list[str]:
+    return [sys.executable, "-m", "cli.entry", *argv]
 
 
-def make_inputs(folder: Path) -> Path:
-    """Write every input file the cases name into ``folder``; returns ``folder``."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    files: dict[str, str | bytes] = {
-        "small-model.yaml": MODEL,
-        "small-cluster.yaml": CLUSTER,
-        "v100-cluster.yaml": V100_CLUSTER,
-        "single-gpu.yaml": (ROOT / "bench" / "clusters" / "single-gpu.yaml").read_text(),
-        "existing-plan.json": '{"keep": "me"}\n',
-        # model files
-        "model-empty.yaml": "",
-        "model-binary.json": bytes(range(256)) * 16,
-        "model-truncated.json": '{"model_type": "llama", "hidden_size": 4096, "num_hidden',
-        "model-truncated.yaml": 'shardplan_model: 1\nname: "small\nnum_layers: 4\n',
-        "model-anchors.yaml": ANCHORED_MODEL,
-        "model-alias-bomb.yaml": ALIAS_BOMB,
-        "model-tabs.yaml": _replace(MODEL, "num_layers: 4", "\tnum_layers: 4"),
-        "model-duplicate-key.yaml": MODEL + "num_layers: 40\n",
-        "model-unknown-key.yaml": _replace(MODEL, "num_layers:", "num_layerz:"),
-        "model-layers-negative.yaml": _replace(MODEL, "num_layers: 4", "num_layers: -4"),
-        "model-layers-zero.yaml": _replace(MODEL, "num_layers: 4", "num_layers: 0"),
-        "model-layers-fractional.yaml": _replace(MODEL, "num_layers: 4", "num_layers: 2.5"),
-        "model-layers-nan.yaml": _replace(MODEL, "num_layers: 4", "num_layers: .nan"),
-        "model-layers-inf.yaml": _replace(MODEL, "num_layers: 4", "num_layers: .inf"),
-        "model-layers-huge.yaml": _replace(MODEL, "num_layers: 4", f"num_layers: {10**30}"),
-        "model-hidden-exponent.yaml": _replace(MODEL, "hidden_size: 256", "hidden_size: 1e300"),
-        "model-heads-hidden.yaml": _replace(MODEL, "hidden_size: 256", "hidden_size: 250"),
-        # cluster files
-        "cluster-empty.yaml": "",
-        "cluster-binary.yaml": bytes(range(256)) * 16,
-        "cluster-truncated.yaml": CLUSTER.split("  - name: ethernet")[0]
-        + "  - {name: ethernet, bandwidth_gbytes_per_s: 5",
-        "cluster-anchors.yaml": ANCHORED_CLUSTER,
-        "cluster-alias-bomb.yaml": ALIAS_BOMB,
-        "cluster-tabs.yaml": _replace(CLUSTER, "  memory_gib: 16", "\tmemory_gib: 16"),
-        "cluster-duplicate-key.yaml": CLUSTER + "num_nodes: 4\n",
-        "cluster-unknown-key.yaml": _replace(CLUSTER, "gpus_per_node:", "gpus_per_nod:"),
-        "cluster-gpus-negative.yaml": _replace(CLUSTER, "gpus_per_node: 4", "gpus_per_node: -8"),
-        "cluster-gpus-zero.yaml": _replace(CLUSTER, "gpus_per_node: 4", "gpus_per_node: 0"),
-        "cluster-gpus-fractional.yaml": _replace(CLUSTER, "gpus_per_node: 4",
-                                                 "gpus_per_node: 2.5"),
-        "cluster-memory-nan.yaml": _replace(CLUSTER, "memory_gib: 16", "memory_gib: .nan"),
-        "cluster-bandwidth-inf.yaml": _replace(CLUSTER, "bandwidth_gbytes_per_s: 5\n",
-                                               "bandwidth_gbytes_per_s: .inf\n"),
-        "cluster-nodes-huge.yaml": _replace(CLUSTER, "num_nodes: 2", f"num_nodes: {10**30}"),
-        "cluster-unknown-gpu.yaml": _replace(CLUSTER, "gpu: tiny-gpu\ngpu_overrides:\n"
-                                             "  memory_gib: 16\n", "gpu: h100-sxn\n"),
-    }
-    for name, content in files.items():
-        path = folder / name
-        if isinstance(content, bytes):
-            path.write_bytes(content)
-        else:
-            path.write_text(content, encoding="utf-8")
-    for name in ("model-huge.yaml", "cluster-huge.yaml"):
-        with open(folder / name, "wb") as handle:  # sparse: no 17 MiB actually written
-            handle.truncate(HUGE_BYTES)
-    (folder / "a-folder").mkdir(exist_ok=True)
-    return folder
+def _files(folder: Path) -> str:
+    names = sorted(p.name for p in folder.iterdir())
+    if names != ["plan.json"]:
+        return "files: " + ", ".join(names)
+    text = (folder / "plan.json").read_text()
+    return "old plan.json intact" if text == "old\n" else "plan.json is a new plan"
 
 
-@dataclass(frozen=True)
-class Case:
-    """One bad input: the command, the exit code it must give and words its message must hold."""
-
-    id: str
-    group: str
-    what: str
-    argv: tuple[str, ...]
-    code: int
-    needles: tuple[str, ...]
-    known_bug: str = ""  # non-empty: a reported bug; the test is an expected failure
-
-
-def _evaluate(*extra: str, model: str = "tiny", cluster: str = "small-cluster.yaml") -> tuple:
-    base = ["evaluate", "-m", model, "-c", cluster, "--global-batch", "8"]
-    given = {a for a in extra if a.startswith("--")}
-    for option, value in (("--tp", "1"), ("--pp", "1")):
-        if option not in given:
-            base += [option, value]
-    return tuple(base) + extra
+def _signal_case(folder: Path, signum: int, after_s: float) -> tuple[int, str, str]:
+    out = folder / f"signal-{signum}-{after_s}"
+    out.mkdir()
+    (out / "plan.json").write_text("old\n")
+    proc = subprocess.Popen(_shardplan([*LONG_PLAN, "-o", str(out / "plan.json"), "--force"]),
+                            cwd=folder, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err, _files(out)
 
 
-def _plan(*extra: str, model: str = "tiny", cluster: str = "small-cluster.yaml") -> tuple:
-    base = ("plan", "-m", model, "-c", cluster)
-    if "--global-batch" not in extra:
-        base += ("--global-batch", "8")
-    return base + extra
+def _run(folder: Path, argv, *, env=None, stdout=None, shell_pipe=False,
+         preexec=None) -> tuple[int, str, str]:
+    if shell_pipe:  # `... 2>&1 | head -1`
+        proc = subprocess.Popen(_shardplan(argv), cwd=folder, env=env or _env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        first = proc.stdout.readline().decode(errors="replace").strip()
+        proc.stdout.close()
+        return proc.wait(timeout=120), "", f"head -1 saw: {first[:60]}"
+    done = subprocess.run(_shardplan(argv), cwd=folder, env=env or _env(), stdout=stdout,
+                          stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=preexec)
+    return done.returncode, done.stderr, ""
 
 
-def _model(path: str) -> tuple:
-    return ("inspect", "-m", path)
+def process_cases(folder: Path):
+    """(class, what, command as a user types it, runner) for the process table."""
+    full = open(os.devnull if not os.path.exists("/dev/full") else "/dev/full", "w")
+    yield ("signals", "Ctrl-C during the search (over an existing -o file)",
+           "shardplan plan ... -o plan.json --force; Ctrl-C after 4 s",
+           lambda: _signal_case(folder, signal.SIGINT, 4.0))
+    yield ("signals", "SIGTERM during the search", "kill -TERM after 4 s",
+           lambda: _signal_case(folder, signal.SIGTERM, 4.0))
+    yield ("signals", "SIGTERM at start-up", "kill -TERM after 0.3 s",
+           lambda: _signal_case(folder, signal.SIGTERM, 0.3))
+    yield ("signals", "Ctrl-C while the imports run (inside the guarded main)",
+           "Ctrl-C while rich is being imported",
+           lambda: (lambda d: (d.returncode, d.stderr, ""))(subprocess.run(
+               [sys.executable, "-c", TRIP], cwd=folder, env=_env(), capture_output=True,
+               text=True, timeout=120)))
+    yield ("stdout", "full stdout", "shardplan plan ... --json > /dev/full",
+           lambda: _run(folder, [*SMALL_PLAN, "--json"], stdout=full))
+    yield ("stdout", "full stdout", "shardplan schema > /dev/full",
+           lambda: _run(folder, ["schema"], stdout=full))
+    yield ("stdout", "full stdout", "shardplan export plan-small.json -f megatron > /dev/full",
+           lambda: _run(folder, ["export", "plan-small.json", "-f", "megatron"], stdout=full))
+    yield ("stdout", "closed stdout", "shardplan schema >&-",
+           lambda: _run(folder, ["schema"], stdout=subprocess.PIPE,
+                        preexec=lambda: os.close(1)))
+    yield ("stdout", "a reader that leaves early (success)", "shardplan plan ... 2>&1 | head -1",
+           lambda: _run(folder, SMALL_PLAN, shell_pipe=True))
+    yield ("stdout", "a reader that leaves early (invalid input)",
+           "shardplan inspect -m nope 2>&1 | head -1",
+           lambda: _run(folder, ["inspect", "-m", "nope"], shell_pipe=True))
+    yield ("debug", "`--debug` adds the traceback only",
+           "shardplan --debug inspect -m model-empty.yaml",
+           lambda: _run(folder, ["--debug", "inspect", "-m", "model-empty.yaml"],
+                        stdout=subprocess.DEVNULL))
+    yield ("debug", "`SHARDPLAN_DEBUG=2` is on, not a usage error",
+           "SHARDPLAN_DEBUG=2 shardplan models --json",
+           lambda: _run(folder, ["models", "--json"], env=_env(SHARDPLAN_DEBUG="2"),
+                        stdout=subprocess.DEVNULL))
 
 
-def _cluster(path: str) -> tuple:
-    return _evaluate(cluster=path)
-
-
-M, C, N, L, O, U, F = ("model file", "cluster file", "numbers on the command line",
-                       "unknown names", "output file", "usage", "does not fit")
-
-CASES: tuple[Case, ...] = (
-    # -- model files ---------------------------------------------------------------------------
-    Case("model-empty", M, "empty file", _model("model-empty.yaml"), 2, ("empty",)),
-    Case("model-binary", M, "binary file", _model("model-binary.json"), 2, ("not utf-8", "binary")),
-    Case("model-truncated-json", M, "truncated JSON", _model("model-truncated.json"), 2,
-         ("malformed json", "line 1")),
-    Case("model-truncated-yaml", M, "truncated YAML", _model("model-truncated.yaml"), 2,
-         ("malformed yaml",)),
-    Case("model-huge", M, "huge file (17 MiB)", _model("model-huge.yaml"), 2, ("16 mib",)),
-    Case("model-directory", M, "a directory", _model("a-folder"), 2, ("is a directory",)),
-    Case("model-missing", M, "a missing path", _model("missing-folder/model.yaml"), 2,
-         ("not found", "missing-folder/model.yaml")),
-    Case("model-anchors", M, "YAML anchors and aliases (accepted)", _model("model-anchors.yaml"),
-         0, ()),
-    Case("model-alias-bomb", M, "YAML alias bomb (billion laughs)", _model("model-alias-bomb.yaml"),
-         2, ("anchors and aliases",)),
-    Case("model-tabs", M, "tab indentation", _model("model-tabs.yaml"), 2,
-         ("line 3", "tab")),
-    Case("model-duplicate-key", M, "duplicate key", _model("model-duplicate-key.yaml"), 2,
-         ("duplicate key", "num_layers")),
-    Case("model-unknown-key", M, "unknown key", _model("model-unknown-key.yaml"), 2,
-         ("num_layerz", "valid keys", "hidden_size", "did you mean 'num_layers'")),
-    Case("model-negative", M, "negative number", _model("model-layers-negative.yaml"), 2,
-         ("num_layers", "-4")),
-    Case("model-zero", M, "zero", _model("model-layers-zero.yaml"), 2, ("num_layers", "got 0")),
-    Case("model-fractional", M, "fractional number", _model("model-layers-fractional.yaml"), 2,
-         ("num_layers", "integer", "2.5")),
-    Case("model-nan", M, "NaN", _model("model-layers-nan.yaml"), 2, ("num_layers", "nan")),
-    Case("model-inf", M, "infinity", _model("model-layers-inf.yaml"), 2, ("num_layers", "inf")),
-    Case("model-huge-number", M, "astronomically large number", _model("model-layers-huge.yaml"),
-         2, ("num_layers", "implausibly large")),
-    Case("model-exponent", M, "exponent notation (a string in YAML 1.1)",
-         _model("model-hidden-exponent.yaml"), 2, ("hidden_size", "1e300")),
-    Case("model-heads", M, "heads do not divide hidden", _model("model-heads-hidden.yaml"), 2,
-         ("250", "not divisible", "num_heads")),
-    # -- cluster files -------------------------------------------------------------------------
-    Case("cluster-empty", C, "empty file", _cluster("cluster-empty.yaml"), 2, ("empty",)),
-    Case("cluster-binary", C, "binary file", _cluster("cluster-binary.yaml"), 2, ("binary",)),
-    Case("cluster-truncated", C, "truncated YAML", _cluster("cluster-truncated.yaml"), 2,
-         ("malformed yaml",)),
-    Case("cluster-huge", C, "huge file (17 MiB)", _cluster("cluster-huge.yaml"), 2, ("16 mib",)),
-    Case("cluster-directory", C, "a directory", _cluster("a-folder"), 2, ("is a directory",)),
-    Case("cluster-missing", C, "a missing path", _cluster("missing-folder/cluster.yaml"), 2,
-         ("not found", "missing-folder/cluster.yaml")),
-    Case("cluster-anchors", C, "YAML anchors, aliases and merge keys (accepted)",
-         _cluster("cluster-anchors.yaml"), 0, ()),
-    Case("cluster-alias-bomb", C, "YAML alias bomb (billion laughs)",
-         _cluster("cluster-alias-bomb.yaml"), 2, ("anchors and aliases",)),
-    Case("cluster-tabs", C, "tab indentation", _cluster("cluster-tabs.yaml"), 2, ("tab",)),
-    Case("cluster-duplicate-key", C, "duplicate key", _cluster("cluster-duplicate-key.yaml"), 2,
-         ("duplicate key", "num_nodes")),
-    Case("cluster-unknown-key", C, "unknown key", _cluster("cluster-unknown-key.yaml"), 2,
-         ("gpus_per_nod'", "valid keys", "num_nodes", "did you mean 'gpus_per_node'")),
-    Case("cluster-negative", C, "negative number", _cluster("cluster-gpus-negative.yaml"), 2,
-         ("gpus_per_node", "-8")),
-    Case("cluster-zero", C, "zero", _cluster("cluster-gpus-zero.yaml"), 2,
-         ("gpus_per_node", "got 0")),
-    Case("cluster-fractional", C, "fractional number", _cluster("cluster-gpus-fractional.yaml"), 2,
-         ("gpus_per_node", "integer", "2.5")),
-    Case("cluster-nan", C, "NaN", _cluster("cluster-memory-nan.yaml"), 2, ("memory_gib", "nan")),
-    Case("cluster-inf", C, "infinity", _cluster("cluster-bandwidth-inf.yaml"), 2,
-         ("bandwidth_gbytes_per_s", "inf")),
-    Case("cluster-huge-number", C, "astronomically large number",
-         _cluster("cluster-nodes-huge.yaml"), 2, ("num_nodes", "implausibly large")),
-    # -- numbers on the command line -----------------------------------------------------------
-    Case("cli-tp-zero", N, "`--tp 0`", _evaluate("--tp", "0"), 2,
-         ("--tp", "0 is not in the range")),
-    Case("cli-batch-negative", N, "`--global-batch -1`",
-         ("evaluate", "-m", "tiny", "-c", "small-cluster.yaml", "--global-batch", "-1", "--tp",
-          "1", "--pp", "1"), 2, ("--global-batch", "-1")),
-    Case("cli-tp-fractional", N, "`--tp 2.5`", _evaluate("--tp", "2.5"), 2, ("--tp", "2.5")),
-    Case("cli-tp-nan", N, "`--tp nan`", _evaluate("--tp", "nan"), 2, ("--tp", "nan")),
-    Case("cli-tp-inf", N, "`--tp inf`", _evaluate("--tp", "inf"), 2, ("--tp", "inf")),
-    Case("cli-nodes-exponent", N, "`--nodes 1e30`", _evaluate("--nodes", "1e30"), 2,
-         ("--nodes", "1e30")),
-    Case("cli-nodes-huge", N, "`--nodes 10**30`", _evaluate("--nodes", str(10**30)), 2,
-         ("nodes", "implausibly large")),
-    Case("cli-batch-huge", N, "`--global-batch 10**32` (evaluate)",
-         ("evaluate", "-m", "tiny", "-c", "small-cluster.yaml", "--global-batch", str(10**32),
-          "--tp", "1", "--pp", "1"), 2, ("--global-batch",)),
-    Case("cli-batch-huge-plan", N, "`--global-batch 10**32` (plan)",
-         _plan("--global-batch", str(10**32)), 2, ("--global-batch",)),
-    Case("cli-seq-huge", N, "`--seq-len 10**20`", _evaluate("--seq-len", str(10**20)), 2,
-         ("seq_len", "implausibly large")),
-    Case("cli-tp-divides", N, "`--tp 3` on 8 GPUs (does not divide the GPU count)",
-         _evaluate("--tp", "3"), 2, ("3", "does not divide the 8 gpus")),
-    Case("cli-dp-mismatch", N, "`--dp 3` with tp 1 x pp 1 on 8 GPUs",
-         _evaluate("--dp", "3"), 2, ("degrees multiply to 3", "8")),
-    Case("cli-batch-divisible", N, "`--global-batch 7` with dp 8 (not divisible)",
-         ("evaluate", "-m", "tiny", "-c", "small-cluster.yaml", "--global-batch", "7", "--tp",
-          "1", "--pp", "1"), 2, ("global batch 7", "not divisible")),
-    Case("cli-tp-heads", N, "`--tp 16` for 8 attention heads",
-         _evaluate("--tp", "16", "--nodes", "4"), 2, ("tp 16", "8 attention heads")),
-    Case("cli-pp-blocks", N, "`--pp 8` for 4 blocks", _evaluate("--pp", "8"), 2,
-         ("pp", "4 blocks")),
-    Case("cli-time-limit-zero", N, "`--time-limit 0`", _plan("--time-limit", "0"), 2,
-         ("--time-limit",)),
-    Case("cli-time-limit-nan", N, "`--time-limit nan`", _plan("--time-limit", "nan"), 2,
-         ("--time-limit", "nan")),
-    Case("cli-time-limit-inf", N, "`--time-limit inf`", _plan("--time-limit", "inf"), 2,
-         ("--time-limit", "inf")),
-    Case("cli-pin-junk", N, "`--pin tp=abc`", _plan("--pin", "tp=abc"), 2, ("pin", "abc")),
-    Case("cli-pin-unknown", N, "`--pin foo=1`", _plan("--pin", "foo=1"), 2,
-         ("unknown pin 'foo'",)),
-    Case("cli-v100-bf16", N, "V100 (no bf16) with `--dtype bf16` (evaluate)",
-         _evaluate("--dtype", "bf16", cluster="v100-cluster.yaml"), 2, ("v100", "bf16", "fp16")),
-    Case("cli-v100-bf16-plan", N, "V100 (no bf16) with `--dtype bf16` (plan)",
-         _plan("--dtype", "bf16", cluster="v100-cluster.yaml"), 2, ("v100", "bf16")),
-    Case("cli-dtype-unknown", N, "`--dtype fp64`", _evaluate("--dtype", "fp64"), 2,
-         ("--dtype", "fp64")),
-    # -- unknown names -------------------------------------------------------------------------
-    Case("unknown-model", L, "unknown model preset", _model("llama-3.1-8"), 2,
-         ("unknown model 'llama-3.1-8'", "did you mean 'llama-3.1-8b'")),
-    Case("unknown-cluster", L, "unknown cluster preset", _evaluate(cluster="dgx-h10"), 2,
-         ("unknown cluster preset 'dgx-h10'", "did you mean 'dgx-h100'")),
-    Case("unknown-gpu", L, "unknown GPU in a cluster file", _cluster("cluster-unknown-gpu.yaml"),
-         2, ("unknown gpu preset 'h100-sxn'", "did you mean 'h100-sxm'")),
-    # -- output ----------------------------------------------------------------------------------
-    Case("output-missing-folder", O, "`-o` into a missing folder",
-         _plan("-o", "missing-folder/plan.json"), 2, ("missing-folder", "does not exist")),
-    Case("output-under-file", O, "`-o` under a regular file (not writable, even for root)",
-         _plan("-o", "small-model.yaml/plan.json"), 2, ("cannot write", "small-model.yaml")),
-    Case("output-directory", O, "`-o` naming a directory", _plan("-o", "a-folder"), 2,
-         ("a-folder", "is a directory")),
-    Case("output-exists", O, "existing output file without `--force`",
-         _plan("-o", "existing-plan.json"), 2, ("existing-plan.json", "exists", "--force")),
-    # -- usage -----------------------------------------------------------------------------------
-    Case("usage-command", U, "unknown command", ("frobnicate",), 2,
-         ("no such command 'frobnicate'",)),
-    Case("usage-option", U, "unknown option", _plan("--frobnicate"), 2,
-         ("no such option", "--frobnicate")),
-    Case("usage-missing", U, "missing required option", ("evaluate", "-m", "tiny"), 2,
-         ("missing option", "--cluster")),
-    # -- does not fit ----------------------------------------------------------------------------
-    Case("does-not-fit", F, "a model that fits no plan (llama-3.1-405b on the tiny cluster)",
-         ("plan", "-m", "llama-3.1-405b", "-c", "tiny", "--global-batch", "8"), 1,
-         ("no plan for llama-3.1-405b fits", "gib per gpu", "gib more than")),
-    Case("does-not-fit-one-gpu", F, "a model that fits no plan on one GPU (a one-tier cluster)",
-         ("plan", "-m", "llama-3.1-8b", "-c", "single-gpu.yaml", "--global-batch", "8"), 1,
-         ("no plan for llama-3.1-8b fits", "gib more than")),
-)
-
-
-def run_cli(argv: list[str] | tuple[str, ...]) -> tuple[int, str, str]:
-    """Run ``shardplan argv`` in this process: (exit code, stdout, stderr)."""
-    from cli.main import main
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main(list(argv))
-        except SystemExit as done:
-            code = done.code if isinstance(done.code, int) else 1
-    return code, out.getvalue(), err.getvalue()
+def process_table(folder: Path) -> str:
+    rows = ["| class | case | command | exit | stderr (last line) | files / note |",
+            "|---|---|---|---|---|---|"]
+    for group, what, command, runner in process_cases(folder):
+        code, err, note = runner()
+        lines = [x for x in err.strip().splitlines() if x.strip()]
+        shown = next((x for x in lines if x.startswith("error:")), lines[-1] if lines else "")
+        if "Traceback" in err:
+            shown = (f"(the traceback, then) {shown}" if shown.startswith("error:")
+                     else f"TRACEBACK: {shown}")
+        cell = shown.replace("|", "\\|")
+        command = command.replace("|", "\\|")
+        rows.append(f"| {group} | {what} | `{command}` | {code} | "
+                    f"{f'<code>{cell}</code>' if cell else '(nothing)'} | {note} |")
+    return "\n".join(rows) + "\n"
 
 
 def _cell(text: str) -> str:
@@ -427,12 +204,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write-doc", action="store_true",
                         help=f"rewrite the bad-input section of {DOC.relative_to(ROOT)}")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory(prefix="shardplan-reliability-") as scratch:
-        body = table(make_inputs(Path(scratch)))
+        folder = make_inputs(Path(scratch))
+        body = table(folder)
+        processes = process_table(folder)
     print(body)
+    print(processes)
     if args.write_doc:
         write_section(BEGIN, END, body)
+        write_section(PBEGIN, PEND, processes)
     return 0
 
 

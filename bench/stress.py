@@ -64,15 +64,16 @@ def _evaluate(model: str, cluster: tuple[str, ...], batch: int, tp: int, pp: int
             "--pp", str(pp), "--json")
 
 
-def _plan(model: str, cluster: tuple[str, ...], batch: int) -> tuple:
+def _plan(model: str, cluster: tuple[str, ...], batch: int,
+          time_limit_s: float = TIME_LIMIT_S) -> tuple:
     return ("plan", "-m", model, *cluster, "--global-batch", str(batch), "--time-limit",
-            str(TIME_LIMIT_S), "--json")
+            str(time_limit_s), "--json")
 
 
 ONE = ("-c", str(SINGLE_GPU))
 EIGHT = ("-c", "dgx-h100", "--nodes", "1")
 HUNDRED_K = ("-c", "dgx-h100", "--nodes", "12500")  # 12,500 x 8 = 100,000 GPUs
-EIGHT_M = ("-c", "dgx-h100", "--nodes", "1000000")  # the schema's limit: 8,000,000 GPUs
+ONE_M = ("-c", "dgx-h100", "--nodes", "131072")  # the schema's limit: 2**20 = 1,048,576 GPUs
 L1, L1000 = "{d}/layers-1.yaml", "{d}/layers-1000.yaml"
 # 100,000 = 2^5 x 5^5 GPUs: a global batch of 100,000 sequences is divisible by every dp the
 # search can reach (100,000 / (tp x pp)), as is 160 per replica of gpt3-175b at tp 8 x pp 20.
@@ -91,9 +92,14 @@ CASES: tuple[Case, ...] = (
     Case("100k-gpt3-evaluate", "100,000", "gpt3-175b",
          _evaluate("gpt3-175b", HUNDRED_K, 100_000, 8, 20)),
     Case("100k-gpt3-plan", "100,000", "gpt3-175b", _plan("gpt3-175b", HUNDRED_K, 100_000)),
-    # Beyond the brief: the largest cluster the schema accepts (MAX_NODES = 1,000,000 nodes).
-    Case("8M-1L-evaluate", "8,000,000", "1 layer", _evaluate(L1, EIGHT_M, 8_000_000, 8, 1)),
-    Case("8M-1L-plan", "8,000,000", "1 layer", _plan(L1, EIGHT_M, 8_000_000)),
+    # --time-limit bounds the whole command (plus max(1 s, 10%) of slack)
+    Case("100k-gpt3-plan-2s", "100,000", "gpt3-175b",
+         _plan("gpt3-175b", HUNDRED_K, 100_000, time_limit_s=2)),
+    Case("100k-1000L-plan-2s", "100,000", "1,000 layers",
+         _plan(L1000, HUNDRED_K, 100_000, time_limit_s=2)),
+    # Beyond the brief: the largest cluster the schema accepts (MAX_GPUS = 2**20 GPUs).
+    Case("1M-1L-evaluate", "1,048,576", "1 layer", _evaluate(L1, ONE_M, 2**20, 8, 1)),
+    Case("1M-1L-plan", "1,048,576", "1 layer", _plan(L1, ONE_M, 2**20)),
 )
 
 

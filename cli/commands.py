@@ -211,6 +211,9 @@ def clusters_command(as_json):
               default=60.0, show_default=True,
               help="Seconds for the whole command (plus a slack of max(1 s, 10%)); on expiry "
                    "the best plan so far is returned marked FEASIBLE, or exit 3 if none.")
+@click.option("--work-limit", type=click.IntRange(min=1, max=1_000_000), default=None,
+              help="Solve at most this many configurations: a deterministic budget (the same "
+                   "plan on any machine), unlike --time-limit.")
 @click.option("--workers", type=click.IntRange(min=1, max=64), default=1, show_default=True,
               help="CP-SAT workers (1 = deterministic).")
 @click.option("--top-k", type=click.IntRange(min=1, max=50), default=3, show_default=True,
@@ -228,8 +231,9 @@ def clusters_command(as_json):
 @click.option("--timings", is_flag=True,
               help="Record the solve's wall-clock time in the plan (it then differs run to run).")
 @json_option
-def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, workers, top_k, pins,
-         attention_kernel, runtime, calibration, output, force, timings, as_json, **moe):
+def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
+         top_k, pins, attention_kernel, runtime, calibration, output, force, timings, as_json,
+         **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.plan import dumps, make_plan, write_plan
     from planner.solve.search import SearchOptions, search
@@ -247,10 +251,10 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, worker
 
         graph, hw = _load(model, cluster, nodes, seq_len)
         setup = runtime_setup(hw, runtime, dtype, attention_kernel, calibration,
-                          moe=moe_options_from(moe))
+                              moe=moe_options_from(moe))
         hw = setup.cluster
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
-                                runtime=setup.options)
+                                work_limit=work_limit, runtime=setup.options)
         from cli.render import search_progress
 
         with search_progress(enabled=True) as progress:

@@ -11,8 +11,13 @@ import time
 _STARTED = time.monotonic()
 
 
-def _early(signum, frame):  # noqa: ARG001 - until cli.signals is imported (microseconds)
-    raise KeyboardInterrupt(signum)
+_EARLY: list[int] = []
+
+
+def _early(signum, frame):  # noqa: ARG001 - until cli.signals is in place
+    """Only remember the signal: raising inside the imports below can surface as another error
+    (a half-built dataclass, a C extension's ImportError); it is acted on right after them."""
+    _EARLY.append(signum)
 
 
 for _name in ("SIGINT", "SIGTERM", "SIGHUP"):
@@ -21,17 +26,21 @@ for _name in ("SIGINT", "SIGTERM", "SIGHUP"):
 
 
 def main() -> None:
-    code = 130
     try:
         from cli import signals
 
         signals.STARTED = _STARTED
         signals.install()
+        if _EARLY:
+            raise KeyboardInterrupt(_EARLY[0])
         from cli.console import guard_standard_streams
 
         guard_standard_streams()
         from cli.main import run
-    except KeyboardInterrupt as stop:
+
+        code = run(started=_STARTED, final=True)
+    except KeyboardInterrupt as stop:  # before run() had its own policy in place
+        _quiet()
         signum = getattr(stop, "signum", None) or (stop.args[0] if stop.args and
                                                    isinstance(stop.args[0], int) else 2)
         code = 128 + signum
@@ -41,8 +50,15 @@ def main() -> None:
             sys.stderr.flush()
         except (OSError, ValueError, AttributeError):
             pass
-        sys.exit(code)
-    sys.exit(run(started=_STARTED, final=True))
+    _quiet()
+    sys.exit(code)
+
+
+def _quiet() -> None:
+    """The outcome is decided: a late or re-delivered signal must not replace it."""
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -76,3 +76,20 @@ def pin_pairs(items: tuple[str, ...] | list[str]) -> dict[str, str]:
         spelled[name] = key
         pairs[key] = value
     return pairs
+
+
+class PathText(click.ParamType):
+    """A file path, as text. ``click.Path`` stats the path while parsing and raises a bare
+    ValueError for a NUL byte (an internal error); the readers and the writer check paths
+    themselves, with messages that say what is wrong, so here only NUL is refused."""
+
+    name = "path"
+
+    def convert(self, value, param, ctx):
+        text = str(value)
+        if "\x00" in text:
+            self.fail("a path cannot contain a NUL character", param, ctx)
+        return text
+
+
+PATH = PathText()

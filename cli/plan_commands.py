@@ -11,11 +11,12 @@ import click
 
 from cli import signals
 from cli.app import emit_json, emit_text
+from cli.params import PATH
 from planner.export import FORMATS
 
 json_option = click.option("--json", "as_json", is_flag=True,
                            help="Print one JSON document on stdout instead of tables.")
-plan_argument = click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=True))
+plan_argument = click.argument("plan_path", metavar="PLAN", type=PATH)
 
 
 @click.command()

@@ -7,6 +7,7 @@ import click
 
 from cli import signals
 from cli.app import emit_text
+from cli.params import PATH
 from planner.errors import invalid
 
 MAX_RANKS = 1 << 20
@@ -52,7 +53,7 @@ def parse_slow(items) -> dict[int, float]:
 
 
 @click.command("replan")
-@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=False))
+@click.argument("plan_path", metavar="PLAN", type=PATH)
 @click.option("--failed", "failed", default="", metavar="RANKS",
               help="Failed GPUs: a comma list of global ranks of the plan.")
 @click.option("--slow", "slow", multiple=True, metavar="RANK:FACTOR",

@@ -9,12 +9,13 @@ import click
 
 from cli import signals
 from cli.app import emit_json, emit_text
+from cli.params import PATH
 
 REPORT_FORMATS = ("html", "png", "svg")
 
 
 @click.command()
-@click.argument("plan_path", metavar="PLAN", type=click.Path(dir_okay=True))
+@click.argument("plan_path", metavar="PLAN", type=PATH)
 @click.option("-o", "--output", default=None, metavar="FILE",
               help="Write here (- or none: stdout, html and svg only).")
 @click.option("--format", "-f", "fmt", default=None, type=click.Choice(REPORT_FORMATS),
@@ -48,8 +49,8 @@ def report(plan_path, output, fmt, force):
 
 
 @click.command()
-@click.argument("a_path", metavar="A", type=click.Path(dir_okay=True))
-@click.argument("b_path", metavar="B", type=click.Path(dir_okay=True))
+@click.argument("a_path", metavar="A", type=PATH)
+@click.argument("b_path", metavar="B", type=PATH)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.option("--exit-code", is_flag=True, help="Exit 1 when the plans differ (like git diff).")
 def diff(a_path, b_path, as_json, exit_code):

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from cli.app import emit_json
-from cli.params import FiniteFloat
+from cli.params import FiniteFloat, PATH
 from planner.errors import ErrorKind, PlannerError
 
 TORCH_HINT = 'install the "torch" extra of shardplan, or PyTorch itself: pip install "torch>=2.4"'
@@ -83,7 +83,7 @@ def _require_torch() -> None:
 
 
 @click.command()
-@click.argument("plan_file", metavar="PLAN", type=click.Path(dir_okay=True))
+@click.argument("plan_file", metavar="PLAN", type=PATH)
 @click.option("--steps", type=click.IntRange(min=1, max=1000), default=3, show_default=True,
               help="Training steps to run and compare.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True,

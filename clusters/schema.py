@@ -27,7 +27,12 @@ SCHEMA_VERSION = 1
 # Upper bounds that no real machine reaches; they catch unit mistakes (bytes for GiB) and
 # numbers that would make the planner allocate or loop absurdly.
 MAX_NODES = 1_000_000
-MAX_GPUS_PER_NODE = 1024
+# Bounds that keep every accepted cluster fast to evaluate (the topology model routes each
+# group's flows; docs/reliability.md, "Scale"): the largest NVLink domain sold as one system is
+# 144 GPUs (NVL144), the largest clusters built hold ~200k GPUs. 256 GPUs per node took 17 s and
+# 1,024 x 1,000,000 nodes minutes per evaluation.
+MAX_GPUS_PER_NODE = 144
+MAX_GPUS = 2**20
 MAX_MEMORY_GIB = 1_000_000
 MAX_BANDWIDTH_GBYTES_PER_S = 1_000_000
 MAX_TFLOPS = 1_000_000
@@ -336,6 +341,11 @@ def _tiers(value: Any, where: str, prefix: str = "") -> tuple[NetworkTier, ...]:
 def with_nodes(cluster: Cluster, nodes: Any, where: str, path: str = "nodes") -> Cluster:
     """``cluster`` scaled to ``nodes`` nodes, with the tiers' ``domain_gpus`` filled in."""
     nodes = int(number(nodes, where, path, minimum=0, maximum=MAX_NODES, integer=True))
+    if nodes * cluster.gpus_per_node > MAX_GPUS:
+        raise _fail(where, path, f"{nodes:,} nodes x {cluster.gpus_per_node} GPUs = "
+                                 f"{nodes * cluster.gpus_per_node:,} GPUs is more than the "
+                                 f"{MAX_GPUS:,} this planner accepts (the largest clusters "
+                                 f"built hold about 200,000)")
     if nodes > 1 and len(cluster.tiers) < 2:
         raise _fail(where, path, f"{nodes} nodes, but cluster {cluster.name!r} describes no "
                                  f"inter-node tier", "Add a second entry to 'tiers'.")

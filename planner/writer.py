@@ -124,7 +124,8 @@ def _os_error(target: Path, error: OSError):
     if error.errno == errno.ELOOP:
         return invalid(f"cannot write {target}: too many levels of symbolic links (a loop)")
     if error.errno == errno.ENAMETOOLONG:
-        return invalid(f"cannot write {target}: the name is too long for the file system")
+        return invalid(f"cannot write {target}: the name is too long for the file system "
+                       f"(the file name is {len(os.fsencode(target.name))} bytes)")
     if error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EACCES,
                        errno.EPERM, errno.EFBIG):
         return output_error(f"cannot write {target}: {error.strerror}", path=str(target))

@@ -1,7 +1,7 @@
 """Reliability at the command line: every bad input gets a clear answer, every plan is
 reproducible, nothing is lost.
 
-The bad-input catalogue lives in ``bench/reliability_table.py`` (it also writes the table in
+The bad-input catalogue lives in ``tests/reliability_cases.py`` (bench/reliability_table.py writes the table in
 docs/reliability.md); each case is checked here twice, for people (stderr, no traceback, stdout
 empty) and for scripts (``--json``: exactly one JSON document with an ``error`` object). The
 loaders' own error tests (tests/test_models_*.py, tests/test_clusters_*.py) cover the library;
@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.reliability_table import CASES, Case, make_inputs  # noqa: E402
+from reliability_cases import CASES, Case, make_inputs  # noqa: E402
 from cli.main import main  # noqa: E402
 from timeouts import Hang, deadline  # noqa: E402
 
@@ -56,7 +56,7 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
 
 
 def flat(text: str) -> str:
-    """Lower-cased, whitespace runs collapsed: rich wraps long messages at the terminal width."""
+    """Lower-cased, whitespace runs collapsed."""
     return " ".join(text.split()).lower()
 
 
@@ -72,6 +72,11 @@ def check_case(capsys, case: Case) -> None:
     if case.code != 0:
         assert out == "", "errors go to stderr; stdout is for data"
         assert_names_problem(err, case.needles, case.argv)
+        lines = err.splitlines()
+        assert lines[0].startswith("error: "), err  # one `error:` line, found by grep
+        assert all(x.startswith("  ") for x in lines[1:]), f"a wrapped or stray line:\n{err}"
+    if case.argv[0] == "export":  # no --json: its stdout is the exported file
+        return
 
     code, out, err = run(capsys, *case.argv, "--json")
     assert "Traceback" not in out + err
@@ -99,7 +104,8 @@ def test_bad_input_gets_a_clear_answer(capsys, workdir, case):
 def test_catalogue_covers_every_class():
     groups = {c.group for c in CASES}
     assert groups == {"model file", "cluster file", "numbers on the command line",
-                      "unknown names", "output file", "usage", "does not fit"}
+                      "unknown names", "output file", "usage", "does not fit",
+                      "text that is not the program's", "plan file"}
     ids = [c.id for c in CASES]
     assert len(ids) == len(set(ids))
     for stem in ("empty", "binary", "truncated", "huge", "directory", "missing", "anchors",
@@ -264,6 +270,7 @@ def test_time_limit_gives_feasible_with_gap_or_exit_3(capsys):
         assert solver["time_limit_s"] == pytest.approx(0.1)
         assert math.isfinite(solver["gap"]) and solver["gap"] >= 0
         assert solver["best_bound_s"] <= solver["objective_s"]
+        assert solver["stopped_by"] == "time_limit"  # the carve-out: may differ run to run
     else:
         assert code == 3, f"exit {code}: {out}"
         error = document["error"]
@@ -293,6 +300,18 @@ def two_plans(inputs) -> tuple[bytes, bytes]:
 
 def test_plan_file_bytes_are_identical(two_plans):
     assert two_plans[0] == two_plans[1]
+    assert json.loads(two_plans[0])["solver"]["stopped_by"] == "complete"
+
+
+def test_a_work_limited_search_is_byte_identical(inputs):
+    """--work-limit is the deterministic budget: the same plan in separate processes."""
+    argv = (*SMALL_PLAN, "--work-limit", "2", "--json")  # 3 configurations when complete
+    first, second = (_shardplan(*argv, cwd=inputs) for _ in range(2))
+    assert first.returncode == second.returncode == 0, first.stderr
+    assert first.stdout == second.stdout
+    solver = json.loads(first.stdout)["solver"]
+    assert solver["stopped_by"] == "work_limit" and solver["candidates_evaluated"] == 2
+    assert solver["status"] == "FEASIBLE"
 
 
 def test_plan_holds_no_timestamps(two_plans):

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.reliability_table import make_inputs  # noqa: E402
+from reliability_cases import make_inputs  # noqa: E402
 from cli.main import main  # noqa: E402
 from timeouts import Hang, deadline  # noqa: E402
 

@@ -40,6 +40,9 @@ class SearchOptions:
     top_k: int = 1
     runtime: RuntimeOptions = RuntimeOptions()
     inner_deterministic_time: float = 5.0  # CP-SAT deterministic-time budget per configuration
+    # A deterministic budget: solve at most this many configurations (each within its
+    # deterministic-time budget), so that a budgeted search gives the same plan on any machine.
+    work_limit: int | None = None
 
 
 @dataclass
@@ -58,6 +61,10 @@ class SolverRecord:
     seed: int
     objective_scale_s: float
     ortools_version: str = ortools.__version__
+    # what ended the search: "complete" (every candidate solved or pruned by its bound),
+    # "work_limit" (deterministic), "time_limit" (the wall clock: the plan may differ run to run)
+    stopped_by: str = "complete"
+    work_limit: int | None = None
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -118,6 +125,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     evaluated = optimal = 0
     open_bound = math.inf  # smallest bound among candidates not proven
     timed_out = False
+    out_of_work = False
     scale = 0.0
     for index, cand in enumerate(fitting):
         cutoff = kept[-1][0] if len(kept) >= options.top_k else math.inf
@@ -128,6 +136,10 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             timed_out = True
             open_bound = min(open_bound, cand.time_lb_s)
             break
+        if options.work_limit is not None and evaluated >= options.work_limit:
+            out_of_work = True
+            open_bound = min(open_bound, cand.time_lb_s)
+            break
         hint = uniform_placement(model, cluster, cand.config, options.runtime,
                                  pins.block_options(cand.config, prof))
         result = solve_stages(
@@ -136,6 +148,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             workers=options.workers, seed=options.seed, max_time_s=remaining,
             deterministic_time=options.inner_deterministic_time)
         evaluated += 1
+        if time.monotonic() >= deadline:  # the wall clock may have cut this solve short
+            timed_out = True
         scale = max(scale, result.scale_s)
         if result.status == "OPTIMAL" or result.status == "INFEASIBLE":
             optimal += 1
@@ -158,7 +172,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out, deadline, pins)
     best = kept[0][2]
     bound = min(open_bound, best.step_time_s)
-    if timed_out or bound < best.step_time_s:
+    if timed_out or out_of_work or bound < best.step_time_s:
         status = "FEASIBLE"
     else:
         status = "OPTIMAL"
@@ -168,5 +182,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         solve_time_s=time.monotonic() - start, candidates_total=total,
         candidates_pruned_memory=pruned_memory, candidates_evaluated=evaluated,
         inner_optimal=optimal, time_limit_s=options.time_limit_s, workers=options.workers,
-        seed=options.seed, objective_scale_s=scale)
+        seed=options.seed, objective_scale_s=scale,
+        stopped_by="time_limit" if timed_out else "work_limit" if out_of_work else "complete",
+        work_limit=options.work_limit)
     return SearchResult(best, [item[2] for item in kept[1:]], record, pins)

@@ -200,196 +200,20 @@ def _titan_derived(doc, par, training, shard, ac_mode) -> dict[str, Any]:
     return out
 
 
-# -- real parsers, each in a worker process ----------------------------------------------
+# -- real parsers: bench/runtime_workers.py, each in a worker process ----------------------
 
-def _worker_deepspeed(cases: list[dict]) -> list[dict]:
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    import deepspeed
-    import deepspeed.comm as dscomm
-    from deepspeed.runtime.config import DeepSpeedConfig
-    from deepspeed.runtime.pipe.topology import (PipelineParallelGrid,
-                                                 PipeModelDataParallelTopology)
-
-    class Mpu:  # what the export's note asks the user to pass as ``mpu``
-        def __init__(self, dp: int) -> None:
-            self.dp = dp
-
-        def get_data_parallel_world_size(self) -> int:
-            return self.dp
-
-    out = []
-    for case in cases:
-        world = case["world"]
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-        dscomm.init_distributed(dist_backend="fake", auto_mpi_discovery=False,
-                                dist_init_required=False)
-        notes = "\n".join(case["notes"])
-        topo = re.search(r"num_pp=(\d+), num_mp=(\d+), num_dp=(\d+)", notes)
-        told = re.search(r"get_data_parallel_world_size\(\) returns (\d+)", notes)
-        mpu = None
-        if topo:
-            mpu = PipelineParallelGrid(topology=PipeModelDataParallelTopology(
-                num_pp=int(topo[1]), num_mp=int(topo[2]), num_dp=int(topo[3])))
-        elif told:
-            mpu = Mpu(int(told[1]))
-        try:
-            config = DeepSpeedConfig(json.loads(case["text"]), mpu=mpu)
-            if topo and config.zero_optimization_stage >= 2:  # PipelineEngine.__init__
-                raise AssertionError("ZeRO-2 and ZeRO-3 are incompatible with pipeline "
-                                     "parallelism")
-            derived = {"dp": int(config.world_size), "micro_batch":
-                       config.train_micro_batch_size_per_gpu,
-                       "global_batch": config.train_batch_size,
-                       "num_micro_batches": config.gradient_accumulation_steps,
-                       "tp": max(1, config.tensor_parallel_config.autotp_size or 1)}
-            if topo:
-                derived.update(pp=mpu.pipe_parallel_size)
-            out.append({"accepted": True, "derived": derived})
-        except Exception as error:  # the runtime's refusal, as it words it
-            out.append({"accepted": False, "message": f"{type(error).__name__}: {error}"})
-    out.append({"version": deepspeed.__version__})
-    return out
-
-
-def _worker_torchtitan(cases: list[dict]) -> list[dict]:
-    import contextlib
-    import importlib.metadata
-    import io
-    import logging
-
-    import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-    from torchtitan.config import ConfigManager
-    from torchtitan.distributed.parallel_dims import ParallelDims
-
-    from planner.export.quoting import parse_bash_array_file
-
-    import torchtitan.components.quantization.float8 as float8
-    import torchtitan.components.quantization.mx as mx
-    import torchtitan.components.quantization.nvfp4 as nvfp4
-
-    logging.disable(logging.WARNING)
-    out = []
-    for case in cases:
-        # the registry's GPU-capability queries answer for the plan's GPU, not this CPU
-        capability = (case["arch"], 0)
-        for module in (float8, mx, nvfp4):
-            module.has_cuda_capability = lambda major, minor, c=capability: c >= (major, minor)
-        words = parse_bash_array_file(case["text"], "TORCHTITAN_ARGS")
-        if "--module" not in words:  # the Use line: the user names their model's entry
-            words = ["--module", "llama3", "--config", "llama3_8b"] + words
-        errors = io.StringIO()
-        try:
-            with contextlib.redirect_stderr(errors):  # tyro prints its refusal, then exits
-                config = ConfigManager().parse_args(words)
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            dist.init_process_group("fake", store=FakeStore(), rank=0,
-                                    world_size=case["world"])
-            dims = ParallelDims.from_config(config.parallelism, case["world"])
-            dims.build_mesh()
-            par, training = config.parallelism, config.training
-            ac = config.activation_checkpoint
-            mode = "none" if ac is None else type(ac).__qualname__.split(".")[0]
-            as_dict = {k: getattr(par, k) for k in (
-                "data_parallel_replicate_degree", "tensor_parallel_degree",
-                "pipeline_parallel_degree", "context_parallel_degree", "expert_parallel_degree",
-                "pipeline_parallel_microbatch_size", "module_fqns_per_model_part",
-                "pipeline_parallel_schedule")}
-            derived = _titan_derived(
-                None, as_dict, {"local_batch_size": training.local_batch_size,
-                                "global_batch_size": training.global_batch_size,
-                                "seq_len": training.seq_len},
-                dims.dp_shard, {"FullAC": "full", "SelectiveAC": "selective"}.get(mode, "none"))
-            derived["sp"] = bool(par.enable_sequence_parallel and par.tensor_parallel_degree > 1)
-            out.append({"accepted": True, "derived": derived})
-        except BaseException as error:  # tyro exits with SystemExit on a bad argument
-            said = " ".join(line.strip(" │╭╮╰╯─") for line in errors.getvalue().splitlines()
-                            if line.strip(" │╭╮╰╯─"))
-            out.append({"accepted": False,
-                        "message": f"{type(error).__name__}: {error} {said[:1500]}".strip()})
-    out.append({"version": importlib.metadata.version("torchtitan")})
-    return out
-
-
-def model_args(doc: dict[str, Any]) -> list[str]:
-    """The model-shape arguments Megatron needs besides the exported parallel ones (the plan
-    does not fix them; the bench takes them from the plan's embedded model)."""
-    ir = doc["inputs"]["model"]["ir"]
-    block = next(x for x in ir["layers"] if x["kind"] == "block")
-    att, mlp = block["attention"], block["mlp"]
-    args = ["--hidden-size", str(ir["hidden"]), "--num-attention-heads", str(att["num_heads"]),
-            "--ffn-hidden-size", str(mlp["ffn_hidden"]),
-            "--max-position-embeddings", str(max(ir["max_seq_len"] or 0,
-                                                 doc["parallelism"]["seq_len"])),
-            "--tokenizer-type", "NullTokenizer", "--vocab-size", str(ir["vocab"]),
-            "--mock-data", "--train-iters", "1", "--lr", "1e-4", "--position-embedding-type",
-            "rope"]
-    if att["num_kv_heads"] != att["num_heads"]:
-        args += ["--group-query-attention", "--num-query-groups", str(att["num_kv_heads"])]
-    if mlp["num_experts"] > 1:
-        args += ["--num-experts", str(mlp["num_experts"]), "--moe-router-topk",
-                 str(mlp["top_k"])]
-    return args
-
-
-def _worker_megatron(cases: list[dict]) -> list[dict]:
-    """Megatron-LM's parse_args + validate_args + micro-batch calculator + layer offsets,
-    with WORLD_SIZE/RANK of the plan and the GPU-capability query answering for its GPU."""
-    import contextlib
-    import importlib.metadata
-    import io
-
-    import megatron.training.arguments as arguments
-    from megatron.core.num_microbatches_calculator import (get_num_microbatches,
-                                                           init_num_microbatches_calculator,
-                                                           unset_num_microbatches_calculator)
-
-    out = []
-    for case in cases:
-        os.environ.update(case["env"], WORLD_SIZE=str(case["world"]), RANK="0", LOCAL_RANK="0")
-        arguments.get_device_arch_version = lambda arch=case["arch"]: arch
-        sys.argv = ["pretrain_gpt.py", *case["model_args"], *case["args"]]
-        said = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-                args = arguments.parse_args()
-                arguments.validate_args(args)
-                init_num_microbatches_calculator(0, None, args.global_batch_size,
-                                                 args.micro_batch_size, args.data_parallel_size)
-                micro_batches = get_num_microbatches()
-                unset_num_microbatches_calculator()
-            vpp = args.virtual_pipeline_model_parallel_size or 1
-            out.append({"accepted": True, "derived": {
-                "tp": args.tensor_model_parallel_size, "pp": args.pipeline_model_parallel_size,
-                "cp": args.context_parallel_size, "ep": args.expert_model_parallel_size,
-                "dp": args.data_parallel_size, "micro_batch": args.micro_batch_size,
-                "global_batch": args.global_batch_size, "num_micro_batches": micro_batches,
-                "virtual_stages": vpp, "sp": bool(args.sequence_parallel)}})
-        except BaseException as error:
-            out.append({"accepted": False, "message": f"{type(error).__name__}: {error} "
-                                                      f"{said.getvalue()[-800:]}".strip()})
-        for key in case["env"]:
-            os.environ.pop(key, None)
-    out.append({"version": importlib.metadata.version("megatron-core")})
-    return out
-
-
-WORKERS = {"deepspeed": _worker_deepspeed, "torchtitan": _worker_torchtitan,
-           "megatron": _worker_megatron}
+TORCHTITAN_022_ENV = "SHARDPLAN_TORCHTITAN_022_PATH"  # a folder with torchtitan 0.2.2 in it
 
 
 def run_worker(runtime: str, cases: list[dict], timeout_s: float = 600,
-               python: str | None = None) -> list[dict]:
+               python: str | None = None, path_first: str | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "cases.json"
         path.write_text(json.dumps(cases))
-        env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get(
-            "PYTHONPATH", ""), "DS_BUILD_OPS": "0"}
+        paths = ([path_first] if path_first else []) + [str(ROOT), os.environ.get("PYTHONPATH",
+                                                                                  "")]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
+               "DS_BUILD_OPS": "0"}
         done = subprocess.run([python or sys.executable, "-m", "bench.export_runtimes", "--worker",
                                runtime, str(path)], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=timeout_s)
@@ -456,11 +280,13 @@ def run_cases(plans: dict[str, dict], megatron_python: str | None = None) -> lis
                                           exports[(n, fmt, version)].warnings)
             cases.append(case)
     if megatron_python:
+        from bench import runtime_workers
         from planner.export.megatron import parse_args_file
 
         inputs = [{"args": parse_args_file(exports[(n, "megatron", None)].text),
                    "env": _env_of(exports[(n, "megatron", None)].text),
-                   "model_args": model_args(plans[n]), "world": plan_facts(plans[n])["world"],
+                   "model_args": runtime_workers.model_args(plans[n]),
+                   "world": plan_facts(plans[n])["world"],
                    "arch": _arch(plans[n])} for n in plans]
         results = run_worker("megatron", inputs, python=megatron_python)
         label = f"megatron-core {results[-1]['version']} (real)"
@@ -472,11 +298,28 @@ def run_cases(plans: dict[str, dict], megatron_python: str | None = None) -> lis
                     "tp", "pp", "cp", "ep", "dp", "micro_batch", "global_batch",
                     "num_micro_batches", "virtual_stages", "sp"))
             cases.append(case)
+    tt022 = os.environ.get(TORCHTITAN_022_ENV)
+    if tt022 and (Path(tt022) / "torchtitan" / "config" / "job_config.py").exists():
+        names = list(plans)
+        inputs = [{"text": exports[(n, "torchtitan", "0.2.2")].text,
+                   "world": plan_facts(plans[n])["world"]} for n in names]
+        results = run_worker("torchtitan-0.2.2", inputs, path_first=tt022)
+        for n, r in zip(names, results[:-1]):
+            case = Case(n, "torchtitan", "0.2.2",
+                        parser=f"torchtitan {results[-1]['version']} (real)",
+                        accepted=r["accepted"], message=r.get("message", ""))
+            if r["accepted"]:
+                case.mismatches = compare(plans[n], r["derived"],
+                                          REFERENCE_KEYS["torchtitan 0.2.2"],
+                                          exports[(n, "torchtitan", "0.2.2")].warnings)
+            cases.append(case)
+    else:
+        tt022 = None
     refs = {("megatron", None): ("megatron", megatron_reference),
             ("torchtitan", "0.2.2"): ("torchtitan 0.2.2", toml_022_reference),
             ("vllm", None): ("vllm", vllm_reference)}
     for (fmt, version), (key, check) in refs.items():
-        if fmt == "megatron" and megatron_python:
+        if (fmt == "megatron" and megatron_python) or (fmt == "torchtitan" and tt022):
             continue
         for n, doc in plans.items():
             case = Case(n, fmt, version, parser=f"{key} reference")
@@ -514,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.worker:
         runtime, path = args.worker
+        from bench.runtime_workers import WORKERS
+
         results = WORKERS[runtime](json.loads(Path(path).read_text()))
         (Path(path).parent / "result.json").write_text(json.dumps(results))
         return 0

@@ -17,7 +17,9 @@ How an entry becomes inputs (no entry is special-cased; every rule reads the ent
 * cluster: the preset of the entry's system (DGX-H100 -> ``dgx-h100``, DGX-GB200 ->
   ``dgx-gb200-nvl72``, ...) with the entry's GPU count; entries whose system has no preset
   are listed as not evaluated;
-* parallelism, batch, interleaving, recomputation as published; dtype fp8 for FP8 / MXFP8 runs;
+* parallelism, batch, interleaving, recomputation as published (not published: the fastest
+  uniform policy -- none, selective, full -- that fits, as ``plan`` with the layout pinned would
+  choose; none when nothing fits); dtype fp8 for FP8 / MXFP8 runs;
   sequence parallelism whenever tp > 1 (Megatron-Core requires it with MoE and TP);
   ZeRO stage as published, else 1 (Megatron-Bridge recipes use the distributed optimizer);
 * step time: ``iteration_time_s`` when measured, else global batch x sequence / (published
@@ -49,6 +51,7 @@ from planner.config import ParallelConfig, RuntimeOptions  # noqa: E402
 from planner.cost.model import evaluate, model_flops_per_step  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.moe import MoeOptions  # noqa: E402
+from planner.solve.search import uniform_placement  # noqa: E402
 from planner.strategy import Recompute, uniform  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "moe_runs.yaml"
@@ -123,8 +126,12 @@ def dtype_of(entry: dict) -> str:
     return "fp8" if "FP8" in precision else "bf16"
 
 
-def recompute_of(entry: dict) -> Recompute:
-    text = (entry["training"].get("recompute") or "none").lower()
+def recompute_of(entry: dict) -> Recompute | None:
+    """The published recomputation; None when the entry does not state it."""
+    text = entry["training"].get("recompute")
+    if text is None:
+        return None
+    text = text.lower()
     if text.startswith("full"):
         return Recompute.FULL
     if text.startswith("selective"):
@@ -186,15 +193,23 @@ def row_for(entry: dict) -> Row:
     cluster = build_cluster(entry)
     config = config_of(entry)
     published, source = published_time(entry, model, config)
+    options = options_of(entry)
     try:
         config.validate(model, cluster)  # before the placement: it needs a valid split
-        ev = evaluate(model, cluster, config, uniform(model, config, recompute_of(entry)),
-                      options=options_of(entry))
+        recompute = recompute_of(entry)
+        ev = None
+        if recompute is None:  # not published: the fastest uniform policy that fits
+            ev = uniform_placement(model, cluster, config, options)
+        if ev is None:
+            ev = evaluate(model, cluster, config,
+                          uniform(model, config, recompute or Recompute.NONE), options)
     except PlannerError as error:
         return Row(entry["id"], describe(entry), published, None, source, None, None,
                    note=f"rejected: {error.message[:120]}")
-    return Row(entry["id"], describe(entry), published, ev.step_time_s, source, ev.fits,
-               ev.peak_memory_bytes / 2**30)
+    used = sorted({o.recompute.value for o, layer in zip(ev.placement.options, model.layers)
+                   if layer.kind.value == "block"})
+    return Row(entry["id"], f"{describe(entry)} rc:{'/'.join(used)}", published, ev.step_time_s,
+               source, ev.fits, ev.peak_memory_bytes / 2**30)
 
 
 def run() -> tuple[list[Row], list[tuple[str, str]]]:

@@ -41,7 +41,7 @@ def _matplotlib():
 def _rc():
     import matplotlib
 
-    return matplotlib.rc_context({"svg.hashsalt": "shardplan", "svg.fonttype": "path",
+    return matplotlib.rc_context({"svg.hashsalt": "shardplan", "svg.fonttype": "none",
                                   "font.size": 9, "axes.titlesize": 10})
 
 
@@ -180,9 +180,25 @@ def image_bytes(fig, fmt: str) -> bytes:
             FigureCanvasAgg(fig).print_png(buffer, metadata={"Software": None})
         elif fmt == "svg":
             FigureCanvasSVG(fig).print_svg(buffer, metadata={"Date": None, "Creator": None})
+            return _stable_ids(buffer.getvalue().decode("utf-8")).encode("utf-8")
         else:
             raise ValueError(f"no image format {fmt!r}")
     return buffer.getvalue()
+
+
+def _stable_ids(svg: str) -> str:
+    """Renumber the SVG's element ids in order of appearance: matplotlib derives some (clip
+    paths) from object reprs that hold memory addresses, so they change between runs."""
+    import re
+
+    mapping: dict[str, str] = {}
+    for name in re.findall(r'\sid="([^"]+)"', svg):
+        mapping.setdefault(name, f"i{len(mapping)}")
+    if not mapping:
+        return svg
+    pattern = re.compile(r'(\sid="|#)(' + "|".join(re.escape(k) for k in sorted(
+        mapping, key=len, reverse=True)) + r')(?=["\)])')
+    return pattern.sub(lambda m: m.group(1) + mapping[m.group(2)], svg)
 
 
 def pixel_size(fig) -> tuple[int, int]:

@@ -135,10 +135,16 @@ class LayerPlacement:
 
 
 def interleaved_rank(block: int, num_blocks: int, pp: int, virtual_stages: int) -> int:
-    """Pipeline rank holding ``block`` under interleaved 1F1B: the blocks form pp x v equal
-    chunks and chunk k runs on rank k mod pp (Megatron-LM virtual pipeline stages)."""
-    chunk = num_blocks // (pp * virtual_stages)
-    return (block // chunk) % pp
+    """Pipeline rank holding ``block`` under interleaved 1F1B: the blocks form pp x v chunks
+    and chunk k runs on rank k mod pp (Megatron-LM virtual pipeline stages). The chunks are
+    equal when pp x v divides the blocks; otherwise the first ``blocks mod (pp x v)`` chunks
+    hold one block more (an uneven split, as Megatron's ``--pipeline-model-parallel-layout``
+    and torchtitan's per-stage layer counts run it: DeepSeek-V3's 61 layers in 16 chunks)."""
+    chunks = pp * virtual_stages
+    base, extra = divmod(num_blocks, chunks)
+    big = extra * (base + 1)  # blocks in the first ``extra`` chunks of base + 1
+    chunk = block // (base + 1) if block < big else extra + (block - big) // max(base, 1)
+    return chunk % pp
 
 
 def default_placement(model: ModelGraph, config, block_option: LayerOption = NO_OPTION

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 
 import pytest
 
-from bench.export_runtimes import Case, compare, megatron_reference, run_cases, run_worker
+from bench.export_runtimes import (TORCHTITAN_022_ENV, Case, compare, megatron_reference,
+                                   run_cases, run_worker)
 from bench.runtime_reference import Rejected
 from export_corpus import CORPUS, EXPORTS, corpus_plan
 from planner.export import export_plan
@@ -41,6 +43,8 @@ def test_export_accepted_as_planned(cases, plan, fmt, version):
     assert case.mismatches == [], case.mismatches
     if runtime:
         assert "(real)" in case.parser
+    if (fmt, version) == ("torchtitan", "0.2.2") and os.environ.get(TORCHTITAN_022_ENV):
+        assert "(real)" in case.parser  # .ci/run installs 0.2.2 beside 0.3
 
 
 def test_every_case_is_counted(cases):
@@ -110,3 +114,14 @@ def test_torchtitan_refuses_the_old_overrides():
     assert [r["accepted"] for r in results[:3]] == [False, False, True]
     assert "CUDA graphs" in results[1]["message"]
     assert json.dumps(results[2]["derived"])  # plain data back from the worker
+
+
+@pytest.mark.skipif(not os.environ.get(TORCHTITAN_022_ENV), reason=f"{TORCHTITAN_022_ENV} names "
+                    "no torchtitan 0.2.2 folder (.ci/run installs one)")
+def test_torchtitan_022_refuses_unknown_keys():
+    doc = corpus_plan("zero1-tp2-pp2")
+    text = export_plan(Plan.from_dict(doc), "torchtitan", "0.2.2").text
+    bad = text.replace("[parallelism]\n", "[parallelism]\nenable_sequence_parallel = false\n")
+    results = run_worker("torchtitan-0.2.2", [{"text": t, "world": 8} for t in (bad, text)],
+                         path_first=os.environ[TORCHTITAN_022_ENV])
+    assert [r["accepted"] for r in results[:2]] == [False, True]

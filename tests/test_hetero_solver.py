@@ -13,7 +13,8 @@ from models import load_model
 from planner.config import ParallelConfig
 from planner.cost.model import evaluate
 from planner.errors import PlannerError
-from planner.hetero.bounds import cheap_bounds, memory_time_bound, quick_bounds
+from planner.hetero.bounds import (cheap_bounds, memory_time_bound, quick_bounds,
+                                   slowest_stage_bound)
 from planner.hetero.bruteforce import brute_force_pools, contiguous_assignments
 from planner.hetero.evaluate import hetero_evaluate
 from planner.hetero.ilp import solve_pools
@@ -114,6 +115,10 @@ def test_ilp_agrees_with_evaluate_and_brute_force(pools, tiny, kw):
     assert ev.step_time_s == pytest.approx(result.objective_s, rel=1e-6)
     assert ev.step_time_s == pytest.approx(oracle.best.step_time_s, rel=1e-6), \
         (result.stage_pools, oracle.best.stage_pools, oracle.placements)
+    # the search's cut on the slowest stage keeps the optimum
+    cut = solve_pools(terms, cfg.pp, min_slowest_s=slowest_stage_bound(terms, cfg.pp))
+    assert cut.status == "OPTIMAL"
+    assert cut.objective_s == pytest.approx(result.objective_s, rel=1e-6)
 
 
 def test_ilp_with_stragglers_and_fixed_pools_matches_brute_force(pools, tiny):
@@ -161,6 +166,8 @@ def test_bounds_are_below_the_optimum(pools, tiny):
         best = oracle.best.step_time_s
         assert quick_bounds(terms, cfg.pp)[0] <= best * (1 + 1e-9)
         assert memory_time_bound(terms, cfg.pp) <= best * (1 + 1e-9)
+        assert slowest_stage_bound(terms, cfg.pp) <= \
+            max(s.time_s for s in oracle.best.stages) * (1 + 1e-9)
         assert cheap_bounds(tiny, pools, cfg, oracle.best.options)[0] <= best * (1 + 1e-9)
 
 

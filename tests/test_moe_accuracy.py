@@ -27,7 +27,7 @@ def test_data_is_the_calibration_file():
 def test_every_entry_is_evaluated_or_lacks_only_a_cluster_preset(result):
     rows, skipped = result
     assert len(rows) + len(skipped) == 58
-    assert all("cluster preset" in reason for _, reason in skipped)
+    assert all("cluster preset" in reason or "nodes" in reason for _, reason in skipped)
     for entry in yaml.safe_load(moe_accuracy.DATA.read_text())["entries"]:
         moe_accuracy.build_model(entry)  # raises on a shape mismatch with the preset
 
@@ -40,3 +40,14 @@ def test_published_times_follow_the_file(result):
     derived = by_id["mbridge-26.04-Qwen3-30B-A3B-H100-16gpu-fp8"]
     assert derived.time_published_s == pytest.approx(1024 * 4096 / (8901 * 16))
 
+
+
+def test_moe_runs_within_the_calibrated_errors(result):
+    """Regression guard on the fitted MoE constants (docs/moe.md): median step-time error at
+    most 20 % over the evaluated runs, and all but the known misses of docs/moe.md predicted to
+    fit."""
+    rows, _ = result
+    s = moe_accuracy.summary(rows)
+    assert s["time_n"] >= 28 and s["rejected"] <= 1
+    assert s["time_median"] <= 0.20
+    assert s["fit_ok"] >= s["fit_n"] - 4

@@ -2,8 +2,8 @@
 equals the brute-force oracle's (planner/solve/bruteforce.py) over the same space.
 
 tiny-moe (1 dense + 3 MoE blocks of 8 experts) on 2 nodes x 4 tiny GPUs: with ample memory the
-optimum keeps every expert on every GPU (ep 1, no all-to-all); as memory shrinks it has to split
-the experts, first over 4 and then over all 8 GPUs, folding EP over the TP ranks (etp 1).
+optimum needs no expert parallelism; as memory shrinks it has to split the experts (ep x etp)
+over 4 and then 8 GPUs, choosing between EP folded over the TP ranks and expert TP.
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ def cluster(memory_gib: float):
     return replace(TINY, gpu=replace(TINY.gpu, memory_gib=memory_gib))
 
 
-# (id, memory GiB, pins, runtime, expected (tp, ep, etp) of the optimum)
+# (id, memory GiB, pins, runtime, GPUs each expert's weights are split over at least: ep x etp)
 CASES = [
-    ("ample-memory-no-ep", 0.2, Pins(zero=1, sp=True), RuntimeOptions(), (2, 1, 1)),
-    ("tight-ep4-over-tp", 0.16, Pins(zero=1, sp=True), RuntimeOptions(), (4, 4, 1)),
-    ("tighter-ep8", 0.145, Pins(zero=1, sp=True), RuntimeOptions(), (4, 8, 1)),
+    ("ample-memory-no-ep", 0.2, Pins(zero=1, sp=True), RuntimeOptions(), 1),
+    ("tight-experts-split-4", 0.16, Pins(zero=1, sp=True), RuntimeOptions(), 4),
+    ("tighter-experts-split-8", 0.145, Pins(zero=1, sp=True), RuntimeOptions(), 8),
     ("etp-pinned-to-tp", 0.16, Pins(zero=1, sp=True, etp=2), RuntimeOptions(), None),
     ("imbalanced-hierarchical", 0.16, Pins(zero=1, sp=True),
      RuntimeOptions(moe=MoeOptions(imbalance=1.3, dispatcher="deepep")), None),
@@ -52,8 +52,8 @@ def test_solver_matches_brute_force_on_moe(memory, pins, runtime, expected):
     c = got.best.config
     mesh = c.mesh
     assert mesh.expert_tp * c.ep * mesh.expert_dp == c.tp * c.cp * c.dp
-    if expected is not None:
-        assert (c.tp, c.ep, mesh.expert_tp) == expected
+    if expected is not None:  # memory forces the routed experts over this many GPUs
+        assert c.ep * mesh.expert_tp >= expected, (c.tp, c.ep, mesh.expert_tp)
     if pins.etp is not None:
         assert mesh.expert_tp == pins.etp
 
@@ -66,3 +66,25 @@ def test_space_folds_ep_over_tp_and_cp():
     assert (4, 2, 8, 1) in meshes  # EP 8 over tp 4 x dp 2
     assert (4, 2, 2, 4) in meshes and (4, 2, 4, 4) not in meshes  # etp 4: 8 / 4 = 2 EP ranks
     assert all(c.ep <= 8 and 8 % c.ep == 0 for c in configs)
+
+
+def test_time_bound_with_zero_traffic_never_exceeds_a_real_plan():
+    """The bound counts ZeRO-2/3 per-micro-batch traffic no stage can hide; it must stay below
+    every plan's step time (here: every uniform plan of every candidate)."""
+    from planner.cost.model import evaluate
+    from planner.solve.candidates import candidates
+    from planner.strategy import default_placement
+
+    hw = cluster(0.5)
+    cands = [c for zero in (2, 3) for c in candidates(MODEL, hw, 16, 128, "bf16",
+                                                      Pins(micro_batch=1, zero=zero),
+                                                      RuntimeOptions())]
+    checked = 0
+    for cand in cands:
+        if cand.config.zero_stage < 2:
+            continue
+        for option in Pins().block_options():
+            ev = evaluate(MODEL, hw, cand.config, default_placement(MODEL, cand.config, option))
+            assert cand.time_lb_s <= ev.step_time_s * (1 + 1e-9), cand.config
+            checked += 1
+    assert checked > 50

@@ -84,6 +84,7 @@ class Gemm:
     n: int
     k: int
     count: int = 1  # identical GEMMs (batched heads, local experts)
+    grouped: bool = False  # one grouped-GEMM kernel over the local experts (MoE)
 
     @property
     def flops(self) -> float:
@@ -155,6 +156,8 @@ def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0) -> fl
     if gemm.m <= 0 or gemm.n <= 0 or gemm.k <= 0:
         return 0.0
     eff = gpu.matmul_efficiency * _tile_efficiency(gemm.m, gemm.n, gemm.k, gemm.count, gpu.num_sms)
+    if gemm.grouped:
+        eff *= moe.GROUPED_GEMM_EFFICIENCY
     if dtype == "fp8":
         eff *= fp8_factor
     compute = gemm.flops / (gpu.peak_flops(dtype) * eff)
@@ -166,7 +169,7 @@ def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0) -> fl
 
 def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
     """Data gradient (M x N -> M x K) and weight gradient (K x M -> K x N)."""
-    return Gemm(g.m, g.k, g.n, g.count), Gemm(g.k, g.n, g.m, g.count)
+    return Gemm(g.m, g.k, g.n, g.count, g.grouped), Gemm(g.k, g.n, g.m, g.count, g.grouped)
 
 
 def _attention_gemms(att: Attention, h: int, tokens: int, tp: int) -> list[Gemm]:
@@ -206,7 +209,8 @@ def _mlp_gemms(mlp: Mlp, h: int, tokens: int, shard: Shard) -> list[Gemm]:
     width = max(mlp.ffn_hidden // shard.expert_tp, 1)
     router_tokens = tokens // tp if shard.sp else tokens  # each rank routes its sequence shard
     gemms += [Gemm(max(router_tokens, 1), mlp.num_experts, h),  # router
-              Gemm(per_expert, up * width, h, local), Gemm(per_expert, h, width, local)]
+              Gemm(per_expert, up * width, h, local, True),
+              Gemm(per_expert, h, width, local, True)]
     if mlp.shared_ffn_hidden:  # shared experts run like a dense MLP on the attention mesh
         shared = mlp.shared_ffn_hidden // tp
         gemms += [Gemm(tokens, up * shared, h), Gemm(tokens, h, shared)]

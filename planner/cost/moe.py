@@ -44,10 +44,19 @@ from planner.ir import Mlp
 from planner.moe import MoeOptions
 
 # One device-to-host synchronisation of the dropless flat dispatcher per layer pass: the host
-# waits for the token counts, the GPU drains its queue and then waits for the next launches.
-# CUDA synchronisation plus re-launch latency is tens of microseconds (CUDA programming guide,
-# "Asynchronous concurrent execution"); calibrated in docs/moe.md.
-DROPLESS_SYNC_S = 60e-6
+# waits for the token counts, builds the all-to-all splits and launches the permutation and
+# grouped GEMMs while the GPU idles. A CUDA synchronisation is tens of microseconds (CUDA
+# programming guide, "Asynchronous concurrent execution"); with the host work after it a few
+# hundred. Fitted by bench/moe_fit.py on the measured MoE runs (grid 0 / 60 / 200 us: 200).
+DROPLESS_SYNC_S = 200e-6
+
+
+# Grouped-GEMM kernels (Transformer Engine / cuBLASLt grouped GEMM, CUTLASS grouped) run one
+# launch over all local experts with per-expert problem sizes; they reach a fraction of the
+# dense cuBLAS efficiency of the same shapes (scheduling across ragged groups, no split-K,
+# per-expert quantisation in FP8). On top of the tile / wave model, which already charges small
+# per-expert row counts. Fitted by bench/moe_fit.py (grid 0.6 / 0.8 / 1.0: 0.8).
+GROUPED_GEMM_EFFICIENCY = 0.8
 
 
 def routed_tokens(tokens: float, mlp: Mlp, tp: int, etp: int, load: float = 1.0) -> float:

@@ -378,7 +378,14 @@ def _tp_syncs(layer: Layer) -> tuple[int, int]:
 
 def layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTerms:
     """The terms of ``layer`` run with ``option`` under the context's mesh and workload."""
-    return _layer_terms(ctx, layer, option)
+    return _layer_terms(ctx, _unnamed(layer), option)
+
+
+@lru_cache(maxsize=65536)
+def _unnamed(layer: Layer) -> Layer:
+    """Cost does not depend on a layer's name: identical layers in different places (gpt-oss's
+    alternating sliding / full attention blocks) share one cache entry."""
+    return replace(layer, name="") if layer.name else layer
 
 
 @lru_cache(maxsize=65536)

@@ -51,8 +51,8 @@ def quick_bounds(terms: Sequence[PoolTerms], pp: int) -> tuple[float, float, flo
     works = []
     for t in terms:
         kinds = [_work(t, lambda x: x.time_s)]
-        if per_mb:  # a stage is at least its time plus the ZeRO traffic it cannot hide
-            kinds.append(_work(t, lambda x: x.time_s - x.fwd_s - x.bwd_s + x.zero_traffic_s))
+        if per_mb:  # a stage is at least its TP/CP/EP communication plus its ZeRO traffic
+            kinds.append(_work(t, lambda x: x.comm_s + x.zero_traffic_s))
         works.append(kinds)
     m = terms[0].inner.num_micro_batches
     b = _boundary(terms)
@@ -98,9 +98,19 @@ def _capacity(options: list[tuple[float, float]], time_s: float, room: float) ->
 def memory_time_bound(terms: Sequence[PoolTerms], pp: int) -> float:
     """Step-time lower bound with each stage's memory (see the module docstring); inf when no
     arrangement can hold the blocks at all."""
+    slowest = slowest_stage_bound(terms, pp)
+    if math.isinf(slowest):
+        return math.inf
+    m = terms[0].inner.num_micro_batches
+    works = min(_work(t, lambda x: x.time_s) for t in terms)
+    return (m - 1) * slowest + works + pp * _boundary(terms) + _fixed_step_terms(terms, pp)
+
+
+def slowest_stage_bound(terms: Sequence[PoolTerms], pp: int) -> float:
+    """Seconds per micro-batch the slowest stage takes at least (the T of the module
+    docstring); inf when the stages cannot hold the blocks at all, 0 when not computed."""
     prob = terms[0].problem
     L = prob.num_blocks
-    m = terms[0].inner.num_micro_batches
     b = _boundary(terms)
     if any(len(cls.costs) == 0 for cls in prob.classes):
         return 0.0
@@ -154,8 +164,7 @@ def memory_time_bound(terms: Sequence[PoolTerms], pp: int) -> float:
             hi = mid
         else:
             lo = mid
-    works = min(_work(t, lambda x: x.time_s) for t in terms)
-    return (m - 1) * lo + works + pp * b + _fixed_step_terms(terms, pp)
+    return lo  # held(lo) < L: no stage time below lo holds the blocks
 
 
 

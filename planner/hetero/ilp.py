@@ -62,7 +62,7 @@ def _get(cost: LayerTerms, names: tuple[str, ...]) -> float:
 class _Builder:
     def __init__(self, terms: Sequence[PoolTerms], pp: int, *, slowdown: Sequence[float] | None,
                  fixed_pools: StagePools | None, old_counts: Sequence[int] | None,
-                 max_moved: int | None, cutoff_s: float | None):
+                 max_moved: int | None, cutoff_s: float | None, min_slowest_s: float = 0.0):
         self.terms = list(terms)
         self.P = len(self.terms)
         self.pp = pp
@@ -77,6 +77,7 @@ class _Builder:
         self.old_counts = old_counts
         self.max_moved = max_moved
         self.cutoff_s = cutoff_s
+        self.min_slowest_s = min_slowest_s
         self.model = cp_model.CpModel()
         work = max(sum(max(x.time_s for x in cls.costs) * cls.count for cls in t.problem.classes)
                    + sum(x.time_s for x in t.problem.pre_costs + t.problem.post_costs)
@@ -371,6 +372,8 @@ class _Builder:
                                                                    self.a[pp - 1, r],
                                                                    f"emb[{p},{r}]"))
         M.add(pp * T_var >= sum(self.t))
+        if self.min_slowest_s > 0:  # a proven bound on the slowest stage (planner/hetero/bounds.py)
+            M.add(T_var >= math.floor(self.min_slowest_s / self.scale_s * (1 - 1e-6)))
         self.objective = (self.m - 1) * T_var + sum(self.t) + d + o + emb
         M.minimize(self.objective)
         if self.cutoff_s is not None:
@@ -425,10 +428,13 @@ def solve_pools(terms: Sequence[PoolTerms], pp: int, *, slowdown: Sequence[float
                 fixed_pools: StagePools | None = None, old_counts: Sequence[int] | None = None,
                 max_moved: int | None = None, hint: tuple[StagePools, LayerPlacement] | None = None,
                 cutoff_s: float | None = None, workers: int = 1, seed: int = 0,
-                max_time_s: float = 10.0, deterministic_time: float = 5.0) -> HeteroResult:
-    """Solve one configuration across pools exactly (within the limits)."""
+                max_time_s: float = 10.0, deterministic_time: float = 5.0,
+                min_slowest_s: float = 0.0) -> HeteroResult:
+    """Solve one configuration across pools exactly (within the limits). ``min_slowest_s``: a
+    proven lower bound on the slowest stage's time (a cut; slowdown factors must be 1)."""
     builder = _Builder(terms, pp, slowdown=slowdown, fixed_pools=fixed_pools,
-                       old_counts=old_counts, max_moved=max_moved, cutoff_s=cutoff_s)
+                       old_counts=old_counts, max_moved=max_moved, cutoff_s=cutoff_s,
+                       min_slowest_s=min_slowest_s)
     builder.build()
     if hint is not None:
         builder.hint(*hint)

@@ -21,7 +21,9 @@ largest pool memory. A candidate whose bound is not below the incumbent is skipp
 that ends within its time limit is OPTIMAL within the cost model. Two passes: each candidate
 first gets a short CP-SAT budget (so that one hard proof does not delay the incumbent that
 prunes the rest); the unproven ones are solved again, with the full budget, against the final
-incumbent.
+incumbent. Each CP-SAT model also gets the memory bound's least slowest-stage time as a cut
+(``T >= slowest_stage_bound``): valid for every placement, and it closes the proofs that the
+model's own relaxation leaves open.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ import ortools
 from planner.config import ParallelConfig
 from planner.errors import ErrorKind, PlannerError, invalid
 from planner.hardware import Cluster, MultiPoolCluster
-from planner.hetero.bounds import cheap_bounds, memory_time_bound, quick_bounds
+from planner.hetero.bounds import (cheap_bounds, memory_time_bound, quick_bounds,
+                                   slowest_stage_bound)
 from planner.hetero.evaluate import HeteroEvaluation, hetero_evaluate
 from planner.hetero.ilp import solve_pools
 from planner.hetero.terms import pool_terms
@@ -149,7 +152,7 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
     def cutoff_now() -> float:
         return kept[-1][0] if len(kept) >= options.top_k else math.inf
 
-    def solve(config, terms, lb: float, budget: float) -> str:
+    def solve(config, terms, lb: float, budget: float, slowest: float) -> str:
         """Solve one configuration; keep its plan; the CP-SAT status."""
         nonlocal evaluated
         cutoff = cutoff_now()
@@ -157,7 +160,7 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
                              cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),
                              workers=options.workers, seed=options.seed,
                              max_time_s=max(deadline - time.monotonic(), 0.01),
-                             deterministic_time=budget)
+                             deterministic_time=budget, min_slowest_s=slowest)
         evaluated += 1
         if result.placement is not None:
             ev = hetero_evaluate(model, cluster, config, result.stage_pools, result.placement,
@@ -167,7 +170,7 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
                 kept.sort(key=lambda item: (item[0], item[1]))
                 del kept[options.top_k:]
         if result.status not in ("OPTIMAL", "INFEASIBLE"):
-            deferred.append((max(result.bound_s, lb), _key(config), config, terms))
+            deferred.append((max(result.bound_s, lb), _key(config), config, terms, slowest))
         return result.status
 
     # First pass, in bound order: a short CP-SAT budget per configuration, so that one hard
@@ -188,14 +191,15 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
         if mem > cap:
             pruned_memory += 1
             continue
+        slowest = slowest_stage_bound(terms, config.pp) if lb < cutoff else math.inf
         if lb >= cutoff or max(lb, memory_time_bound(terms, config.pp)) >= cutoff:
             pruned_bound += 1
             continue
-        if solve(config, terms, lb, first_budget) in ("OPTIMAL", "INFEASIBLE"):
+        if solve(config, terms, lb, first_budget, slowest) in ("OPTIMAL", "INFEASIBLE"):
             optimal += 1
     # Second pass: the unproven ones against the final incumbent, with the full budget.
     second, deferred = sorted(deferred, key=lambda item: (item[0], item[1])), []
-    for bound_s, _, config, terms in second:
+    for bound_s, _, config, terms, slowest in second:
         if bound_s >= cutoff_now():
             pruned_bound += 1
             continue
@@ -203,10 +207,10 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
             timed_out = True
             open_bound = min(open_bound, bound_s)
             continue
-        if solve(config, terms, bound_s, options.inner_deterministic_time) in ("OPTIMAL",
-                                                                              "INFEASIBLE"):
+        if solve(config, terms, bound_s, options.inner_deterministic_time, slowest) in (
+                "OPTIMAL", "INFEASIBLE"):
             optimal += 1
-    for bound_s, _, _, _ in deferred:  # still unproven after the full budget
+    for bound_s, *_ in deferred:  # still unproven after the full budget
         open_bound = min(open_bound, bound_s)
     if not kept:
         raise PlannerError(ErrorKind.INFEASIBLE if not timed_out else ErrorKind.SOLVER_LIMIT,

@@ -38,16 +38,26 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
     SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating."""
     prof = runtime_profile(runtime.profile)  # the search enumerates what the runtime can run
     out = []
+    capacity = cluster.memory_bytes_per_gpu
+    # The memory lower bound grows with the micro-batch (states do not depend on it, stored
+    # activations are proportional to it) and the space yields micro-batches in increasing
+    # order: once one is over capacity, the larger ones of the same configuration are too.
+    over: set[tuple] = set()
     for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins, prof):
         if time.monotonic() > deadline:
             raise PlannerError(ErrorKind.SOLVER_LIMIT,
                                f"the time limit ran out while enumerating configurations "
                                f"({len(out)} so far) before any plan was solved",
                                ("raise --time-limit", "pin some degrees with --pin"))
+        family = _without_micro_batch(config)
+        if family in over:
+            continue
         problem = stage_problem(make_context(model, cluster, config, runtime),
                                 pins.block_options(config, prof))
-        out.append(Candidate(config, problem, time_lower_bound(problem),
-                             memory_lower_bound(problem)))
+        memory_lb = memory_lower_bound(problem)
+        if memory_lb > capacity:
+            over.add(family)
+        out.append(Candidate(config, problem, time_lower_bound(problem), memory_lb))
     # stable, deterministic order: bound first, then the config's fields
     out.sort(key=lambda c: (c.time_lb_s, config_key(c.config)))
     return out
@@ -56,3 +66,7 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
 def config_key(c: ParallelConfig) -> tuple:
     return (c.tp, c.pp, c.dp, c.cp, c.ep, c.mesh.expert_tp, c.micro_batch, c.virtual_stages,
             c.zero_stage, not c.sp)
+
+
+def _without_micro_batch(c: ParallelConfig) -> tuple:
+    return (c.tp, c.pp, c.dp, c.cp, c.ep, c.etp, c.virtual_stages, c.zero_stage, c.sp)

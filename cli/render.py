@@ -94,6 +94,13 @@ def print_evaluation(result: dict[str, Any]) -> None:
         f"{pred['tokens_per_s']:,.0f} tokens/s, {pred['model_tflops_per_gpu']:.1f} model "
         f"TFLOP/s per GPU (MFU {pred['mfu']:.1%}), peak {pred['peak_memory_gib']:.2f} GiB of "
         f"{c['gpu_memory_gib']:g} GiB: ", verdict))
+    band_s, band_gib = pred.get("step_time_s_interval"), pred.get("peak_memory_gib_interval")
+    if band_s and band_gib:
+        console.print(line(
+            f"{pred.get('interval_coverage', 0.8):.0%} band: step {band_s[0]:.4f}-{band_s[1]:.4f} s, "
+            f"peak {band_gib[0]:.2f}-{band_gib[1]:.2f} GiB"))
+    for note in pred.get("extrapolating", ()):
+        print_warning(note)
 
 
 class search_progress:

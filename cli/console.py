@@ -27,6 +27,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from cli import signals
 from planner.errors import PlannerError, output_error
 
 # C0 controls except tab and newline, DEL, C1 controls, and the Unicode line/paragraph
@@ -161,6 +162,7 @@ def _silence_stdout() -> None:
 
 def write_stdout(text: str) -> None:
     """Write ``text`` to stdout and flush it (see the module docstring for failures)."""
+    signals.act_on_unacted()  # a command interrupted before its output prints none of it
     if _Stdout.broken:
         return
     stream = sys.stdout

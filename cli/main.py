@@ -97,6 +97,7 @@ def _invoke(args: list[str], as_json: bool, debug: bool) -> int:
     try:
         with cli.make_context("shardplan", args) as ctx:
             result = cli.invoke(ctx)
+        signals.act_on_unacted()  # a signal caught in an import the command outran
         return result if isinstance(result, int) else ExitCode.OK
     except PlannerError as error:
         return fail(error)

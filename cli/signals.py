@@ -43,6 +43,8 @@ class _State:
         self.pending: Callable[[], None] | None = None
         self.committed = False
         self.limit_s: float | None = None
+        self.unacted: Callable[[], None] | None = None  # caught inside an import, re-sent soon
+        self.stopping = False  # a stop was raised: later or re-sent signals change nothing
 
 
 _state = _State()
@@ -82,17 +84,32 @@ def _redeliver(signum: int) -> None:
     timer.start()
 
 
+def _run(action: Callable[[], None]) -> None:
+    _state.unacted = None
+    _state.stopping = True
+    action()
+
+
 def _act(action: Callable[[], None], signum: int, frame) -> None:
-    if _state.committed:
-        return  # the output is complete: finish quietly
+    if _state.committed or _state.stopping:
+        return  # the output is complete, or the command is already stopping
     if _state.defer:
         if _state.pending is None:
             _state.pending = action
         return
     if _importing(frame):
+        # remembered as well as re-sent: a command that ends before the re-sent signal
+        # arrives must still stop (see act_on_unacted), not exit 0
+        _state.unacted = action
         _redeliver(signum)
         return
-    action()
+    _run(action)
+
+
+def act_on_unacted() -> None:
+    """Act now on a signal that came during an import and has not been re-delivered yet."""
+    if _state.unacted is not None and not (_state.committed or _state.stopping):
+        _run(_state.unacted)
 
 
 def _on_stop(signum, frame) -> None:
@@ -140,6 +157,7 @@ def policy(final: bool = False) -> Iterator[None]:
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """Hold signals back for a short critical step; act on one that came meanwhile after it."""
+    act_on_unacted()  # before the step: an interrupted command commits nothing
     _state.defer += 1
     try:
         yield
@@ -147,8 +165,8 @@ def deferred() -> Iterator[None]:
         _state.defer -= 1
         if not _state.defer and _state.pending is not None:
             action, _state.pending = _state.pending, None
-            if not _state.committed:
-                action()
+            if not (_state.committed or _state.stopping):
+                _run(action)
 
 
 def finish() -> None:

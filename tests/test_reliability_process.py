@@ -228,6 +228,28 @@ def test_a_signal_during_the_commit_is_held_and_then_ignored(capsys, workdir, tm
     assert _listing(tmp_path) == ["plan.json"]
 
 
+def test_a_signal_caught_inside_an_import_still_stops_a_fast_command(capsys, workdir,
+                                                                     monkeypatch):
+    """A signal that lands inside an import is re-sent 50 ms later; a command that finishes
+    before then must still exit 130 and write nothing (it used to exit 0)."""
+    monkeypatch.setattr(signals, "_importing", lambda frame: True)
+    monkeypatch.setattr(signals, "_redeliver", lambda signum: None)  # the re-send comes too late
+
+    def interrupted_during_import():
+        signal.raise_signal(signal.SIGINT)
+        return real_load()
+
+    import models
+
+    real_load = models.list_presets
+    monkeypatch.setattr(models, "list_presets", interrupted_during_import)
+    code, out, err = run(capsys, "models", "--json")
+    assert code == 130
+    assert json.loads(out)["error"]["kind"] == "interrupted"  # one document: no data before it
+    code, out, err = run(capsys, "models")
+    assert code == 130 and err.strip().splitlines()[-1] == "error: interrupted"
+
+
 def test_ctrl_c_inside_a_cp_sat_solve_is_not_a_time_limit():
     """CP-SAT's own handler would turn Ctrl-C into "time limit reached" (a plan, exit 0)."""
     from ortools.sat.python import cp_model

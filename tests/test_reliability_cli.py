@@ -22,8 +22,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from reliability_cases import CASES, Case, make_inputs  # noqa: E402
-from cli.main import main  # noqa: E402
+from reliability_cases import CASES, Case  # noqa: E402
+from reliability_fixtures import inputs, no_debug_env, run, workdir  # noqa: F401 (fixtures)
 from timeouts import Hang, deadline  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,28 +31,6 @@ ERROR_KEYS = {"kind", "message", "hints", "exit_code"}
 SMALL_PLAN = ("plan", "-m", "tiny", "-c", "small-cluster.yaml", "--global-batch", "8")
 
 
-@pytest.fixture(autouse=True)
-def no_debug_env(monkeypatch):
-    monkeypatch.delenv("SHARDPLAN_DEBUG", raising=False)
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    return make_inputs(tmp_path_factory.mktemp("inputs"))
-
-
-@pytest.fixture
-def workdir(inputs, monkeypatch) -> Path:
-    """Commands run inside the inputs folder, so messages name short relative paths."""
-    monkeypatch.chdir(inputs)
-    return inputs
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
 
 
 def flat(text: str) -> str:

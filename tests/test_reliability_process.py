@@ -26,9 +26,8 @@ from pathlib import Path
 import pytest
 
 from cli import signals
-from cli.main import main
 from planner.errors import Interrupted
-from reliability_cases import make_inputs
+from reliability_fixtures import inputs, no_debug_env, run, workdir  # noqa: F401 (fixtures)
 from timeouts import Hang, deadline
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,27 +37,6 @@ LONG_PLAN = ("plan", "-m", "gpt3-175b", "-c", "dgx-a100-80g", "--nodes", "128",
              "--global-batch", "1536")
 
 
-@pytest.fixture(autouse=True)
-def no_debug_env(monkeypatch):
-    monkeypatch.delenv("SHARDPLAN_DEBUG", raising=False)
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    return make_inputs(tmp_path_factory.mktemp("inputs"))
-
-
-@pytest.fixture
-def workdir(inputs, monkeypatch) -> Path:
-    monkeypatch.chdir(inputs)
-    return inputs
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
 
 
 def child(*argv: str, cwd: Path, **kwargs) -> subprocess.Popen:

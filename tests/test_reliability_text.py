@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli.main import main
-from reliability_cases import MODEL, make_inputs
+from reliability_cases import MODEL
+from reliability_fixtures import inputs, no_debug_env, run, workdir  # noqa: F401 (fixtures)
 
 PROPERTY = settings(max_examples=25, deadline=None,
                     suppress_health_check=[HealthCheck.function_scoped_fixture,
@@ -32,27 +32,6 @@ RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 SMALL = ("-c", "small-cluster.yaml", "--global-batch", "8")
 
 
-@pytest.fixture(autouse=True)
-def no_debug_env(monkeypatch):
-    monkeypatch.delenv("SHARDPLAN_DEBUG", raising=False)
-
-
-@pytest.fixture(scope="module")
-def inputs(tmp_path_factory) -> Path:
-    return make_inputs(tmp_path_factory.mktemp("inputs"))
-
-
-@pytest.fixture
-def workdir(inputs, monkeypatch) -> Path:
-    monkeypatch.chdir(inputs)
-    return inputs
-
-
-def run(capsys, *argv: str) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as done:
-        main(list(argv))
-    out, err = capsys.readouterr()
-    return done.value.code, out, err
 
 
 def well_formed(code: int, out: str, err: str, allowed: set[int], as_json: bool = False) -> None:

@@ -138,7 +138,7 @@ def process_table(folder: Path) -> str:
         if "Traceback" in err:
             shown = (f"(the traceback, then) {shown}" if shown.startswith("error:")
                      else f"TRACEBACK: {shown}")
-        cell = shown.replace("|", "\\|")
+        cell = shown.replace(str(folder), "SCRATCH").replace("|", "\\|")  # no machine paths
         command = command.replace("|", "\\|")
         rows.append(f"| {group} | {what} | `{command}` | {code} | "
                     f"{f'<code>{cell}</code>' if cell else '(nothing)'} | {note} |")

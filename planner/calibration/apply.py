@@ -32,7 +32,9 @@ def calibrated_options(options: RuntimeOptions, constants: Constants, gpu_name: 
     changes.update({
         "allocator_overhead": constants.get(f"allocator_overhead.{name}"),
         "comm_slowdown": constants.get("nccl_compute_slowdown"),
-        "micro_batch_overhead_s": constants.get("microbatch_overhead_s"),
+        "micro_batch_overhead_s": constants.get(f"microbatch_overhead_s.{name}"
+                                                if f"microbatch_overhead_s.{name}" in PARAM_NAMES
+                                                else "microbatch_overhead_s"),
         "fp8_gemm_factor": constants.get("fp8_relative_efficiency"),
         "fp8_saved_inputs": prof.fp8_saved_inputs,
     })

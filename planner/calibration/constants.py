@@ -63,8 +63,15 @@ PARAMS: tuple[Param, ...] = (
           "element-wise HBM traffic of eager PyTorch in Composer / llm-foundry"),
     Param("nccl_compute_slowdown", 0.0, 0.50, 0.0, "fraction of overlapped comm time",
           "compute slowdown while NCCL kernels run alongside (they take SMs and HBM bandwidth)"),
-    Param("microbatch_overhead_s", 0.0, 0.030, 0.0, "seconds per micro-batch per stage",
-          "fixed host/launch overhead of one micro-batch (hooks, schedule bookkeeping)"),
+    # Fixed host-side seconds of one micro-batch on one stage: launch gaps, hooks, schedule
+    # bookkeeping. DeepSpeed's PipelineEngine has its own: it interprets its instruction list in
+    # Python, one blocking send or receive at a time, each partitioned activation preceded by a
+    # meta-tensor exchange (deepspeed/runtime/pipe/engine.py). The bound: a few hundred
+    # kernel launches and Python calls per stage and micro-batch.
+    Param("microbatch_overhead_s", 0.0, 0.050, 0.0, "seconds per micro-batch per stage",
+          "fixed host overhead of one micro-batch (Megatron-Core, torchtitan, FSDP1)"),
+    Param("microbatch_overhead_s.deepspeed", 0.0, 0.050, 0.0,
+          "seconds per micro-batch per stage", "as above, DeepSpeed's PipelineEngine"),
     Param("allocator_overhead.megatron", 0.0, 0.40, 0.25, "fraction of activations+buffers",
           "memory the caching allocator holds beyond live tensors (fragmentation, cache)"),
     Param("allocator_overhead.torchtitan", 0.0, 0.40, 0.25, "fraction of activations+buffers",
@@ -75,7 +82,6 @@ PARAMS: tuple[Param, ...] = (
           "as above, FSDP1 (flat parameters; limit_all_gathers)"),
 )
 PARAM_NAMES = tuple(p.name for p in PARAMS)
-
 
 @dataclass(frozen=True)
 class Constants:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import statistics
 import sys
 from dataclasses import dataclass
@@ -63,6 +64,15 @@ deep PP +0.8 %, PP +1.3 %, CP -2.4 %; by runtime: torchtitan -38.8 %, fsdp -9.6 
 -2.1 % (median 11.8 %), deepspeed -1.2 %; memory median 3.7 % (torchtitan +70 %); fit verdicts
 83/94 (6 torchtitan and 3 MPT runs that ran predicted not to fit); rank agreement 285/409
 (70 %, counting pairs of identical configurations)."""
+
+# The same script at the end of the first session of issue 10 (commit 3b7eecf), for the
+# before -> after of the second (docs/accuracy.md, "This session").
+SESSION1 = {"time median": "5.8%", "time max": "30.3%", "time bias": "+1.9%",
+            "torchtitan bias": "-14.9%", "TP-heavy bias": "-5.0%", "memory median": "3.3%",
+            "fit verdicts": "91/94", "coverage time / memory": "86% / 92%",
+            "rank agreement": "251/386 (65%)"}
+
+CAUSES = "TBD"
 
 MISSES = """\
 * torchtitan (7 runs, all from one source on Meta's Grand Teton H100s): the model is optimistic
@@ -204,7 +214,7 @@ def by_label(rows: list[Row], key: Callable[[Row], str]) -> dict[str, dict[str, 
 def _config_key(row: Row) -> tuple:
     c = row.run.config
     return (c.tp, c.pp, c.dp, c.cp, c.micro_batch, c.virtual_stages, c.zero_stage, c.sp,
-            row.run.recompute, c.global_batch, row.run.cluster.num_gpus)
+            row.run.recompute, c.global_batch, row.run.cluster.num_gpus, row.run.compiled)
 
 
 def _throughput(row: Row, predicted: bool) -> float:
@@ -350,6 +360,42 @@ def _cov(v: float | None, n: int) -> str:
     return "" if v is None else f"{v:.0%} ({n})"
 
 
+def holdout_section() -> list[str]:
+    """The leave-one-source-out estimate (bench/holdout.py writes bench/data/holdout.json)."""
+    path = DATA / "holdout.json"
+    if not path.exists():
+        return ["", "## Held-out estimate", "", "Not measured: run `python bench/holdout.py`."]
+    data = json.loads(path.read_text())
+    h = data["summary"]
+    lines = ["", "## Held-out estimate (leave one source out)", "",
+             f"`python bench/holdout.py`: for each source, the constants are fitted on the "
+             f"other sources only (same model, bounds and loss as the shipped fit, "
+             f"{data['max_evaluations']} evaluations from the preset start) and the source's "
+             f"runs are predicted. This estimates the targets on runs not in these files.", "",
+             f"- step time over {h['time_n']} held-out runs: median |error| "
+             f"**{h['time_median']:.1%}**, max {h['time_max']:.1%}, median signed "
+             f"{h['time_bias']:+.1%} (targets: median <= 10%, max <= 30%)",
+             f"- median over sources of the per-source median |error|: "
+             f"{h['sources_median']:.1%}",
+             f"- rank agreement inside each held-out source: {h['agree']}/{h['pairs']} "
+             f"({h['agree'] / h['pairs']:.0%}; target >= 90%)" if h["pairs"] else "",
+             f"- fit verdicts: {h['verdicts'] - len(h['wrong_verdicts'])}/{h['verdicts']} "
+             f"right" + (f" (wrong: {', '.join(h['wrong_verdicts'])})"
+                         if h["wrong_verdicts"] else ""),
+             f"- band coverage (the fold's own bands): {h['time_coverage']:.0%}"
+             if h["time_coverage"] is not None else "", "",
+             "| held-out source | runs | median abs | max abs | median signed | pairs ordered |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for f in data["folds"]:
+        st = f["stats"]
+        pairs = sum(g["pairs"] for g in f["ranks"])
+        agree = sum(g["agree"] for g in f["ranks"])
+        lines.append(f"| {f['source'][:70]} | {st['time_n']} | {_pct(st['time_median'])} "
+                     f"| {_pct(st['time_max'])} | {_pct(st['time_bias'], True)} "
+                     f"| {f'{agree}/{pairs}' if pairs else ''} |")
+    return lines
+
+
 def _not_judged(row: Row) -> str:
     if row.pred.fit_judged:
         return ""
@@ -426,6 +472,22 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
     missed = targets_missed(rows)
     lines += ["", "Targets missed:" if missed else "All targets met.", ""]
     lines += [f"- {m}" for m in missed]
+    lines += ["", "## This session (before: commit 3b7eecf, the same script)", "",
+              "| measure | before | after |", "|---|---:|---:|"]
+    bias = {k: st["time_bias"] for k, st in by_label(rows, lambda r: r.run.regime.runtime).items()}
+    tp = by_label(rows, lambda r: r.run.regime.parallelism).get("tp", {}).get("time_bias")
+    now = {"time median": _pct(s["time_median"]), "time max": _pct(s["time_max"]),
+           "time bias": _pct(s["time_bias"], True),
+           "torchtitan bias": _pct(bias.get("torchtitan"), True),
+           "TP-heavy bias": _pct(tp, True), "memory median": _pct(s["memory_median"]),
+           "fit verdicts": f"{s['fit_ok']}/{s['fit_n']}",
+           "coverage time / memory": f"{s['time_coverage']:.0%} / {s['memory_coverage']:.0%}",
+           "rank agreement": f"{agree}/{pairs} ({agree / pairs:.0%})" if pairs else ""}
+    lines += [f"| {k} | {v} | {now[k]} |" for k, v in SESSION1.items()]
+    lines += ["", "What moved them (all in the cost terms or the runs' published settings; no "
+              "entry is special-cased): see \"Causes fixed\" below.", ""]
+    lines += ["## Causes fixed", "", CAUSES]
+    lines += holdout_section()
     lines += ["", "## Before this issue", "", BEFORE]
     if missed:
         lines += ["", "## Why the misses", "", MISSES]

@@ -485,8 +485,13 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
                    + t.zero_gather_expert.slope_s_per_byte * w_expert)  # forward + backward
     zero_traffic = zero_reduce + zero_gather
     owned = dense / (n if zero >= 1 else 1) + expert / (n_expert if zero >= 1 else 1)
+    # host time of a block that the GPU does not hide: per pass (forward, backward, recomputed
+    # forward) one block's launches, hooks and checkpointing bookkeeping (calibrated per runtime)
+    host = opts.block_overhead_s if layer.kind is LayerKind.BLOCK else 0.0
     return LayerTerms(
-        fwd_s=compute.fwd_s, bwd_s=compute.bwd_s, recompute_s=compute.recompute_s(recompute),
+        fwd_s=compute.fwd_s + host, bwd_s=compute.bwd_s + host,
+        recompute_s=compute.recompute_s(recompute) + (host if compute.recompute_s(recompute)
+                                                      else 0.0),
         comm_s=tp_comm + other, act_stored_bytes=stored, act_working_bytes=working,
         params_bytes=dense_states.params + expert_states.params,
         grads_bytes=dense_states.grads + expert_states.grads,

@@ -157,6 +157,11 @@ def band(table: BandTable, quantity: str, predicted: float, labels: Sequence[str
         reasons.append(f"no calibration runs with {last.split(':', 1)[-1]}")
     else:
         label, s = chosen
+        if labels and label != labels[0] and labels[0].startswith("regime:"):
+            few = table.labels.get(quantity, {}).get(labels[0])
+            reasons.append(f"{few.n if few else 0} calibration runs of regime "
+                           f"{labels[0].split(':', 1)[1]}: band from all {label.split(':', 1)[1]}"
+                           f" runs")
         mu = (s.n * s.mu + PRIOR_RUNS * pooled.mu) / (s.n + PRIOR_RUNS)
         sigma = math.sqrt((s.n * s.sigma ** 2 + PRIOR_RUNS * pooled_sigma ** 2)
                           / (s.n + PRIOR_RUNS))

@@ -131,6 +131,14 @@ MISSES = """\
   (82.5 measured), 60.4 for interleaved 1F1B (72.7); throughput 142 and 156 tokens/s/GPU
   predicted against 100 and 128 measured (30 % and 18 % optimistic). The only torchtitan
   calibration runs are 8B FSDP on one or sixteen nodes; both bands say "extrapolating".
+* Held out (leave one source out, section above): median 6.7 % meets the <= 10 % target, but
+  the max (47 %, the Megatron-LM weak-scaling table: with it held out nothing pins Megatron's
+  DP-overlap and block overhead), the rank agreement (74 %: with the BLOOM chronicles held out,
+  DeepSpeed's per-block overhead is unidentified and the micro-batch effect is lost) and the
+  verdicts (3 MPT runs that ran at 99-100 % of HBM predicted over) miss. The 80 % bands cover
+  46 % of held-out runs: they are fitted in-sample, and a runtime's constants learned from one
+  source do not carry its error to another. Judge new runs by these numbers, not the in-sample
+  ones.
 * The per-block host overhead sits near its upper bound (5 ms) for DeepSpeed and torchtitan:
   host time is modelled as additive, where in reality it only shows when the GPU runs out of
   queued work; the bound keeps it physical."""

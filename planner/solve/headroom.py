@@ -11,10 +11,11 @@ caching allocator has reserved varies from run to run and step to step: blocks f
 order and requested in another fragment its segments, NCCL allocates its channel buffers
 lazily when a communicator is first used, cuBLAS/cuDNN workspaces grow with the shapes they
 see. A plan that fills 99.9 % of HBM on paper has no room for any of this. The default, 5 %
-of HBM, is about one calibrated standard deviation of the memory prediction's error (the
-pooled log-ratio spread of ``planner/calibration/defaults.yaml``'s memory band, 6.7 %, median
-error 3.3 %; docs/accuracy.md): a plan the search returns fits when the model's memory error
-is within about one sigma of its calibration. ``--memory-headroom 0`` restores the old
+of HBM, is sized by the calibrated error of the memory prediction: the pooled log-ratio spread
+of the memory band in ``planner/calibration/defaults.yaml`` is 6.7 % (median error 3.3 %,
+docs/accuracy.md), so a plan that uses 95 % fits whenever the prediction is not more than
+about three quarters of a standard deviation optimistic (the 77th percentile of the band),
+where a plan at 99.9 % fits only at the median. ``--memory-headroom 0`` restores the old
 behaviour (fill to the last byte).
 """
 from __future__ import annotations

@@ -13,9 +13,9 @@ lazily when a communicator is first used, cuBLAS/cuDNN workspaces grow with the 
 see. A plan that fills 99.9 % of HBM on paper has no room for any of this. The default, 5 %
 of HBM, is sized by the calibrated error of the memory prediction: the pooled log-ratio spread
 of the memory band in ``planner/calibration/defaults.yaml`` is 6.7 % (median error 3.3 %,
-docs/accuracy.md), so a plan that uses 95 % fits whenever the prediction is not more than
-about three quarters of a standard deviation optimistic (the 77th percentile of the band),
-where a plan at 99.9 % fits only at the median. ``--memory-headroom 0`` restores the old
+docs/accuracy.md; log-ratio mean -1.0 %), so a plan predicted at 95 % of HBM fits with a
+probability of about Phi((0.051 + 0.010) / 0.067) = 0.82 under that band, where one predicted
+at 99.9 % fits with about Phi(0.16) = 0.56. ``--memory-headroom 0`` restores the old
 behaviour (fill to the last byte).
 """
 from __future__ import annotations

@@ -432,6 +432,9 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         ring = 3 * (c.cp - 1) * comm.p2p_s(kv_bytes, links.cp)
         core_s = compute.attn_core_s  # the core's forward + backward time (compute.py)
         other += max(0.0, ring - core_s)
+    if mlp is not None and mlp.is_moe:  # the layer is no faster than the host issues it
+        gpu_s = compute.fwd_s + compute.bwd_s + compute.recompute_s(recompute) + tp_comm + other
+        other += moe.host_floor_s(gpu_s, mlp, c.ep, 3 if recompute is Recompute.FULL else 2)
     stored, working = layer_activation_bytes(layer, view.micro_batch, c.seq_len, tp, c.cp, sp,
                                              recompute, opts.attention_kernel, opts.dropout,
                                              mesh.expert_tp, opts.moe.load_factor,

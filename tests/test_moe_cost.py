@@ -31,7 +31,7 @@ def no_host_floor(monkeypatch):
     """These tests take the device-side terms apart; the host floor (a max over the layer's
     whole time, tested on its own below) would mask them where the tiny layers are host-bound."""
     from planner.cost import compute, terms
-    monkeypatch.setattr(moe, "HOST_PER_EXPERT_S", 0.0)
+    monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 0.0)
     for fn in (compute._layer_compute, terms._layer_terms, terms._config_terms):
         fn.cache_clear()
     yield
@@ -262,13 +262,17 @@ def test_plan_writes_the_expert_mesh_and_check_reads_it_back(tmp_path, capsys):
 
 
 def test_host_floor_binds_small_micro_batches_only(monkeypatch):
-    """A MoE layer pass takes at least the host's launches for its E / ep local experts: the
-    floor lifts a tiny micro-batch's layer to passes x local experts x the per-expert time,
-    and leaves a layer whose device work is longer untouched."""
-    monkeypatch.setattr(moe, "HOST_PER_EXPERT_S", 400e-6)
+    """A MoE layer pass takes at least the host's time to issue it: the floor lifts a tiny
+    micro-batch's layer to passes x the per-pass time (3 passes under full recomputation) and
+    leaves a layer whose device work is longer untouched."""
+    monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 4e-3)
     from planner.cost import terms
     terms._layer_terms.cache_clear()
-    _, small = block_terms(config(ep=4))  # 4 local experts: >= 2 x 4 x 400 us per micro-batch
-    assert small.time_s == pytest.approx(2 * 4 * 400e-6)
-    assert moe.host_floor_s(1.0, MOE.layers[1].mlp, 4, 2) == 0.0
-    assert moe.host_floor_s(0.0, MOE.layers[1].mlp, 16, 3) == pytest.approx(3 * 400e-6)
+    _, small = block_terms(config(ep=4))
+    assert small.time_s == pytest.approx(2 * 4e-3)
+    _, full = block_terms(config(ep=4), recompute=Recompute.FULL)
+    assert full.time_s == pytest.approx(3 * 4e-3)
+    _, selective = block_terms(config(ep=4), recompute=Recompute.SELECTIVE)
+    assert selective.time_s > small.time_s  # re-issues the attention core
+    assert moe.host_floor_s(1.0, 2) == 0.0
+    assert moe.host_floor_s(0.0, 3) == pytest.approx(3 * 4e-3)

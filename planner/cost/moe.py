@@ -60,15 +60,16 @@ DROPLESS_SYNC_S = 0.0
 GROUPED_GEMM_EFFICIENCY = 0.8
 
 
-# Host time per local expert per MoE layer pass when the runtime launches the expert GEMMs from
-# Python without CUDA graphs: Transformer Engine's GroupedLinear / the per-expert FP8
-# quantisation and GEMM calls loop over the GPU's E / ep local experts (tens of microseconds of
-# launches each per pass). A layer pass cannot take less than the host needs to issue it: with
-# small micro-batches MoE layers are host-bound (Megatron-Core MoE README: CUDA graphs "to
-# reduce CPU overhead" of dropless MoE). Fitted by bench/moe_fit.py on the measured MoE runs
-# (grid 0 / 200 / 300 / 400 us: 400; the Megatron-Bridge Qwen3-30B-A3B runs at micro-batch 1,
-# 16 local experts, take 8.8 ms per layer and micro-batch where the GPU needs about 3).
-HOST_PER_EXPERT_S = 400e-6
+# Host time per MoE layer pass when the runtime issues the layer from Python without CUDA
+# graphs: the router, the token permutation and its all-to-all splits (read back to the host for
+# dropless routing), the grouped expert GEMMs with their FP8 quantisation, the unpermutation --
+# a few hundred kernel launches and their Python dispatch. A layer pass cannot take less than
+# the host needs to issue it, so with small micro-batches MoE layers are host-bound
+# (Megatron-Core MoE README: CUDA graphs for dropless MoE "to reduce CPU overhead"). Fitted by
+# bench/moe_fit.py on the measured MoE runs (the Megatron-Bridge Qwen3-30B-A3B runs at
+# micro-batch 1 take 8.8-9.6 ms per layer and micro-batch on B200 and H100 where the GPU needs
+# 3-6 ms).
+HOST_PER_LAYER_PASS_S = 4.4e-3
 
 
 def routed_tokens(tokens: float, mlp: Mlp, tp: int, etp: int, load: float = 1.0) -> float:
@@ -147,12 +148,25 @@ def dispatch_combine_s(tokens: float, h: int, mlp: Mlp, tp: int, etp: int, ep: i
     return exposed
 
 
-def host_floor_s(gpu_s: float, mlp: Mlp, ep: int, passes: int) -> float:
+def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0) -> float:
     """Seconds a MoE layer's ``passes`` (forward, backward, recomputed forward) wait on the host
-    beyond their ``gpu_s`` of device work: the host issues ``E / ep`` local experts' kernels
-    per pass, and the layer takes the longer of the two."""
-    local = mlp.num_experts / max(ep, 1)
-    return max(0.0, passes * local * HOST_PER_EXPERT_S - gpu_s)
+    beyond their ``gpu_s`` of device work: the host needs :data:`HOST_PER_LAYER_PASS_S` to
+    issue each pass (plus ``extra_host_s`` of other launches the option repeats), and the
+    layer takes the longer of the two."""
+    return max(0.0, passes * HOST_PER_LAYER_PASS_S + extra_host_s - gpu_s)
+
+
+def host_passes(recompute: str) -> tuple[float, int]:
+    """(expert passes, other kernel launches) the host issues for a MoE layer under a
+    recomputation policy: forward and backward; full recomputation repeats the forward, per-op
+    checkpointing half of it, selective only the attention core (one kernel launch)."""
+    if recompute == "full":
+        return 3.0, 0
+    if recompute == "op":
+        return 2.5, 0
+    if recompute == "selective":
+        return 2.0, 1
+    return 2.0, 0
 
 
 def dispatch_buffer_bytes(tokens: float, h: int, mlp: Mlp, tp: int, etp: int,

@@ -91,6 +91,12 @@ class RuntimeProfile:
     # reshard_after_forward = not pp_enabled; PipelineStage syncs gradients on the last
     # micro-batch; FSDP2 accumulates them in reduce_dtype, fp32 by default)
     pp_keeps_unsharded: bool = False
+    pipeline_zero_stages: tuple[int, ...] | None = None  # stages it runs with pp > 1 (None: all)
+    tp_overlap_needs_compile: bool = False  # TP overlap only under torch.compile (async TP)
+    # expert tensor parallel degrees it runs (MoE): "any" divisor of the stage (Megatron-Core's
+    # --expert-tensor-parallel-size), "one-or-tp" (experts whole or split like the dense TP),
+    # "one" (no expert tensor parallelism)
+    expert_tp: str = "any"
 
     @property
     def search_zero_stages(self) -> tuple[int, ...]:
@@ -100,6 +106,19 @@ class RuntimeProfile:
 
     def allows_zero(self, stage: int) -> bool:
         return stage in self.zero_stages
+
+    def allows_zero_with(self, stage: int, pp: int) -> bool:
+        """The runtime runs ZeRO ``stage`` with ``pp`` pipeline stages."""
+        return self.allows_zero(stage) and (pp == 1 or self.pipeline_zero_stages is None
+                                            or stage in self.pipeline_zero_stages)
+
+    def allows_etp(self, etp: int, tp: int) -> bool:
+        """The runtime splits routed experts over ``etp`` ranks with tensor parallel ``tp``."""
+        if self.expert_tp == "one":
+            return etp == 1
+        if self.expert_tp == "one-or-tp":
+            return etp in (1, tp)
+        return True
 
     def allows_schedule(self, schedule: str) -> bool:
         return schedule in self.schedules
@@ -167,8 +186,14 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         per_phase_prefetch=True, fp8_saved_inputs=False,
         allocator="pytorch caching allocator, max_memory_reserved reading (no CUDA context)",
         pp_keeps_unsharded=True,
+        # async TP (enable_async_tensor_parallel) raises "Async TP requires torch.compile"
+        # without --compile.enable (torchtitan/distributed/tensor_parallel.py)
+        tp_overlap_needs_compile=True,
+        # 0.3's expert mesh is efsdp x ep (no ETP; experts whole on each EP rank); 0.2.2 takes
+        # expert_tensor_parallel_degree 1 or tp: 1 runs on both
+        expert_tp="one",
         notes=("fp32 sharded parameters, bf16 all-gather (MixedPrecisionPolicy param_dtype)",
-               "TP implies sequence parallel; async TP overlaps its collectives")),
+               "TP implies sequence parallel; async TP overlaps its collectives, compiled only")),
     "deepspeed": RuntimeProfile(
         name="deepspeed", title="DeepSpeed / Megatron-DeepSpeed",
         frameworks=("DeepSpeed", "Megatron-DeepSpeed", "GPT-NeoX"),
@@ -186,6 +211,12 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         tp_comm_overlap=False, grad_reduce_overlap=True, param_gather_overlap=True,
         per_phase_prefetch=True, fp8_saved_inputs=False,
         allocator="pytorch caching allocator, nvidia-smi reading",
+        # PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+        # parallelism" (deepspeed/runtime/pipe/engine.py)
+        pipeline_zero_stages=(0, 1),
+        # DeepSpeed-MoE keeps experts whole or slices them like TP
+        # (deepspeed.moe.layer.MoE enable_expert_tensor_parallelism)
+        expert_tp="one-or-tp",
         notes=("pipeline engine reduces gradients after the flush (no overlap with PP)",),
         # deepspeed/runtime/pipe/engine.py: is_pipe_partitioned = is_grad_partitioned =
         # is_model_parallel (PartitionedTensor over the slice-parallel group)

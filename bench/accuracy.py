@@ -103,7 +103,8 @@ CAUSES = """\
 * **torchtitan FSDP + PP memory** (held out; no calibration run has it): FSDP2 under PP keeps
   the stage's weights gathered (``reshard_after_forward = not pp_enabled``) and accumulates
   unsharded fp32 gradients until the last micro-batch; one gather and one reduce-scatter per
-  step (profile flag ``pp_keeps_unsharded``). Llama 3.1 405B tp8 pp8 dp8 on 512 H100
+  step (profile flag ``pp_keeps_unsharded``; dense models only: the one MoE run with FSDP
+  under PP, AutoModel's DeepSeek-V3 pp4 on 80 GB, fits only resharded). Llama 3.1 405B tp8 pp8 dp8 on 512 H100
   (torchtitan benchmark Table 5): 22.9 -> 58.3 GiB predicted for 1F1B (82.5 measured), 25.1 ->
   60.4 GiB interleaved (72.7 measured).
 * **`microbatch_overhead_s` and `nccl_compute_slowdown` at 0**: the first is physical for what

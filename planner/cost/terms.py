@@ -276,7 +276,11 @@ def pp_keeps_unsharded(ctx: CostContext) -> bool:
     """FSDP under PP that keeps weights gathered and gradients unsharded over the step
     (planner.profiles.RuntimeProfile.pp_keeps_unsharded)."""
     c = ctx.config
-    return c.zero_stage >= 3 and c.pp > 1 and profile(ctx.options.profile).pp_keeps_unsharded
+    # Dense models only: the one measured MoE run with FSDP under PP (NeMo AutoModel,
+    # DeepSeek-V3 pp4 on 80 GB H100, bench/data/moe_runs.yaml) fits only with resharded states
+    return (c.zero_stage >= 3 and c.pp > 1 and profile(ctx.options.profile).pp_keeps_unsharded
+            and not any(layer.mlp is not None and layer.mlp.is_moe
+                        for layer in ctx.model.layers))
 
 
 @dataclass(frozen=True)

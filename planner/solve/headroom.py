@@ -12,10 +12,10 @@ order and requested in another fragment its segments, NCCL allocates its channel
 lazily when a communicator is first used, cuBLAS/cuDNN workspaces grow with the shapes they
 see. A plan that fills 99.9 % of HBM on paper has no room for any of this. The default, 5 %
 of HBM, is sized by the calibrated error of the memory prediction: the pooled log-ratio spread
-of the memory band in ``planner/calibration/defaults.yaml`` is 6.7 % (median error 3.3 %,
-docs/accuracy.md; log-ratio mean -1.0 %), so a plan predicted at 95 % of HBM fits with a
-probability of about Phi((0.051 + 0.010) / 0.067) = 0.82 under that band, where one predicted
-at 99.9 % fits with about Phi(0.16) = 0.56. ``--memory-headroom 0`` restores the old
+of the memory band in ``planner/calibration/defaults.yaml`` is 4.2 % (1.4826 x MAD; median
+error 3.0 %, docs/accuracy.md; log-ratio median -1.1 %), so a plan predicted at 95 % of HBM
+fits with a probability of about Phi((0.051 + 0.011) / 0.042) = 0.93 under that band, where one
+predicted at 99.9 % fits with about Phi(0.28) = 0.61. ``--memory-headroom 0`` restores the old
 behaviour (fill to the last byte).
 """
 from __future__ import annotations

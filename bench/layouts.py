@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,30 +36,47 @@ from planner.solve.search import SearchOptions, search  # noqa: E402
 from planner.solve.space import Pins  # noqa: E402
 
 
-def vlm():
-    """Llama-3.2-11B-Vision-like: ViT-H/14-style encoder (32 x 1280, 16 heads, GeLU 5120,
-    1601 patches padded into the text sequence) then the Llama-3.1-8B decoder."""
+# Llama-3.2-Vision's image encoder: a ViT-H/14-style stack (32 local + 8 global layers of
+# width 1280, 16 heads, GeLU MLP 5120) over one image of 4 tiles of 560 px, each 40 x 40 patches
+# plus a class token: 4 x 1601 image tokens per sample (the Llama 3.2 model card;
+# transformers' MllamaVisionModel). Its layers run on those tokens, not on the text sequence.
+VISION_TOKENS = 4 * 1601
+
+
+def _vision_blocks(count: int = 40):
     vit = BlockShape(hidden=1280, attention=Attention(16, 16, 80, 80, causal=False),
                      mlp=Mlp(5120, gated=False), norm_bias=True, qkv_bias=True, out_bias=True,
                      mlp_bias=True)
+    return [(f"vision.{i}", vit) for i in range(count)]
+
+
+def _with_vision_tokens(model):
+    """The vision layers run on the image tokens (planner.ir.Layer.seq_len)."""
+    layers = tuple(replace(layer, seq_len=VISION_TOKENS) if layer.name.startswith("vision.")
+                   else layer for layer in model.layers)
+    return replace(model, layers=layers)
+
+
+def vlm():
+    """Llama-3.2-11B-Vision-like: the 40-layer image encoder, then the Llama-3.1-8B decoder
+    (its 8 cross-attention layers are left out)."""
     text = BlockShape(hidden=4096, attention=Attention(32, 8, 128, 128), mlp=Mlp(14336, True))
-    blocks = [(f"vision.{i}", vit) for i in range(32)] + [(f"text.{i}", text) for i in range(32)]
-    return assemble(name="vlm-11b", family="vlm", embedding=EmbeddingShape(128256, 1280),
-                    blocks=blocks, head=HeadShape(128256, 4096), default_seq_len=4096,
-                    max_seq_len=None, source="Llama-3.2-11B-Vision shapes")
+    blocks = _vision_blocks() + [(f"text.{i}", text) for i in range(32)]
+    return _with_vision_tokens(assemble(
+        name="vlm-11b", family="vlm", embedding=EmbeddingShape(128256, 4096), blocks=blocks,
+        head=HeadShape(128256, 4096), default_seq_len=4096, max_seq_len=None,
+        source="Llama-3.2-11B-Vision shapes"))
 
 
 def vlm_90b():
-    """Llama-3.2-90B-Vision-like: the same ViT-H/14-style encoder in front of the Llama-3.1-70B
-    decoder (80 x 8192, 64 heads, 8 KV heads, SwiGLU 28672)."""
-    vit = BlockShape(hidden=1280, attention=Attention(16, 16, 80, 80, causal=False),
-                     mlp=Mlp(5120, gated=False), norm_bias=True, qkv_bias=True, out_bias=True,
-                     mlp_bias=True)
+    """Llama-3.2-90B-Vision-like: the same image encoder in front of the Llama-3.1-70B decoder
+    (80 x 8192, 64 heads, 8 KV heads, SwiGLU 28672; cross-attention layers left out)."""
     text = BlockShape(hidden=8192, attention=Attention(64, 8, 128, 128), mlp=Mlp(28672, True))
-    blocks = [(f"vision.{i}", vit) for i in range(32)] + [(f"text.{i}", text) for i in range(80)]
-    return assemble(name="vlm-90b", family="vlm", embedding=EmbeddingShape(128256, 1280),
-                    blocks=blocks, head=HeadShape(128256, 8192), default_seq_len=4096,
-                    max_seq_len=None, source="Llama-3.2-90B-Vision shapes")
+    blocks = _vision_blocks() + [(f"text.{i}", text) for i in range(80)]
+    return _with_vision_tokens(assemble(
+        name="vlm-90b", family="vlm", embedding=EmbeddingShape(128256, 8192), blocks=blocks,
+        head=HeadShape(128256, 8192), default_seq_len=4096, max_seq_len=None,
+        source="Llama-3.2-90B-Vision shapes"))
 
 
 def hf(name: str, folder: str = "models/hf_configs"):

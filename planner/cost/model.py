@@ -78,10 +78,10 @@ class Evaluation:
 def model_flops_per_step(model: ModelGraph, config: ParallelConfig) -> float:
     """Training FLOPs of one step without recomputation: 3 x forward, GEMMs at tp = 1, the
     attention core counted causally halved whatever kernel runs it (PaLM App. B convention)."""
-    shard = Shard(1, config.seq_len)
     per_sequence = 0.0
     for cls in model.layer_classes():
         layer = cls.layer
+        shard = Shard(1, layer.seq_len or config.seq_len)  # a vision encoder: its image tokens
         flops = sum(g.flops for g in layer_gemms(layer, shard))
         if layer.attention is not None:
             flops += attention_core_flops(layer.attention, shard, "flash")

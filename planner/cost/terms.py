@@ -287,9 +287,11 @@ def _layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
     if layout is Layout.MESH:
         return LayoutView(c.tp, c.micro_batch, ctx.shard, ctx.links.tp, mesh.shard_degree,
                           ctx.links.dp)
-    t = layout.tensor_degree(c.tp, c.dp)
+    t = layout.tensor_degree(c.tp, c.dp, ctx.cluster.gpus_per_node)
     if t is None or (c.tp * c.dp) % t or (c.micro_batch * t) % c.tp:
         return None
+    if t > c.tp and c.cp > 1:
+        return None  # the tp ranks after a TP group are its CP peers (another sequence chunk)
     mb = c.micro_batch * t // c.tp
     n = c.tp * c.dp // t * c.cp  # tensor groups per stage x CP ranks: the layer's data group
     shard = Shard(mb, c.seq_len, t, c.cp, c.ep, c.sp and t > 1, c.dtype)
@@ -299,19 +301,31 @@ def _layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
 
 def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
     """Whether ``option`` can run ``layer`` under this context: non-mesh layouts are for dense
-    blocks whose heads and FFN width divide the layout's tensor degree."""
+    blocks whose heads and FFN width divide the layout's tensor degree, and for the embedding
+    and head (never recomputed) whose vocabulary it divides (a vocab-parallel table); a tied
+    embedding on two pipeline stages keeps the mesh layout (its gradient all-reduce between
+    the first and last stage is the configuration's, ``embedding_sync_s``)."""
     if option.layout is Layout.MESH:
         return True
     view = layout_view(ctx, option.layout)
-    if view is None or layer.kind is not LayerKind.BLOCK:
+    if view is None:
         return False
+    if option.layout is Layout.NODE and layer.kind is LayerKind.BLOCK:
+        return False  # a node-wide vocab-parallel table; blocks take the mesh's degree or less
+    if layer.kind is not LayerKind.BLOCK:
+        if option.recompute is not Recompute.NONE:
+            return False
+        if ctx.model.tied_embeddings and ctx.config.pp > 1:
+            return False
+        return not layer.vocab or layer.vocab % view.tp == 0
     if layer.mlp is not None and (layer.mlp.is_moe or layer.mlp.ffn_hidden % view.tp):
         return False
     att = layer.attention
     return att is None or att.num_heads % view.tp == 0
 
 
-def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout) -> float:
+def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout,
+              seq_len: int = 0) -> float:
     """Seconds per micro-batch (forward + backward) to move the activation from a layer of
     layout ``before`` to the next layer, of layout ``after``.
 
@@ -323,7 +337,8 @@ def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout) -> f
     parallelism each rank's shard changes from (batch/k, seq) to (batch, seq/k): an all-to-all,
     forward and backward. These are the resharding collectives of the sharding-spec changes
     S(batch) -> R and S(seq) -> S(batch) (Alpa, Zheng et al. OSDI 2022, §4.1 and Table 2;
-    GSPMD, Xu et al. 2021; the edge costs of OpenXLA's auto-sharding pass)."""
+    GSPMD, Xu et al. 2021; the edge costs of OpenXLA's auto-sharding pass). ``seq_len``: the
+    later layer's tokens per sequence when they are not the workload's (a vision encoder)."""
     if before is after:
         return 0.0
     a, b = layout_view(ctx, before), layout_view(ctx, after)
@@ -332,7 +347,8 @@ def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout) -> f
     small, big = (a, b) if a.tp < b.tp else (b, a)
     k = big.tp // small.tp
     link = group_link(ctx.cluster, k, small.tp)  # k ranks, one from each merging group
-    gathered = big.shard.tokens * hidden * ACT_BYTES  # one merged group's activation
+    tokens = big.shard.tokens if not seq_len else big.micro_batch * seq_len // big.shard.cp
+    gathered = tokens * hidden * ACT_BYTES  # one merged group's activation
     if small.shard.sp or big.shard.sp:
         return 2 * comm.all_to_all_s(gathered / big.tp, k, link)
     return comm.all_gather_s(gathered, k, link)
@@ -347,7 +363,7 @@ def boundary_reshard_s(ctx: CostContext, layers: Sequence[Layer],
     for i in range(1, len(layers)):
         if options[i].layout is not options[i - 1].layout:
             out[stage[i]] += reshard_s(ctx, layers[i].hidden, options[i - 1].layout,
-                                       options[i].layout)
+                                       options[i].layout, layers[i].seq_len)
     return out
 
 
@@ -376,6 +392,21 @@ def _tp_syncs(layer: Layer) -> tuple[int, int]:
     return (1 if layer.vocab else 0), 1  # LM head: gather input (SP), reduce input gradient
 
 
+def conv_tp_s(layer: Layer, micro_batch: int, tp: int, link: Link) -> tuple[float, float]:
+    """(forward, backward) seconds of a convolutional block's channel-parallel collectives:
+    each convolution computes its share of the output channels from the whole input, so the
+    forward all-gathers every output and the backward all-reduces every input gradient (each
+    rank's weight shard contributes a partial sum), as a column-parallel linear without a
+    row-parallel partner (Megatron-LM §3)."""
+    if tp <= 1:
+        return 0.0, 0.0
+    fwd = sum(comm.all_gather_s(micro_batch * c.out_channels * c.out_pixels * ACT_BYTES, tp,
+                                link) for c in layer.convs)
+    bwd = sum(comm.all_reduce_s(micro_batch * c.in_channels * c.in_pixels * ACT_BYTES, tp, link)
+              for c in layer.convs)
+    return fwd, bwd
+
+
 def layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTerms:
     """The terms of ``layer`` run with ``option`` under the context's mesh and workload."""
     return _layer_terms(ctx, _unnamed(layer), option)
@@ -397,6 +428,13 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         raise ValueError(f"layout {option.layout.value} does not divide the mesh "
                          f"tp={c.tp} dp={c.dp} micro_batch={c.micro_batch}")
     shard, tp, sp = view.shard, view.tp, view.shard.sp
+    seq_len = layer.seq_len or c.seq_len  # a vision encoder runs on its image tokens
+    if seq_len != shard.seq_len:
+        shard = replace(shard, seq_len=seq_len)
+    if layer.tied_params and c.pp == 1:
+        # one stage holds the embedding and the head: one tensor, one copy (the head's copy
+        # of a tied table exists on the last of several stages only)
+        layer = replace(layer, tied_params=0)
     recompute = option.recompute
     compute = layer_compute(layer, shard, ctx.cluster.gpu, opts)
     tokens = shard.tokens
@@ -407,7 +445,11 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     if tp > 1 and not sp and layer.kind is LayerKind.HEAD:
         fwd_syncs = 0  # without SP the head's input is already replicated
     tp_fwd = fwd_syncs * one
-    tp_total = tp_fwd + bwd_syncs * one + (tp_fwd if recompute is Recompute.FULL else 0.0)
+    tp_bwd = bwd_syncs * one
+    if layer.convs and layer.kind is LayerKind.BLOCK and layer.attention is None \
+            and layer.mlp is None:
+        tp_fwd, tp_bwd = conv_tp_s(layer, view.micro_batch, tp, view.tp_link)
+    tp_total = tp_fwd + tp_bwd + (tp_fwd if recompute is Recompute.FULL else 0.0)
     # the hidden share still slows the GEMMs it overlaps (NCCL takes SMs)
     tp_comm = tp_total * ((1.0 - opts.tp_comm_overlap)
                           + opts.tp_comm_overlap * opts.comm_slowdown)
@@ -432,7 +474,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         ring = 3 * (c.cp - 1) * comm.p2p_s(kv_bytes, links.cp)
         core_s = compute.attn_core_s  # the core's forward + backward time (compute.py)
         other += max(0.0, ring - core_s)
-    stored, working = layer_activation_bytes(layer, view.micro_batch, c.seq_len, tp, c.cp, sp,
+    stored, working = layer_activation_bytes(layer, view.micro_batch, seq_len, tp, c.cp, sp,
                                              recompute, opts.attention_kernel, opts.dropout,
                                              mesh.expert_tp, opts.moe.load_factor,
                                              opts.fp8_saved_inputs and c.dtype == "fp8")

@@ -77,7 +77,7 @@ class _Builder:
         self.drop = drop
         self.model = cp_model.CpModel()
         work = sum(max(x.time_s for x in cls.costs) * cls.count for cls in problem.classes)
-        work += sum(x.time_s for x in problem.pre_costs + problem.post_costs)
+        work += problem.fixed_extreme("time_s", max)
         m, v = self.T.num_micro_batches, self.T.virtual_stages
         self.scale_s = max(work * (m * v + 1), 1e-12) / TICKS
         self.cutoff_s = cutoff_s
@@ -115,18 +115,58 @@ class _Builder:
         return sum(var * math.ceil(coef * factor) for var, coef in terms)
 
     def stage_terms(self, i: int, *names: str) -> tuple[Terms, float]:
-        """sum over classes and options of n[i,c,r] * (named terms), plus the fixed layers' sum."""
+        """sum over classes and options of n[i,c,r] * (named terms), plus the fixed layers'
+        (a constant, or their option indicators' terms when they choose a layout)."""
         terms = [(self.n[i, ci, ri], self.lt(cost, *names))
                  for ci, cls in enumerate(self.p.classes) for ri, cost in enumerate(cls.costs)]
-        return terms, sum(self.lt(x, *names) for x in self.fixed(i))
+        const = 0.0
+        for var, cost in self.fixed(i):
+            if isinstance(var, int):
+                const += self.lt(cost, *names)
+            else:
+                terms.append((var, self.lt(cost, *names)))
+        return terms, const
 
-    def fixed(self, i: int) -> tuple[LayerTerms, ...]:
-        out: tuple[LayerTerms, ...] = ()
-        if i == 0:
-            out += self.p.pre_costs
-        if i == self.T.pp - 1:
-            out += self.p.post_costs
+    def fixed(self, i: int) -> list[tuple[object, LayerTerms]]:
+        """(indicator, terms) of every option of the non-block layers on stage ``i``; the
+        indicator is the int 1 for a layer with one option."""
+        out = []
+        indices = (self.p.pre if i == 0 else ()) + (self.p.post if i == self.T.pp - 1 else ())
+        for index in indices:
+            out += [(self.e[index, k], cost)
+                    for k, (_, cost) in enumerate(self.p.edge_choices(index))]
         return out
+
+    def edge_vars(self) -> None:
+        """e[j,k]: non-block layer j takes its k-th option (one-hot; the int 1 when it has one
+        option). A tied embedding and LM head hold one table: the same layout."""
+        M, P = self.model, self.p
+        self.e = {}
+        for index in P.pre + P.post:
+            choices = P.edge_choices(index)
+            if len(choices) == 1:
+                self.e[index, 0] = 1
+                continue
+            vs = [M.new_bool_var(f"e[{index},{o.name}]") for o, _ in choices]
+            M.add_exactly_one(vs)
+            for k, v in enumerate(vs):
+                self.e[index, k] = v
+        if not self.ctx.model.tied_embeddings:
+            return
+        layers = self.ctx.model.layers
+        tied = [j for j in P.pre + P.post
+                if layers[j].kind.value == "embedding" or layers[j].tied_params]
+        for a, h in zip(tied, tied[1:]):
+            self._same_layout(a, h)
+
+    def edge_layout(self, index: int) -> dict:
+        """layout -> indicator of non-block layer ``index``."""
+        return {o.layout: self.e[index, k] for k, (o, _) in enumerate(self.p.edge_choices(index))}
+
+    def _same_layout(self, a: int, b: int) -> None:
+        la, lb = self.edge_layout(a), self.edge_layout(b)
+        for lay in set(la) | set(lb):
+            self.model.add(la.get(lay, 0) == lb.get(lay, 0))
 
     def seconds(self, i: int, *names: str):
         """The stage's sum of the named time terms, in ticks."""
@@ -186,6 +226,7 @@ class _Builder:
                         M.add(n <= cls.count * u)
                         self.u[i, ci, ri] = u
                 M.add(sum(self.n[i, ci, ri] for ri in range(len(cls.options))) == x)
+        self.edge_vars()
         reshard = self.layouts(b)
 
         alpha = 1.0 + self.ct("allocator_overhead")
@@ -207,7 +248,7 @@ class _Builder:
         slack_c = 0.0
         self.t = []
         for i in range(pp):
-            fixed_expert = any(x.expert_params > 0 for x in self.fixed(i))
+            fixed_expert = any(x.expert_params > 0 for _, x in self.fixed(i))
             has_expert = 1 if fixed_expert else 0
             if moe and not fixed_expert:
                 has_expert = M.new_bool_var(f"has_expert[{i}]")
@@ -229,16 +270,16 @@ class _Builder:
                     if (i, ci, ri) in self.u:
                         k = math.ceil(alpha * self.lt(cost, "act_working_bytes"))
                         M.add(working >= k * self.u[i, ci, ri])
-            for cost in self.fixed(i):
-                M.add(working >= math.ceil(alpha * self.lt(cost, "act_working_bytes")))
+            for var, cost in self.fixed(i):
+                M.add(working >= math.ceil(alpha * self.lt(cost, "act_working_bytes")) * var)
             mem = (self.bytes_lin(states) + self.bytes_lin(stored, in_flight[i] * alpha) + working)
             gather = M.new_int_var(0, 2**52, f"gather_buffer[{i}]")  # largest ZeRO-3 gather
             for ci, cls in enumerate(P.classes):
                 k = max(math.ceil(alpha * self.lt(x, "gather_buffer_bytes")) for x in cls.costs)
                 if k:
                     M.add(gather >= k * self.present[i, ci])
-            for cost in self.fixed(i):
-                M.add(gather >= math.ceil(alpha * self.lt(cost, "gather_buffer_bytes")))
+            for var, cost in self.fixed(i):
+                M.add(gather >= math.ceil(alpha * self.lt(cost, "gather_buffer_bytes")) * var)
             mem += gather
             const = (states_c + in_flight[i] * alpha * stored_c
                      + alpha * self.ct("buffer_bytes") + self.ct("reserve_bytes"))
@@ -276,8 +317,8 @@ class _Builder:
                     k = max(self.ticks(keep * self.lt(x, "zero_edge_s")) for x in cls.costs)
                     if k:
                         M.add(edge >= k * self.present[i, ci])
-                for cost in self.fixed(i):
-                    M.add(edge >= self.ticks(keep * self.lt(cost, "zero_edge_s")))
+                for var, cost in self.fixed(i):
+                    M.add(edge >= self.ticks(keep * self.lt(cost, "zero_edge_s")) * var)
                 stage += e_f + e_b + edge
                 if kappa:
                     stage += self.time_lin(traffic_terms, kappa) + self.ticks(
@@ -322,20 +363,21 @@ class _Builder:
     def layouts(self, b: list) -> list[tuple[Terms, float]]:
         """(R) Per-class layouts and the resharding edges between consecutive layers.
 
-        Each block class takes one layout: y[c,l] one-hot, n[i,c,r] = 0 unless y[c, layout(r)].
-        The boundary into class c costs ``reshard(l1, l2)`` on the stage holding c's first
-        block when class c-1 has l1 and c has l2: an edge variable z >= y[c-1,l1] + y[c,l2] - 1
-        (and, when that stage is a decision, q >= z + w[i,c] - 1 with w[i,c] = "stage i holds
-        c's first block"). The embedding and head keep the mesh layout: their boundaries cost
-        ``reshard(mesh, l)`` on the first and ``reshard(l, mesh)`` on the last stage. Returns per
-        stage the (variable, seconds) terms and a constant (Alpa / OpenXLA auto-sharding:
-        one-hot strategies per node, linearised pairwise resharding costs per edge)."""
+        Each block class takes one layout: y[c,l] one-hot, n[i,c,r] = 0 unless y[c, layout(r)];
+        each non-block layer one option, e[j,k] (:meth:`edge_vars`). The boundary into class c
+        costs ``reshard(l1, l2)`` on the stage holding c's first block when class c-1 has l1
+        and c has l2: an edge variable z >= y[c-1,l1] + y[c,l2] - 1 (and, when that stage is a
+        decision, q >= z + w[i,c] - 1 with w[i,c] = "stage i holds c's first block"). The
+        boundaries between the embedding(s) and the first class are charged to the first
+        stage, those between the last class and the head(s) to the last. Returns per stage
+        the (variable, seconds) terms and a constant (Alpa / OpenXLA auto-sharding: one-hot
+        strategies per node, linearised pairwise resharding costs per edge)."""
         P, M, pp = self.p, self.model, self.T.pp
         L, v = P.num_blocks, self.T.virtual_stages
         out: list[tuple[Terms, float]] = [([], 0.0) for _ in range(pp)]
-        if all(len(P.layouts(ci)) <= 1 for ci in range(len(P.classes))):
+        if all(len(P.layouts(ci)) <= 1 for ci in range(len(P.classes))) and \
+                all(len(P.edge_choices(j)) <= 1 for j in P.pre + P.post):
             return out
-        from planner.strategy import Layout
 
         y = []
         for ci, cls in enumerate(P.classes):
@@ -345,19 +387,32 @@ class _Builder:
                 if c == ci:
                     M.add(n <= cls.count * ys[cls.options[ri].layout])
             y.append(ys)
-        mesh = Layout.MESH
+
+        def edge(stage: int, after_index: int, before: dict, after: dict, tag: str) -> None:
+            """Charge reshard(l1, l2) to ``stage`` when before = l1 and after = l2."""
+            for l1, y1 in before.items():
+                for l2, y2 in after.items():
+                    cost = P.reshard_s(after_index - 1, after_index, l1, l2)
+                    if not cost:
+                        continue
+                    if isinstance(y1, int) and isinstance(y2, int):
+                        out[stage] = (out[stage][0], out[stage][1] + cost)
+                        continue
+                    z = M.new_bool_var(f"z[{tag},{l1.value},{l2.value}]")
+                    M.add(z >= y1 + y2 - 1)
+                    out[stage][0].append((z, cost))
+
+        chain = list(P.pre)
+        for k in range(1, len(chain)):
+            edge(0, chain[k], self.edge_layout(chain[k - 1]), self.edge_layout(chain[k]),
+                 f"pre{k}")
         if P.pre:
-            first = P.classes[0].start
-            for lay, var in y[0].items():
-                cost = P.reshard_s(first - 1, first, mesh, lay)
-                if cost:
-                    out[0][0].append((var, cost))
+            edge(0, P.classes[0].start, self.edge_layout(P.pre[-1]), y[0], "pre")
         if P.post:
-            last = P.post[0]
-            for lay, var in y[-1].items():
-                cost = P.reshard_s(last - 1, last, lay, mesh)
-                if cost:
-                    out[pp - 1][0].append((var, cost))
+            edge(pp - 1, P.post[0], y[-1], self.edge_layout(P.post[0]), "post")
+        for k in range(1, len(P.post)):
+            edge(pp - 1, P.post[k], self.edge_layout(P.post[k - 1]),
+                 self.edge_layout(P.post[k]), f"post{k}")
         for ci in range(1, len(P.classes)):
             cls = P.classes[ci]
             if v > 1:
@@ -438,8 +493,12 @@ class _Builder:
                     index = cls.start + (blk - cls.first_block)
                     stage[index] = i
                     options[index] = option
-        for index in self.p.post:
-            stage[index] = pp - 1
+        for index in self.p.pre + self.p.post:
+            stage[index] = 0 if index in self.p.pre else pp - 1
+            for k, (option, _) in enumerate(self.p.edge_choices(index)):
+                var = self.e[index, k]
+                if isinstance(var, int) or solver.value(var):
+                    options[index] = option
         return LayerPlacement(tuple(stage), tuple(options))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import ortools
@@ -97,6 +97,20 @@ def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfi
     return best
 
 
+def _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, options,
+                        deadline) -> list[tuple[float, tuple, Evaluation]]:
+    """The best uniform (mesh-layout) plans, as (step time, key, evaluation) entries."""
+    budget = (deadline - time.monotonic()) / 2
+    work = None if options.work_limit is None else max(1, options.work_limit // 2)
+    try:
+        found = search(model, cluster, global_batch, seq_len, dtype, replace(pins, layouts=None),
+                       replace(options, time_limit_s=budget, work_limit=work))
+    except PlannerError:
+        return []
+    return [(ev.step_time_s, config_key(ev.config), ev)
+            for ev in [found.best, *found.alternatives]]
+
+
 def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
            dtype: str = "bf16", pins: Pins = Pins(), options: SearchOptions = SearchOptions(),
            progress: Progress | None = None) -> SearchResult:
@@ -122,6 +136,11 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     prof = runtime_profile(options.runtime.profile)
 
     kept: list[tuple[float, tuple, Evaluation]] = []  # (step time, key, evaluation)
+    if pins.layouts == "per-layer":
+        # the per-layer space contains the uniform one: its best plan (in half the time) is
+        # the incumbent, so the per-layer plan is never worse and its bound prunes earlier
+        kept = _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, options,
+                                   deadline)
     evaluated = optimal = 0
     open_bound = math.inf  # smallest bound among candidates not proven
     timed_out = False

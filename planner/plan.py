@@ -63,10 +63,14 @@ def content_hash(value: Any) -> str:
 
 
 def layers_list(ev: Evaluation) -> list[dict[str, Any]]:
-    return [{"index": i, "name": layer.name, "kind": layer.kind.value,
-             "stage": ev.placement.stage[i], "recompute": ev.placement.options[i].recompute.value,
-             "layout": ev.placement.options[i].layout.value, "params": layer.params}
-            for i, layer in enumerate(ev.model.layers)]
+    out = [{"index": i, "name": layer.name, "kind": layer.kind.value,
+            "stage": ev.placement.stage[i], "recompute": ev.placement.options[i].recompute.value,
+            "layout": ev.placement.options[i].layout.value, "params": layer.params}
+           for i, layer in enumerate(ev.model.layers)]
+    for entry, option in zip(out, ev.placement.options):
+        if option.offload:  # only then: plans without offload keep their bytes
+            entry["offload"] = True
+    return out
 
 
 def alternative_dict(ev: Evaluation, best: Evaluation) -> dict[str, Any]:

@@ -85,7 +85,8 @@ class Plan:
             placement = LayerPlacement(
                 tuple(int(layer["stage"]) for layer in layers),
                 tuple(LayerOption(Recompute(layer["recompute"]),
-                                  Layout(layer.get("layout", Layout.MESH.value)))
+                                  Layout(layer.get("layout", Layout.MESH.value)),
+                                  bool(layer.get("offload", False)))
                       for layer in layers))
             r = doc["runtime"]
             runtime = RuntimeOptions(**{k: r[k] for k in _RUNTIME_KEYS if k in r},
@@ -132,6 +133,8 @@ class Plan:
             entry["recompute"] = option.recompute.value
             if "layout" in entry or option.layout is not Layout.MESH:
                 entry["layout"] = option.layout.value
+            if "offload" in entry or option.offload:
+                entry["offload"] = option.offload
         return doc
 
     # -- the cost model on this plan -------------------------------------------------------

@@ -62,16 +62,20 @@ class Layout(str, Enum):
 
 @dataclass(frozen=True)
 class LayerOption:
-    """How one layer runs: its layout and its recomputation."""
+    """How one layer runs: its layout, its recomputation, and whether its optimizer states and
+    fp32 master weights live in host memory (ZeRO-Offload, planner/cost/offload.py)."""
 
     recompute: Recompute = Recompute.NONE
     layout: Layout = Layout.MESH
+    offload: bool = False
 
     @property
     def name(self) -> str:
-        """Short stable name (CP-SAT variable names, messages): 'full', 'mesh/full' later."""
-        return self.recompute.value if self.layout is Layout.MESH else \
+        """Short stable name (CP-SAT variable names, messages): 'full', 'tp=1/full',
+        'full+offload'."""
+        name = self.recompute.value if self.layout is Layout.MESH else \
             f"{self.layout.value}/{self.recompute.value}"
+        return name + "+offload" if self.offload else name
 
     @property
     def memory_rank(self) -> int:
@@ -88,10 +92,13 @@ PER_LAYER_LAYOUTS = tuple(Layout)  # the solver picks a layout per block class
 
 
 def block_options(recompute: Iterable[Recompute] = RECOMPUTE_POLICIES,
-                  layouts: Iterable[Layout] = LAYOUTS) -> tuple[LayerOption, ...]:
-    """The per-block choices the solver, the oracle and the bounds enumerate (layout-major)."""
-    recompute = tuple(recompute)
-    return tuple(LayerOption(r, lay) for lay in layouts for r in recompute)
+                  layouts: Iterable[Layout] = LAYOUTS,
+                  offload: Iterable[bool] = (False,)) -> tuple[LayerOption, ...]:
+    """The per-block choices the solver, the oracle and the bounds enumerate (offload-, then
+    layout-major: the options without offload first)."""
+    recompute, layouts = tuple(recompute), tuple(layouts)
+    return tuple(LayerOption(r, lay, off) for off in offload for lay in layouts
+                 for r in recompute)
 
 
 BLOCK_OPTIONS = block_options()
@@ -118,10 +125,12 @@ def per_layer_layouts(config, node: int = 0) -> tuple[Layout, ...]:
 
 
 def edge_options(block_opts: Iterable[LayerOption]) -> tuple[LayerOption, ...]:
-    """The options of the embedding and the head: every layout the blocks may take, never
-    recomputed (in the blocks' layout order; the mesh layout, NO_OPTION, first)."""
+    """The options of the embedding and the head: every layout (and offload choice) the
+    blocks may take, never recomputed (NO_OPTION first)."""
+    block_opts = tuple(block_opts)
     layouts = dict.fromkeys([Layout.MESH] + [o.layout for o in block_opts])
-    return tuple(LayerOption(Recompute.NONE, lay) for lay in layouts)
+    offload = dict.fromkeys([False] + [o.offload for o in block_opts])
+    return tuple(LayerOption(Recompute.NONE, lay, off) for off in offload for lay in layouts)
 
 
 def block_options_for(config, recompute: Iterable[Recompute] = RECOMPUTE_POLICIES

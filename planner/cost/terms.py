@@ -53,7 +53,7 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Sequence
 
-from planner.cost import comm, moe
+from planner.cost import comm, moe, offload
 from planner.cost.compute import Shard, hbm_bytes_per_s, layer_compute
 from planner.cost.context import CostContext
 from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches,
@@ -126,6 +126,9 @@ class LayerTerms:
     dense_params: float  # held by one GPU before ZeRO sharding (volumes, reports)
     expert_params: float
     hw_flops: float  # executed, recomputation included
+    # host memory of offloaded optimizer states (LayerOption.offload; the stage's sum is
+    # bounded by the GPU's host share, ConfigTerms.host_capacity_bytes)
+    host_bytes: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -172,6 +175,7 @@ class ConfigTerms:
     embedding_sync_s: float  # tied embeddings: gradient all-reduce of first and last stage
     comm_slowdown: float = 0.0  # compute slowdown per second of overlapped NCCL traffic
     micro_batch_overhead_s: float = 0.0  # fixed host / launch seconds per micro-batch per stage
+    host_capacity_bytes: float = float("inf")  # host memory per GPU (Cluster.host)
 
 
 
@@ -222,7 +226,9 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         dp_reduce_dense=red_dense, dp_reduce_expert=red_expert, dp_gather_dense=gat_dense,
         dp_gather_expert=gat_expert, overlap_grad_reduce=opts.overlap_grad_reduce,
         overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx),
-        comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s)
+        comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s,
+        host_capacity_bytes=(ctx.cluster.host.capacity_bytes if ctx.cluster.host is not None
+                             else float("inf")))
 
 
 def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Link,
@@ -305,6 +311,8 @@ def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
     and head (never recomputed) whose vocabulary it divides (a vocab-parallel table); a tied
     embedding on two pipeline stages keeps the mesh layout (its gradient all-reduce between
     the first and last stage is the configuration's, ``embedding_sync_s``)."""
+    if option.offload and ctx.cluster.host is None:
+        return False  # no host memory described (the cluster file's host: section)
     if option.layout is Layout.MESH:
         return True
     view = layout_view(ctx, option.layout)
@@ -504,12 +512,20 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
                    + t.zero_gather_expert.slope_s_per_byte * w_expert)  # forward + backward
     zero_traffic = zero_reduce + zero_gather
     owned = dense / (n if zero >= 1 else 1) + expert / (n_expert if zero >= 1 else 1)
+    optimizer_bytes = dense_states.optimizer + expert_states.optimizer
+    optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / hbm_bytes_per_s(ctx.cluster.gpu)
+    host_bytes = 0.0
+    if option.offload:  # ZeRO-Offload: states on the host, Adam on its cores
+        host_bytes = offload.host_bytes(owned, optimizer_bytes)
+        optimizer_bytes = 0.0
+        optimizer_s = offload.offload_step_s(owned, state.grad_reduce_bytes, state.weights,
+                                             OPTIMIZER_BYTES_PER_PARAM, ctx.cluster.host)
     return LayerTerms(
         fwd_s=compute.fwd_s, bwd_s=compute.bwd_s, recompute_s=compute.recompute_s(recompute),
         comm_s=tp_comm + other, act_stored_bytes=stored, act_working_bytes=working,
         params_bytes=dense_states.params + expert_states.params,
         grads_bytes=dense_states.grads + expert_states.grads,
-        optimizer_bytes=dense_states.optimizer + expert_states.optimizer,
+        optimizer_bytes=optimizer_bytes,
         gather_buffer_bytes=2 * (dense + expert) * state.weights if zero >= 3 else 0.0,
         zero_traffic_s=zero_traffic, zero_fwd_traffic_s=zero_gather / 2,
         zero_edge_s=zero_gather / 2 + zero_reduce,
@@ -517,9 +533,9 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
                      + t.dp_reduce_expert.slope_s_per_byte * grad_expert),
         dp_gather_s=(t.dp_gather_dense.slope_s_per_byte * w_dense
                      + t.dp_gather_expert.slope_s_per_byte * w_expert),
-        optimizer_s=owned * OPTIMIZER_BYTES_PER_PARAM / hbm_bytes_per_s(ctx.cluster.gpu),
-        dense_params=dense, expert_params=expert,
-        hw_flops=3 * compute.fwd_flops + compute.recompute_flops(recompute))
+        optimizer_s=optimizer_s, dense_params=dense, expert_params=expert,
+        hw_flops=3 * compute.fwd_flops + compute.recompute_flops(recompute),
+        host_bytes=host_bytes)
 
 
 # -- stage and step formulas over terms (what evaluate() reports) ----------------------------
@@ -575,6 +591,17 @@ def stage_memory(t: ConfigTerms, stage: int, layers: Sequence[LayerTerms]) -> Me
     reserve = t.reserve_bytes + t.allocator_overhead * (activations + buffers)
     return MemoryBreakdown(sum(x.params_bytes for x in layers), sum(x.grads_bytes for x in layers),
                            sum(x.optimizer_bytes for x in layers), activations, buffers, reserve)
+
+
+def stage_host_bytes(layers: Sequence[LayerTerms]) -> float:
+    """Host bytes per GPU of a stage's offloaded optimizer states."""
+    return sum(x.host_bytes for x in layers)
+
+
+def stage_fits(t: ConfigTerms, stage: int, layers: Sequence[LayerTerms]) -> bool:
+    """The stage fits its GPU's memory and its share of host memory."""
+    return (stage_memory(t, stage, layers).total <= t.capacity_bytes
+            and stage_host_bytes(layers) <= t.host_capacity_bytes)
 
 
 def stage_time(t: ConfigTerms, layers: Sequence[LayerTerms]) -> float:

@@ -40,7 +40,7 @@ from planner.cost.context import make_context
 from planner.cost.model import Evaluation, evaluate
 from planner.cost.pipeline import pipeline_time_s
 from planner.cost.terms import (LayerTerms, boundary_reshard_s, config_terms, layer_terms,
-                                option_valid, stage_memory, stage_time,
+                                option_valid, stage_fits, stage_time,
                                 step_time)
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
@@ -222,7 +222,6 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
 def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent):
     """:func:`_fast` with the non-block layers' options ``fixed_options``."""
     terms = config_terms(ctx)
-    capacity = cluster.memory_bytes_per_gpu
     pp, m, v = config.pp, config.num_micro_batches, config.virtual_stages
     layers = model.layers
     block_index = [i for i, layer in enumerate(layers) if layer.kind is LayerKind.BLOCK]
@@ -258,7 +257,7 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent):
             indices = sorted(fixed + list(choice))
             costs = [layer(i, choice.get(i, fixed_options.get(i, NO_OPTION)))
                      for i in indices]
-            if stage_memory(terms, s, costs).total <= capacity:
+            if stage_fits(terms, s, costs):
                 out.append((rec, costs, stage_time(terms, costs)))
         stage_cache[key] = out
         return out

@@ -43,6 +43,9 @@ class SearchOptions:
     # A deterministic budget: solve at most this many configurations (each within its
     # deterministic-time budget), so that a budgeted search gives the same plan on any machine.
     work_limit: int | None = None
+    # Plans the search starts from (per-layer layouts: the best uniform plans of an earlier
+    # search); empty: with layouts=per-layer the search finds them itself in half its time.
+    incumbents: tuple = ()
 
 
 @dataclass
@@ -119,6 +122,10 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     if dtype not in cluster.gpu.peak_tflops:
         raise invalid(f"GPU {cluster.gpu.name} has no {dtype} peak throughput",
                       f"use --dtype with one of: {', '.join(d for d in ('bf16', 'fp16', 'fp8') if d in cluster.gpu.peak_tflops)}")
+    if pins.offload == "optimizer" and cluster.host is None:
+        raise invalid(f"pin offload=optimizer: cluster {cluster.name!r} describes no host memory",
+                      "add a host: section to the cluster file (docs/clusters.md), or use a "
+                      "preset that has one (dgx-h100, dgx-gb200-nvl72)")
     cands = candidates(model, cluster, global_batch, seq_len, dtype, pins, options.runtime,
                        deadline)
     total = len(cands)
@@ -136,7 +143,10 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     prof = runtime_profile(options.runtime.profile)
 
     kept: list[tuple[float, tuple, Evaluation]] = []  # (step time, key, evaluation)
-    if pins.layouts == "per-layer":
+    if options.incumbents:
+        kept = sorted(((ev.step_time_s, config_key(ev.config), ev) for ev in options.incumbents
+                       if ev.fits), key=lambda item: (item[0], item[1]))[:options.top_k]
+    elif pins.layouts == "per-layer":
         # the per-layer space contains the uniform one: its best plan (in half the time) is
         # the incumbent, so the per-layer plan is never worse and its bound prunes earlier
         kept = _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, options,

@@ -39,8 +39,11 @@ MAX_VIRTUAL_STAGES = 8
 LONG_SEQUENCE = 16384
 
 PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "virtual_stages",
-            "recompute", "layouts")
+            "recompute", "layouts", "offload")
 LAYOUT_CHOICES = ("mesh", "per-layer")  # layouts=per-layer: the solver picks one per block class
+# offload=optimizer: each layer may keep its optimizer states and master weights in host memory
+# (needs the cluster's host: section; planner/cost/offload.py)
+OFFLOAD_CHOICES = ("none", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class Pins:
     virtual_stages: int | None = None
     recompute: Recompute | None = None
     layouts: str | None = None  # "mesh" (the default) or "per-layer"
+    offload: str | None = None  # "none" (the default) or "optimizer"
 
     @staticmethod
     def parse(items: Mapping[str, str]) -> "Pins":
@@ -77,6 +81,10 @@ class Pins:
             elif name == "layouts":
                 if text not in LAYOUT_CHOICES:
                     raise invalid(f"pin layouts={raw!r}: expected {' or '.join(LAYOUT_CHOICES)}")
+                values[name] = text
+            elif name == "offload":
+                if text not in OFFLOAD_CHOICES:
+                    raise invalid(f"pin offload={raw!r}: expected {' or '.join(OFFLOAD_CHOICES)}")
                 values[name] = text
             elif name == "recompute":
                 try:
@@ -112,8 +120,12 @@ class Pins:
                               f"{runtime.name} has no such policy",
                               f"its policies: {', '.join(p.name for p in runtime.recompute)}")
             allowed = (self.recompute,)
+        offload = (False, True) if self.offload == "optimizer" else (False,)
         if self.layouts == "per-layer":
-            return block_options(allowed, per_layer_layouts(config))
+            return block_options(allowed, per_layer_layouts(config), offload)
+        if len(offload) > 1:
+            return block_options(allowed, dict.fromkeys(o.layout for o in block_options_for(config, allowed)),
+                                 offload)
         return block_options_for(config, allowed)
 
     def check_runtime(self, runtime) -> None:

@@ -296,6 +296,11 @@ class StageModel:
             alpha[p] * ct(t, "buffer_bytes") + ct(t, "reserve_bytes"))) * self.a[i, p]
             for p, t in enumerate(inner))
         M.add(mem <= room)
+        host = self.nbytes(i, ("host_bytes",))
+        if not isinstance(host, int) and P == 1:  # offloaded states: the GPU's host share
+            for p, t in enumerate(inner):
+                if math.isfinite(t.host_capacity_bytes):
+                    M.add(host <= math.floor(t.host_capacity_bytes))
 
         # (T) stage time per micro-batch (x slowdown), with (Z) the exposed ZeRO-2/3 traffic
         stage = self.time(i, TIME_TERMS, f) + self.pool_const(

@@ -138,6 +138,8 @@ CASES = [
     ("t5-small", lambda: hf("t5-small.json"), "dgx-a100-80g", 1, 256, 512),
     ("llama-3.1-8b (uniform control)", lambda: load_model("llama-3.1-8b"), "dgx-h100", 1, 128,
      8192),
+    ("gpt3-175b (target: per-layer <= 5 s)", lambda: load_model("gpt3-175b"), "dgx-a100-80g",
+     128, 1536, 2048),
     ("deepseek-v3 (3 dense + 58 MoE)", lambda: hf("DeepSeek-V3.json"), "hgx-h800", 256, 4096,
      4096),
     ("vit-h/14 (onnx, 224 px)", lambda: onnx_vision("vit-h-14"), "dgx-h100", 1, 1024, 1),

@@ -3,6 +3,7 @@ solver weighs against recomputation and sharding; the cluster file's host sectio
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,42 @@ def test_cluster_host_section_is_validated():
     h100, gb200 = load_cluster("dgx-h100").host, load_cluster("dgx-gb200-nvl72").host
     assert h100.link == "PCIe Gen5 x16" and gb200.link == "NVLink-C2C"
     assert gb200.link_gbytes_per_s * 2 * 2 == 900  # 900 GB/s bidirectional per 2 GPUs
+
+
+def test_cli_plan_with_offload_checks_and_exports_with_a_note(tmp_path, capsys):
+    """`plan --pin offload=optimizer` on a cluster file with a host section (0.18 GiB GPUs:
+    nothing fits on the GPUs alone): the plan file records the offloaded layers, `check`
+    re-derives it, and an export says it cannot keep per-layer offload."""
+    import json
+
+    from cli.main import main
+
+    preset = (Path(__file__).resolve().parent.parent / "clusters" / "presets" / "tiny.yaml")
+    text = preset.read_text().replace("gpu: tiny-gpu", "gpu: tiny-gpu\ngpu_overrides: "
+                                      "{memory_gib: 0.18}")
+    text += ("host: {memory_gib_per_gpu: 1, link_gbytes_per_s: 25, cpu_cores_per_gpu: 8,\n"
+             "       memory_bandwidth_gbytes_per_s_per_gpu: 50, core_gflops: 50}\n")
+    cluster = tmp_path / "host.yaml"
+    cluster.write_text(text)
+    spec = tmp_path / "m.json"
+    spec.write_text(json.dumps({
+        "model_type": "gpt2", "n_layer": 3, "n_embd": 256, "n_head": 4, "vocab_size": 8000,
+        "n_positions": 256}))
+    plan = tmp_path / "plan.json"
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "--model", str(spec), "--cluster", str(cluster), "--global-batch", "64",
+              "--seq-len", "256", "--pin", "offload=optimizer", "--pin", "tp=1", "--pin",
+              "pp=1", "-o", str(plan)])
+    _, err = capsys.readouterr()
+    assert done.value.code == 0, err
+    doc = json.loads(plan.read_text())
+    assert any(layer.get("offload") for layer in doc["layers"])
+    assert doc["pins"]["offload"] == "optimizer"
+    with pytest.raises(SystemExit) as done:
+        main(["check", str(plan)])
+    _, err = capsys.readouterr()
+    assert done.value.code == 0, err
+    with pytest.raises(SystemExit) as done:
+        main(["export", str(plan), "-f", "deepspeed", "--strict"])
+    _, err = capsys.readouterr()
+    assert done.value.code == 1 and "offload:" in err

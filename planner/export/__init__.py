@@ -76,6 +76,14 @@ def _layouts_warning(plan: Plan, result: ExportResult) -> ExportResult:
         layout = layer.get("layout", "mesh")
         if layout != "mesh":
             off.setdefault(layout, []).append(layer["name"])
+    host = [layer["name"] for layer in plan.document.get("layers", []) if layer.get("offload")]
+    if host:
+        result = replace(result, warnings=(*result.warnings, (
+            f"offload: the plan keeps the optimizer states of {len(host)} layers ({host[0]} .. "
+            f"{host[-1]}) in host memory; {result.format} has no per-layer optimizer offload "
+            f"(DeepSpeed's offload_optimizer and FSDP2's CPUOffloadPolicy take all parameters, "
+            f"Megatron-Core's --optimizer-cpu-offload a fraction of them), so this file keeps "
+            f"them on the GPUs (the plan's memory prediction does not apply)")))
     if not off:
         return result
     what = "; ".join(f"{layout}: {len(names)} layers ({names[0]} .. {names[-1]})"

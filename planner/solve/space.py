@@ -124,8 +124,8 @@ class Pins:
         if self.layouts == "per-layer":
             return block_options(allowed, per_layer_layouts(config), offload)
         if len(offload) > 1:
-            return block_options(allowed, dict.fromkeys(o.layout for o in block_options_for(config, allowed)),
-                                 offload)
+            layouts = dict.fromkeys(o.layout for o in block_options_for(config, allowed))
+            return block_options(allowed, layouts, offload)
         return block_options_for(config, allowed)
 
     def check_runtime(self, runtime) -> None:

@@ -220,7 +220,8 @@ def clusters_command(as_json):
               help="Also report this many runners-up.")
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: tp, pp, dp, cp, ep, etp, sp, zero, micro_batch, "
-                   "virtual_stages, recompute, layouts (mesh or per-layer). Repeatable.")
+                   "virtual_stages, recompute, layouts (mesh or per-layer), offload (none or "
+                   "optimizer: host memory, needs a cluster host: section). Repeatable.")
 @attention_option
 @runtime_option
 @calibration_option

@@ -29,7 +29,7 @@ from planner.solve.explain import does_not_fit
 from planner.solve.inner import solve_stages
 from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins
-from planner.strategy import LayerOption, default_placement
+from planner.strategy import LayerOption, Layout, default_placement
 
 
 @dataclass(frozen=True)
@@ -169,8 +169,11 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             out_of_work = True
             open_bound = min(open_bound, cand.time_lb_s)
             break
+        # the hint: the best uniform plan of this configuration over the mesh layout (a
+        # uniform non-mesh layout is rarely the best start and costs an evaluation each)
+        allowed = pins.block_options(cand.config, prof)
         hint = uniform_placement(model, cluster, cand.config, options.runtime,
-                                 pins.block_options(cand.config, prof))
+                                 tuple(o for o in allowed if o.layout is Layout.MESH) or allowed)
         result = solve_stages(
             cand.problem, hint=hint.placement if hint else None,
             cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),

@@ -311,7 +311,7 @@ def fabric_from_mapping(data: dict[str, Any], where: str, gpu_presets: Mapping[s
     return Cluster(name=name, gpu=gpu, gpus_per_node=gpus_per_node, num_nodes=num_nodes,
                    tiers=tiers, nics_per_node=nics, source=source, description=description,
                    scalable_unit_nodes=su_nodes, spine_oversubscription=oversub,
-                   spine_latency_us=spine_latency, intra_node_topology=topology, host=host)
+                   spine_latency_us=spine_latency, intra_node_topology=topology, cpu_memory=host)
 
 
 def _host(value: Any, where: str, path: str) -> HostMemory:

@@ -140,8 +140,9 @@ class Cluster:
     # bandwidth to any peer) or "full_mesh" (AMD Infinity Fabric: the tier-0 bandwidth is split
     # over gpus_per_node - 1 point-to-point links).
     intra_node_topology: str = "switch"
-    # The host memory, link and cores of each GPU (None: not described, no offload options).
-    host: HostMemory | None = None
+    # The host memory, link and cores of each GPU (the cluster file's host: section; None:
+    # not described, no offload options). Named for its memory: "host" reads as a machine name.
+    cpu_memory: HostMemory | None = None
 
     def __hash__(self) -> int:
         return hash((self.name, self.gpu, self.gpus_per_node, self.num_nodes, self.tiers,

@@ -153,7 +153,7 @@ CASES = [
     # states need: when GPU memory binds, the ILP must not offload (the host binds)
     Case("offload-host-binds", DENSE, ParallelConfig(tp=1, pp=1, dp=8, global_batch=128,
                                                      seq_len=128, zero_stage=0, micro_batch=2),
-         cluster=replace(TINY, host=HostMemory(memory_gib=3e5 / GIB, link_gbytes_per_s=25,
+         cluster=replace(TINY, cpu_memory=HostMemory(memory_gib=3e5 / GIB, link_gbytes_per_s=25,
                                                memory_bandwidth_gbytes_per_s=50, cpu_cores=8,
                                                core_gflops=50)),
          options=block_options(offload=(False, True))),

@@ -38,7 +38,7 @@ def model(blocks=3, h=256):
 
 @pytest.fixture(scope="module")
 def tiny():
-    return replace(load_cluster("tiny"), host=HOST)
+    return replace(load_cluster("tiny"), cpu_memory=HOST)
 
 
 def test_offload_moves_the_optimizer_states_and_costs_the_host_step(tiny):
@@ -70,7 +70,7 @@ def test_host_capacity_is_part_of_fits(tiny):
     options = tuple(LayerOption(offload=True) for _ in m.layers)
     roomy = evaluate(m, tiny, c, LayerPlacement((0,) * len(m.layers), options))
     assert roomy.fits and roomy.stages[0].host_bytes > 0
-    small = replace(tiny, host=replace(HOST, memory_gib=roomy.stages[0].host_bytes / GIB / 2))
+    small = replace(tiny, cpu_memory=replace(HOST, memory_gib=roomy.stages[0].host_bytes / GIB / 2))
     assert not evaluate(m, small, c, LayerPlacement((0,) * len(m.layers), options)).fits
 
 
@@ -84,7 +84,7 @@ def test_solver_matches_brute_force_with_offload(tiny, host_gib, pins):
     host capacity binds in the last case. The solver's optimum is the oracle's."""
     m = model()
     cluster = replace(tiny, gpu=replace(tiny.gpu, memory_gib=0.35),
-                      host=replace(HOST, memory_gib=host_gib))
+                      cpu_memory=replace(HOST, memory_gib=host_gib))
     runtime = RuntimeOptions()
     oracle = brute_force(m, cluster, 64, 256, pins=pins, runtime=runtime, budget=2_000_000)
     found = search(m, cluster, 64, 256, pins=pins,
@@ -124,14 +124,14 @@ def test_cluster_host_section_is_validated():
             "memory_bandwidth_gbytes_per_s_per_gpu": 76.8, "cpu_cores_per_gpu": 14,
             "core_gflops": 128}
     cluster = cluster_from_mapping({**base, "host": host}, "x.yaml", gpu_presets())
-    assert cluster.host.capacity_bytes == pytest.approx(238.4 * GIB)
+    assert cluster.cpu_memory.capacity_bytes == pytest.approx(238.4 * GIB)
     for bad, path in (({**host, "link_gbytes_per_s": -1}, "host.link_gbytes_per_s"),
                       ({**host, "link_efficiency": 1.5}, "host.link_efficiency"),
                       ({k: v for k, v in host.items() if k != "core_gflops"}, "host.core_gflops"),
                       ({**host, "memory_gib": 1}, "host.memory_gib")):
         with pytest.raises(PlannerError, match=path.replace(".", r"\.")):
             cluster_from_mapping({**base, "host": bad}, "x.yaml", gpu_presets())
-    h100, gb200 = load_cluster("dgx-h100").host, load_cluster("dgx-gb200-nvl72").host
+    h100, gb200 = load_cluster("dgx-h100").cpu_memory, load_cluster("dgx-gb200-nvl72").cpu_memory
     assert h100.link == "PCIe Gen5 x16" and gb200.link == "NVLink-C2C"
     assert gb200.link_gbytes_per_s * 2 * 2 == 900  # 900 GB/s bidirectional per 2 GPUs
 

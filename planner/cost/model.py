@@ -73,8 +73,8 @@ class Evaluation:
 
     @property
     def fits(self) -> bool:
-        """GPU memory, and host memory of offloaded optimizer states (Cluster.host)."""
-        host = self.cluster.host.capacity_bytes if self.cluster.host is not None else 0.0
+        """GPU memory, and host memory of offloaded optimizer states (Cluster.cpu_memory)."""
+        host = self.cluster.cpu_memory.capacity_bytes if self.cluster.cpu_memory is not None else 0.0
         return self.peak_memory_bytes <= self.cluster.memory_bytes_per_gpu and \
             all(s.host_bytes <= host for s in self.stages if s.host_bytes)
 

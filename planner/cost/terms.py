@@ -175,7 +175,7 @@ class ConfigTerms:
     embedding_sync_s: float  # tied embeddings: gradient all-reduce of first and last stage
     comm_slowdown: float = 0.0  # compute slowdown per second of overlapped NCCL traffic
     micro_batch_overhead_s: float = 0.0  # fixed host / launch seconds per micro-batch per stage
-    host_capacity_bytes: float = float("inf")  # host memory per GPU (Cluster.host)
+    host_capacity_bytes: float = float("inf")  # host memory per GPU (Cluster.cpu_memory)
 
 
 
@@ -227,7 +227,7 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         dp_gather_expert=gat_expert, overlap_grad_reduce=opts.overlap_grad_reduce,
         overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx),
         comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s,
-        host_capacity_bytes=(ctx.cluster.host.capacity_bytes if ctx.cluster.host is not None
+        host_capacity_bytes=(ctx.cluster.cpu_memory.capacity_bytes if ctx.cluster.cpu_memory is not None
                              else float("inf")))
 
 
@@ -311,7 +311,7 @@ def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
     and head (never recomputed) whose vocabulary it divides (a vocab-parallel table); a tied
     embedding on two pipeline stages keeps the mesh layout (its gradient all-reduce between
     the first and last stage is the configuration's, ``embedding_sync_s``)."""
-    if option.offload and ctx.cluster.host is None:
+    if option.offload and ctx.cluster.cpu_memory is None:
         return False  # no host memory described (the cluster file's host: section)
     if option.layout is Layout.MESH:
         return True
@@ -525,7 +525,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         host_bytes = offload.host_bytes(owned, optimizer_bytes)
         optimizer_bytes = 0.0
         optimizer_s = offload.offload_step_s(owned, state.grad_reduce_bytes, state.weights,
-                                             OPTIMIZER_BYTES_PER_PARAM, ctx.cluster.host)
+                                             OPTIMIZER_BYTES_PER_PARAM, ctx.cluster.cpu_memory)
     return LayerTerms(
         fwd_s=compute.fwd_s, bwd_s=compute.bwd_s, recompute_s=compute.recompute_s(recompute),
         comm_s=tp_comm + other, act_stored_bytes=stored, act_working_bytes=working,

@@ -38,6 +38,9 @@ class StageProblem:
     post: tuple[int, ...]  # non-block layer indices after the last block (last stage)
     pre_costs: tuple[LayerTerms, ...]  # with the mesh layout (NO_OPTION)
     post_costs: tuple[LayerTerms, ...]
+    # the bytes per GPU a stage may use: the GPU's memory less the search's headroom
+    # (planner/solve/headroom.py); None: the whole GPU (ConfigTerms.capacity_bytes)
+    capacity_bytes: float | None = None
     # Per non-block layer (pre then post), the options it may take (NO_OPTION first) and their
     # terms: with per-layer layouts the embedding and head pick a layout too.
     edge_options: tuple[tuple[LayerOption, ...], ...] = ()
@@ -46,6 +49,10 @@ class StageProblem:
     @property
     def terms(self) -> ConfigTerms:
         return config_terms(self.ctx)
+
+    @property
+    def memory_limit_bytes(self) -> float:
+        return self.terms.capacity_bytes if self.capacity_bytes is None else self.capacity_bytes
 
     def edge_choices(self, index: int) -> tuple[tuple[LayerOption, LayerTerms], ...]:
         """(option, terms) of non-block layer ``index`` (mesh only when none were given)."""
@@ -74,7 +81,8 @@ class StageProblem:
         return reshard_s(self.ctx, layer.hidden, before, after, layer.seq_len)
 
 
-def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPTIONS) -> StageProblem:
+def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPTIONS,
+                  capacity_bytes: float | None = None) -> StageProblem:
     model = ctx.model
     layers = model.layers
     block_idx = [i for i, layer in enumerate(layers) if layer.kind is LayerKind.BLOCK]
@@ -95,6 +103,6 @@ def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPT
     return StageProblem(
         ctx, tuple(classes), len(block_idx), pre, post,
         tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in pre),
-        tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in post),
+        tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in post), capacity_bytes,
         edge_opts, tuple(tuple(layer_terms(ctx, layers[i], o) for o in opts)
                          for i, opts in zip(pre + post, edge_opts)))

@@ -92,6 +92,7 @@ class StageModel:
         self.q: dict = {}  # (i, c, r, p) -> n[i,c,r] if stage i is on pool p else 0
         self.u: dict = {}  # (i, c, r) -> n[i,c,r] >= 1 (only where a working set exists)
         self.present: dict = {}  # (i, c) -> x[i,c] >= 1
+        self.peak = None  # an IntVar >= every stage's memory (bytes) when the caller sets one
         # (non-block layer, option index) -> its one-hot indicator, set by the caller when the
         # embedding / head choose a layout (planner.solve.inner); absent: their one option
         self.e: dict = {}
@@ -292,10 +293,14 @@ class StageModel:
         mem = (self.nbytes(i, STATE_TERMS)
                + self.nbytes(i, ("act_stored_bytes",), lambda p: in_flight[p] * alpha[p])
                + working + gather)
-        room = sum((math.floor(t.capacity_bytes) - math.ceil(
-            alpha[p] * ct(t, "buffer_bytes") + ct(t, "reserve_bytes"))) * self.a[i, p]
-            for p, t in enumerate(inner))
+        fixed_bytes = [math.ceil(alpha[p] * ct(t, "buffer_bytes") + ct(t, "reserve_bytes"))
+                       for p, t in enumerate(inner)]
+        # the capacity a stage may fill: its pool's GPU memory less the search's headroom
+        room = sum((math.floor(self.problems[p].memory_limit_bytes) - fixed_bytes[p])
+                   * self.a[i, p] for p in range(P))
         M.add(mem <= room)
+        if self.peak is not None:
+            M.add(self.peak >= mem + sum(k * self.a[i, p] for p, k in enumerate(fixed_bytes)))
         host = self.nbytes(i, ("host_bytes",))
         if not isinstance(host, int) and P == 1:  # offloaded states: the GPU's host share
             for p, t in enumerate(inner):

@@ -147,6 +147,52 @@ CASES = [
 ]
 
 
+# NVIDIA DeepLearningExamples, "ResNet50 v1.5 for PyTorch" README, training performance on
+# DGX A100 (8x A100 80GB), mixed precision, 8 GPUs (pytorch-21.03 container): images per second.
+RESNET50_PUBLISHED_IMAGES_PER_S = 16621
+
+
+def conv_check() -> str:
+    """The convolution cost against a published number (nothing fitted): ResNet-50 v1.5
+    (transformers' ResNetConfig, depths 3-4-6-3, stride in the 3x3) through its ONNX graph,
+    data parallel on one DGX A100 80GB, 256 images per GPU."""
+    from planner.config import ParallelConfig
+    from planner.cost.model import evaluate
+    from planner.strategy import uniform as uniform_placement
+
+    import torch
+    import transformers
+
+    from models.graph.onnx_import import load_onnx
+    from models.graph.onnx_meta import export_onnx_meta
+
+    path = ONNX_DIR / "resnet-50.onnx"
+    if not path.exists():
+        config = transformers.ResNetConfig(depths=[3, 4, 6, 3], layer_type="bottleneck",
+                                           hidden_sizes=[256, 512, 1024, 2048])
+        with torch.device("meta"):
+            model = transformers.ResNetForImageClassification(config).eval()
+
+        class Logits(torch.nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, pixels):
+                return self.inner(pixel_values=pixels).logits
+
+        ONNX_DIR.mkdir(exist_ok=True)
+        export_onnx_meta(Logits(model), (torch.zeros(1, 3, 224, 224, device="meta"),), path)
+    graph = load_onnx(path)
+    cluster = load_cluster("dgx-a100-80g")
+    c = ParallelConfig(tp=1, pp=1, dp=8, micro_batch=256, global_batch=8 * 256, seq_len=1)
+    ev = evaluate(graph, cluster, c, uniform_placement(graph, c))
+    predicted = c.global_batch / ev.step_time_s
+    return (f"ResNet-50 v1.5, DGX A100 80GB, dp 8 x 256 images: predicted {predicted:,.0f} "
+            f"images/s, published {RESNET50_PUBLISHED_IMAGES_PER_S:,} "
+            f"({predicted / RESNET50_PUBLISHED_IMAGES_PER_S - 1:+.1%})")
+
+
 def run(case, time_limit: float) -> dict:
     label, make, cluster_name, nodes, batch, seq = case
     model, cluster = make(), load_cluster(cluster_name, nodes=nodes)
@@ -183,7 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--only", help="run the cases whose label starts with this")
+    parser.add_argument("--conv-check", action="store_true",
+                        help="only compare the convolution cost with a published ResNet-50 run")
     args = parser.parse_args(argv)
+    if args.conv_check:
+        print(conv_check())
+        return 0
     cases = CASES[:1] if args.quick else CASES
     if args.only:
         cases = [c for c in CASES if c[0].startswith(args.only)]

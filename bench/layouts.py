@@ -93,40 +93,47 @@ def hf(name: str, folder: str = "models/hf_configs"):
 ONNX_DIR = Path(tempfile.gettempdir()) / "shardplan-bench-onnx"
 
 
-def onnx_vision(kind: str):
-    """ResNet-152 or ViT-H/14 from their transformers configurations, built on the meta device,
-    exported to a weightless ONNX file (models/graph/onnx_meta.py, cached in the temp folder)
-    and read back through the ONNX importer: the graph path a user's .onnx file takes."""
+def _export_vision(make, config, path: Path) -> None:
+    """Build a transformers image classifier on the meta device and write its weightless ONNX
+    graph (models/graph/onnx_meta.py) to ``path``."""
     import torch
+
+    from models.graph.onnx_meta import export_onnx_meta
+
+    with torch.device("meta"):
+        model = make(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, pixels):
+            return self.inner(pixel_values=pixels).logits
+
+    ONNX_DIR.mkdir(exist_ok=True)
+    export_onnx_meta(Logits(model), (torch.zeros(1, 3, 224, 224, device="meta"),), path)
+
+
+def onnx_vision(kind: str):
+    """ResNet-152, ResNet-50 or ViT-H/14 from their transformers configurations, built on the
+    meta device, exported to a weightless ONNX file (cached in the temp folder) and read back
+    through the ONNX importer: the graph path a user's .onnx file takes."""
     import transformers
 
     from models.graph.onnx_import import load_onnx
-    from models.graph.onnx_meta import export_onnx_meta
 
     path = ONNX_DIR / f"{kind}.onnx"
     if not path.exists():
-        if kind == "resnet-152":  # He et al. 2016, Table 1: 3, 8, 36, 3 bottleneck blocks
-            config = transformers.ResNetConfig(depths=[3, 8, 36, 3], layer_type="bottleneck",
-                                               hidden_sizes=[256, 512, 1024, 2048])
-            make = transformers.ResNetForImageClassification
+        if kind.startswith("resnet"):  # He et al. 2016, Table 1: bottleneck blocks per stage
+            depths = {"resnet-152": [3, 8, 36, 3], "resnet-50": [3, 4, 6, 3]}[kind]
+            _export_vision(transformers.ResNetForImageClassification, transformers.ResNetConfig(
+                depths=depths, layer_type="bottleneck", hidden_sizes=[256, 512, 1024, 2048]),
+                path)
         else:  # ViT-H/14 (Dosovitskiy et al. 2021, Table 1): 32 x 1280, 16 heads, MLP 5120
-            config = transformers.ViTConfig(hidden_size=1280, num_hidden_layers=32,
-                                            num_attention_heads=16, intermediate_size=5120,
-                                            image_size=224, patch_size=14, num_labels=1000)
-            make = transformers.ViTForImageClassification
-        with torch.device("meta"):
-            model = make(config).eval()
-
-        class Logits(torch.nn.Module):
-            def __init__(self, inner):
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, pixels):
-                return self.inner(pixel_values=pixels).logits
-
-        ONNX_DIR.mkdir(exist_ok=True)
-        export_onnx_meta(Logits(model), (torch.zeros(1, 3, 224, 224, device="meta"),), path)
+            _export_vision(transformers.ViTForImageClassification, transformers.ViTConfig(
+                hidden_size=1280, num_hidden_layers=32, num_attention_heads=16,
+                intermediate_size=5120, image_size=224, patch_size=14, num_labels=1000), path)
     return load_onnx(path).with_name(kind)
 
 
@@ -160,30 +167,7 @@ def conv_check() -> str:
     from planner.cost.model import evaluate
     from planner.strategy import uniform as uniform_placement
 
-    import torch
-    import transformers
-
-    from models.graph.onnx_import import load_onnx
-    from models.graph.onnx_meta import export_onnx_meta
-
-    path = ONNX_DIR / "resnet-50.onnx"
-    if not path.exists():
-        config = transformers.ResNetConfig(depths=[3, 4, 6, 3], layer_type="bottleneck",
-                                           hidden_sizes=[256, 512, 1024, 2048])
-        with torch.device("meta"):
-            model = transformers.ResNetForImageClassification(config).eval()
-
-        class Logits(torch.nn.Module):
-            def __init__(self, inner):
-                super().__init__()
-                self.inner = inner
-
-            def forward(self, pixels):
-                return self.inner(pixel_values=pixels).logits
-
-        ONNX_DIR.mkdir(exist_ok=True)
-        export_onnx_meta(Logits(model), (torch.zeros(1, 3, 224, 224, device="meta"),), path)
-    graph = load_onnx(path)
+    graph = onnx_vision("resnet-50")
     cluster = load_cluster("dgx-a100-80g")
     c = ParallelConfig(tp=1, pp=1, dp=8, micro_batch=256, global_batch=8 * 256, seq_len=1)
     ev = evaluate(graph, cluster, c, uniform_placement(graph, c))

@@ -25,6 +25,7 @@ from planner.ir import ModelGraph
 from planner.report import evaluation_dict, rounded
 
 SCHEMA_VERSION = 1
+POOL_SCHEMA_VERSION = 2  # a plan across pools (planner/hetero/plan_file.py)
 KIND = "shardplan-plan"
 
 

@@ -28,7 +28,8 @@ from typing import Any
 
 from planner.errors import invalid
 from planner.plan_types import Plan
-from planner.export.base import ExportResult, describe_recompute, headline, memory_note
+from planner.export.base import (ExportResult, describe_recompute, headline, launch_size,
+                                 memory_note)
 from planner.export.quoting import bash_array_file, comment, toml_key, toml_value
 from planner.export.torchtitan_settings import (block_recompute, checkpoint_every,
                                                 registry_entry, settings, uniform_recompute)
@@ -122,7 +123,7 @@ def _export_cli(plan: Plan) -> ExportResult:
                         "runs only with torch.compile (--compile.enable); compiled memory and "
                         "time differ from the plan's eager model")
     rows.append((f"activation_checkpoint:{_cli_recompute(doc, warnings)}",))
-    gpus, nodes = doc["cluster"]["gpus_per_node"], doc["cluster"]["num_nodes"]
+    gpus, nodes = launch_size(doc)
     module = "" if entry else "--module MODULE --config CONFIG "
     comments = [
         f"torchtitan 0.3 command line for {headline(doc)}",

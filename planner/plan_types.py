@@ -161,18 +161,31 @@ class Plan:
         return replace(self, config=replace(self.config, **config),
                        runtime=replace(self.runtime, **runtime))
 
-    def evaluate(self, *, model: ModelGraph | None = None, cluster: Cluster | None = None):
+    def evaluate(self, *, model: ModelGraph | None = None, cluster: Cluster | None = None,
+                 options: RuntimeOptions | None = None):
         """The current cost model's :class:`~planner.cost.model.Evaluation` of this plan (the
-        embedded model and cluster unless others are given); across pools, the
-        :class:`~planner.hetero.evaluate.HeteroEvaluation`."""
+        embedded model, cluster and runtime options unless others are given); across pools,
+        the :class:`~planner.hetero.evaluate.HeteroEvaluation`."""
         from planner.cost.model import evaluate
 
+        options = options or self.runtime
         if self.stage_pools is not None:
             from planner.hetero.evaluate import hetero_evaluate
             from planner.hetero.layout import StagePools
 
             return hetero_evaluate(model or self.model, cluster or self.cluster, self.config,
-                                   StagePools(self.stage_pools), self.placement, self.runtime)
-
+                                   StagePools(self.stage_pools), self.placement, options)
         return evaluate(model or self.model, cluster or self.cluster, self.config,
-                        self.placement, self.runtime)
+                        self.placement, options)
+
+    def stage_contexts(self, options: RuntimeOptions | None = None) -> list:
+        """The cost context of every pipeline stage (across pools: its pool's GPU and links)."""
+        options = options or self.runtime
+        if self.stage_pools is not None:
+            from planner.hetero.terms import stage_contexts
+
+            return stage_contexts(self.model, self.cluster, self.config, self.stage_pools,
+                                  options)
+        from planner.cost.context import make_context
+
+        return [make_context(self.model, self.cluster, self.config, options)] * self.config.pp

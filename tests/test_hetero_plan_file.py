@@ -147,3 +147,20 @@ def test_one_pool_plans_stay_version_1(capsys, tmp_path):
     assert code == 0 and doc["schema_version"] == 1
     assert "stage_pools" not in doc["parallelism"] and "pools" not in doc["cluster"]
     assert not Plan.from_dict(doc).across_pools
+
+
+def test_verify_runs_a_plan_across_two_pools(capsys, tmp_path):
+    """Stage 0 on one pool, stage 1 on the other: the CPU runtime runs it as any plan (the
+    GPU type does not exist there); losses against one process, held bytes against the
+    per-pool prediction."""
+    pytest.importorskip("torch", reason="PyTorch is not installed (pip install 'shardplan[torch]')")
+    cluster = cluster_file(tmp_path)
+    target = tmp_path / "two.json"
+    code, _, _ = run_cli(["plan", "-m", "tiny", "-c", cluster, "--global-batch", "16",
+                          "--pin", "pp=2", "--pin", "dp=4", "--pin", "tp=1", "-o", target,
+                          "--json"], capsys)
+    assert code == 0
+    assert sorted(load_plan(target)["parallelism"]["stage_pools"]) == ["fast", "slow"]
+    code, out, _ = run_cli(["verify", target, "--json"], capsys)
+    report = json.loads(out)
+    assert code == 0 and report["ok"], report

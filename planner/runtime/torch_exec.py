@@ -72,8 +72,6 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
     single-process run (losses) and with the cost model (held bytes). Raises PlannerError for
     plans this runtime cannot execute; a failure inside the distributed run is reported in
     ``VerifyReport.error`` (with the exact exception)."""
-    from planner.cost.model import evaluate
-
     if steps < 1:
         raise invalid(f"--steps must be at least 1, got {steps}")
     t0 = time.perf_counter()
@@ -82,7 +80,7 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
     check_supported(typed, max_processes)
     c = typed.config
     options = runtime_options(typed)
-    ev = evaluate(typed.model, typed.cluster, c, typed.placement, options)
+    ev = typed.evaluate(options=options)  # across pools: each stage on its pool
     notes = []
     plan_runtime = typed.runtime.runtime
     if plan_runtime != "torch-fp32":

@@ -178,14 +178,13 @@ def predicted_stored_activations(plan: Plan, options: RuntimeOptions) -> list[fl
     cost model's activations without the transient working set of the layer in backward),
     which is what the saved-tensor measurement sees."""
     from planner.cost.memory import in_flight_micro_batches
-    from planner.cost.context import make_context
     from planner.cost.terms import layer_terms
 
     c, model, placement = plan.config, plan.model, plan.placement
-    ctx = make_context(model, plan.cluster, c, options)
+    contexts = plan.stage_contexts(options)
     out = []
     for stage in range(c.pp):
-        per_micro_batch = sum(layer_terms(ctx, model.layers[i], placement.options[i])
+        per_micro_batch = sum(layer_terms(contexts[stage], model.layers[i], placement.options[i])
                               .act_stored_bytes for i in placement.layers_of_stage(stage))
         out.append(in_flight_micro_batches(stage, c.pp, c.num_micro_batches, c.virtual_stages)
                    * per_micro_batch)

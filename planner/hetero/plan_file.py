@@ -80,23 +80,10 @@ def pool_alternative_dict(ev: HeteroEvaluation, best: HeteroEvaluation) -> dict[
 
 def make_pool_plan(best: HeteroEvaluation, *, model_spec: str, cluster_spec: str,
                    solver: dict | None = None, alternatives: Sequence[HeteroEvaluation] = (),
-                   pins: dict | None = None, extra: dict | None = None) -> dict[str, Any]:
-    """The plan document (schema_version 2); ``extra``: further sections (``fallbacks``)."""
-    from planner.plan import KIND, POOL_SCHEMA_VERSION, inputs_dict, layers_list
-    from planner.serialize import cluster_to_dict, model_to_dict
+                   pins: dict | None = None) -> dict[str, Any]:
+    """The plan document (schema_version 2)."""
+    from planner.plan import POOL_SCHEMA_VERSION, inputs_dict, plan_document
 
-    doc = pool_evaluation_dict(best)
-    doc.update({
-        "schema_version": POOL_SCHEMA_VERSION,
-        "kind": KIND,
-        "inputs": inputs_dict(best, model_spec, cluster_spec, None),
-        "layers": layers_list(best),
-        "solver": solver or {"status": "EVALUATED"},
-        "alternatives": [pool_alternative_dict(a, best) for a in alternatives],
-        "pins": pins or {},
-    })
-    doc.update(extra or {})
-    doc = rounded(doc)
-    doc["inputs"]["model"]["ir"] = model_to_dict(best.model)
-    doc["inputs"]["cluster"]["ir"] = cluster_to_dict(best.cluster)
-    return doc
+    return plan_document(pool_evaluation_dict(best), best, POOL_SCHEMA_VERSION,
+                         inputs_dict(best, model_spec, cluster_spec, None), solver,
+                         [pool_alternative_dict(a, best) for a in alternatives], pins)

@@ -233,12 +233,19 @@ def clusters_command(as_json):
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--timings", is_flag=True,
               help="Record the solve's wall-clock time in the plan (it then differs run to run).")
+@click.option("--fallbacks", type=click.IntRange(min=0, max=3), default=0, show_default=True,
+              help="Also store the re-plans for the K most likely failure classes (1: one GPU, "
+                   "2: + one node, 3: + one leaf switch); `check` validates them.")
+@click.option("--fallback-max-moved-layers", type=click.IntRange(min=0), default=None,
+              help="Churn budget of the fallbacks: layers that may change stage (default any).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
-         top_k, pins, attention_kernel, runtime, calibration, output, force, timings, as_json,
-         **moe):
+         top_k, pins, attention_kernel, runtime, calibration, output, force, timings, fallbacks,
+         fallback_max_moved_layers, as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
+    from planner.errors import ErrorKind, PlannerError
     from planner.plan import make_plan
+    from planner.report import rounded
     from planner.solve.search import SearchOptions, search
     from planner.solve.space import Pins
     from planner.writer import check_target
@@ -259,6 +266,9 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
         hw = setup.cluster if pools is None else pools
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options)
+        if pools is not None and fallbacks:
+            raise PlannerError(ErrorKind.INVALID_INPUT, "--fallbacks: plans across pools have "
+                               "no fallbacks yet", ("plan without --fallbacks",))
         if pools is not None:  # a plan across pools (planner/hetero/planning.py)
             from planner.hetero.planning import plan_across_pools
 
@@ -280,6 +290,13 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
     doc = make_plan(result.best, model_spec=model, cluster_spec=cluster, nodes=nodes,
                     solver=solver, alternatives=result.alternatives, pins=pinned.as_dict())
     doc["predicted"].update(prediction_intervals(result.best, setup.calibration))
+    if fallbacks:  # re-plans for the likeliest failures (planner/hetero/fallbacks.py)
+        from planner.hetero.fallbacks import compute_fallbacks
+
+        b = result.best
+        doc["fallbacks"] = rounded(compute_fallbacks(
+            b.model, b.cluster, b.config, b.placement, b.options, fallbacks,
+            max_moved_layers=fallback_max_moved_layers))
     _finish_plan(doc, output, force, plan_to_stdout, as_json, result.record.solve_time_s)
 
 

@@ -67,6 +67,12 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                                              f"differs): re-plan, or pass --allow-stale to check "
                                              f"the old plan against it"))
     problems += plan_problems(plan, model, cluster)
+    if plan.document.get("fallbacks") and not plan.across_pools:  # planner/hetero/fallbacks.py
+        from planner.hetero.fallbacks import fallback_problems
+
+        problems += [Problem("fallback", f"the fallback for a {kind} failure no longer holds: "
+                                         f"{message}")
+                     for kind, message in fallback_problems(plan, cluster)]
     if plan.across_pools:  # each stage against its pool's GPU (planner/hetero/check.py)
         return _check_across_pools(plan, model, cluster, checks, problems, allow_stale,
                                    plan_path, memory_confidence)

@@ -57,11 +57,12 @@ def pool_structure_problems(doc: dict[str, Any], cluster) -> list[Problem]:
     return out
 
 
-def pool_stage_checks(plan, model, cluster) -> tuple[HeteroEvaluation, tuple[StageCheck, ...],
-                                                      list[Problem]]:
-    """The current cost model's memory of every stage against its pool's GPU memory."""
+def pool_stage_checks(plan, model, cluster, options=None
+                      ) -> tuple[HeteroEvaluation, tuple[StageCheck, ...], list[Problem]]:
+    """The current cost model's memory of every stage against its pool's GPU memory
+    (``options``: the runtime's, default the plan's)."""
     ev = hetero_evaluate(model, cluster, plan.config, StagePools(plan.stage_pools),
-                         plan.placement, plan.runtime)
+                         plan.placement, options or plan.runtime)
     recorded = {s["index"]: s["memory_gib"]["total"] for s in plan.document["stages"]}
     stages = tuple(StageCheck(s.index, s.memory, cap, recorded.get(s.index))
                    for s, cap in zip(ev.stages, ev.capacity_bytes))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -16,34 +15,15 @@ from planner.plan_types import Plan
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import edited, run_cli  # noqa: E402
 
-# two pools of the tiny test GPU: "fast" (10 TFLOP/s) and "slow" (4 TFLOP/s, more memory)
-POOLS = textwrap.dedent("""\
-    shardplan_cluster: 1
-    name: two-tiny
-    pools:
-      - name: fast
-        gpu: tiny-gpu
-        gpu_overrides: {{memory_gib: {fast_gib}}}
-        gpus_per_node: 2
-        num_nodes: 2
-        tiers:
-          - {{name: nvlink, bandwidth_gbytes_per_s: 50, latency_us: 1.0}}
-          - {{name: ethernet, bandwidth_gbytes_per_s: 5, latency_us: 5.0}}
-      - name: slow
-        gpu: tiny-gpu
-        gpu_overrides: {{memory_gib: {slow_gib}, peak_tflops: {{bf16: 4, fp16: 4}}}}
-        gpus_per_node: 2
-        num_nodes: 2
-        tiers:
-          - {{name: nvlink, bandwidth_gbytes_per_s: 50, latency_us: 1.0}}
-          - {{name: ethernet, bandwidth_gbytes_per_s: 5, latency_us: 5.0}}
-    inter_pool: {{bandwidth_gbytes_per_s: 2, latency_us: 20.0}}
-    """)
+# the two tiny pools of test_hetero_solver ("fast" 10 TFLOP/s, "slow" 4), memory per pool
+from test_hetero_solver import POOLS  # noqa: E402
 
 
 def cluster_file(folder: Path, name: str = "pools.yaml", fast_gib=0.16, slow_gib=0.3) -> Path:
     path = folder / name
-    path.write_text(POOLS.format(fast_gib=fast_gib, slow_gib=slow_gib))
+    fast, slow = POOLS.split("- name: slow")
+    path.write_text(fast.replace("memory_gib: 0.16", f"memory_gib: {fast_gib}") + "- name: slow"
+                    + slow.replace("memory_gib: 0.16", f"memory_gib: {slow_gib}"))
     return path
 
 

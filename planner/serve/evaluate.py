@@ -224,20 +224,16 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
                         f"sequence of {held} tokens")
     if config.max_num_tokens < min(isl, 1) or problems:
         return _not_fitting(model, cluster, workload, config, rt, memory, capacity, problems)
-    context = isl + osl / 2
 
     def step(b: float, prefill: float) -> IterationTime:
-        return iteration_time(model, cluster, w, workload.dtype, workload.kv_cache_dtype, calib,
-                              decode_seqs=b, context=context, prefill_tokens=prefill,
-                              prefill_isl=isl, prefill_requests=prefill / isl,
-                              runtime=rt.name, draft_tokens=workload.draft_tokens)
+        return _step(model, cluster, workload, w, calib, rt.name, b, prefill)
 
     def at(c: float) -> tuple[float, float, float, IterationTime]:
         b = min(c, max_batch)
         it = step(b, b * isl / steps)
         pure = step(b, 0.0).total_s
         tpot = (pure + calib.interference(rt.name) * (it.total_s - pure)) / tps
-        chunk = max(config.max_num_tokens - math.ceil(b * width), 1)
+        chunk = _chunk(config, b, width)
         chunks = math.ceil(isl / chunk)
         own = chunks * step(b, min(isl, chunk)).total_s
         marginal = max(step(b, isl).total_s - step(b, 0.0).total_s, 0.0)
@@ -267,6 +263,50 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
     return ServingEvaluation(model, cluster, workload, config, rt.name, (pool,), ttft, tpot,
                              replicas * b * tps / it.total_s, c * replicas,
                              max_batch * replicas, not problems, tuple(problems))
+
+
+def _step(model, cluster, workload, w, calib, runtime_name, b, prefill) -> IterationTime:
+    """One aggregated iteration: ``b`` decoding sequences and ``prefill`` prompt tokens."""
+    isl = workload.isl
+    return iteration_time(model, cluster, w, workload.dtype, workload.kv_cache_dtype, calib,
+                          decode_seqs=b, context=isl + workload.osl / 2, prefill_tokens=prefill,
+                          prefill_isl=isl, prefill_requests=prefill / isl,
+                          runtime=runtime_name, draft_tokens=workload.draft_tokens)
+
+
+def _chunk(config: ServingConfig, b: float, width: int) -> int:
+    """Prompt tokens one iteration takes next to ``b`` decoding sequences (chunked prefill)."""
+    return max(config.max_num_tokens - math.ceil(b * width), 1)
+
+
+def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: ServingWorkload,
+                            config: ServingConfig, lo: int, hi: int,
+                            runtime_name: str = DEFAULT_RUNTIME,
+                            calibration: Calibration | None = None) -> float:
+    """A lower bound on the aggregated TTFT at every batch ``lo .. hi`` when the concurrency
+    per worker equals the batch (what the search tries), from the terms of ``_aggregated`` at
+    the interval's ends: each term is non-decreasing in the iteration times, and an iteration
+    time does not decrease with its decode sequences or prompt tokens (checked in
+    ``tests/test_serve_search.py``). Own prefill >= ceil(isl / chunk(lo)) iterations of at
+    least step(lo, min(isl, chunk(hi))); joining the batch >= half of it(lo); the marginal
+    prefill time >= step(lo, isl) - step(hi, 0); the request rate >= lo / (steps x it(hi))."""
+    calib = calibration or Calibration.from_mapping(CALIBRATED)
+    rt = runtime(runtime_name)
+    w, isl = config.worker, workload.isl
+    tps, width = workload.tokens_per_step, 1 + workload.draft_tokens
+    steps = workload.osl / tps
+
+    def step(b: float, prefill: float) -> float:
+        return _step(model, cluster, workload, w, calib, rt.name, b, prefill).total_s
+
+    it_lo, it_hi = step(lo, lo * isl / steps), step(hi, hi * isl / steps)
+    own = math.ceil(isl / _chunk(config, lo, width)) * step(lo, min(isl, _chunk(config, hi,
+                                                                                width)))
+    marginal = max(step(lo, isl) - step(hi, 0.0), 0.0)
+    rho = min(lo / (steps * it_hi) * marginal, 0.95)
+    steady = it_lo / 2 + rho / (2 * (1 - rho)) * marginal
+    burst = calib.queue_fraction(rt.name) * max(lo - 1, 0) * marginal
+    return own + steady + burst
 
 
 def _concurrency_for_rate(rate: float, osl: int, at) -> float | None:

@@ -10,7 +10,7 @@ import pytest
 
 from clusters import load_cluster
 from models import load_model
-from planner.config import ParallelConfig
+from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.model import evaluate
 from planner.errors import PlannerError
 from planner.hetero.bounds import (cheap_bounds, memory_time_bound, quick_bounds,
@@ -99,18 +99,29 @@ def test_a_stage_costs_its_pools_gpu(pools, tiny):
     assert terms["fast"].cross.boundary_s > terms["slow"].inner.boundary_s
 
 
-@pytest.mark.parametrize("kw", [dict(), dict(zero_stage=2), dict(zero_stage=3),
-                                dict(micro_batch=4), dict(pp=3, dp=1)])
-def test_ilp_agrees_with_evaluate_and_brute_force(pools, tiny, kw):
+# calibrated runtime behaviour (NCCL slowing compute, a per-micro-batch overhead, gradient
+# reduce behind backward, parameter gather not overlapped): the per-stage constraints are
+# planner/solve/stage_model.py's, shared with the one-pool model
+CALIBRATED = RuntimeOptions(comm_slowdown=0.3, micro_batch_overhead_s=2e-4,
+                            overlap_grad_reduce=True, overlap_param_gather=False)
+
+
+@pytest.mark.parametrize("kw,runtime", [
+    (dict(), RuntimeOptions()), (dict(zero_stage=2), RuntimeOptions()),
+    (dict(zero_stage=3), RuntimeOptions()), (dict(micro_batch=4), RuntimeOptions()),
+    (dict(pp=3, dp=1), RuntimeOptions()), (dict(), CALIBRATED),
+    (dict(zero_stage=3), CALIBRATED), (dict(zero_stage=1, pp=3, dp=1), CALIBRATED)])
+def test_ilp_agrees_with_evaluate_and_brute_force(pools, tiny, kw, runtime):
     cfg = config(**kw)
-    terms = pool_terms(tiny, pools, cfg)
+    terms = pool_terms(tiny, pools, cfg, runtime)
     result = solve_pools(terms, cfg.pp)
-    oracle = brute_force_pools(tiny, pools, cfg)
+    oracle = brute_force_pools(tiny, pools, cfg, runtime)
     if oracle.best is None:
         assert result.status == "INFEASIBLE"
         return
     assert result.status == "OPTIMAL"
-    ev = hetero_evaluate(tiny, pools, cfg, result.stage_pools, result.placement, terms=terms)
+    ev = hetero_evaluate(tiny, pools, cfg, result.stage_pools, result.placement, runtime,
+                         terms=terms)
     assert ev.fits
     assert ev.step_time_s == pytest.approx(result.objective_s, rel=1e-6)
     assert ev.step_time_s == pytest.approx(oracle.best.step_time_s, rel=1e-6), \

@@ -20,13 +20,15 @@ Variables (i = stage, c = block class, r = layer option)
   n[i,c,r]    of those, blocks with option r;  sum_r n[i,c,r] = x[i,c]
   u[i,c,r]    n[i,c,r] >= 1 (bool);  present[i,c]: x[i,c] >= 1 (bool)
   t[i]        stage time per micro-batch;  T >= t[i]  (the slowest stage)
-Constraints (labels match comments in the code)
+Constraints, per stage, built by :mod:`planner.solve.stage_model` (shared with the model
+across pools, :mod:`planner.hetero.ilp`):
   (M) memory of stage i <= capacity: state bytes + in-flight x stored activations + the largest
       working set + buffers (+ the largest ZeRO-3 gather buffer) + reserve (``stage_memory``),
       all linear in x and n (maxima via ``u`` / ``present``)
   (Z) ZeRO-2/3 exposed per-micro-batch traffic  e[i] >= traffic(n) - compute(n), e[i] >= 0
   (D) data-parallel exposure  d >= (reduce(n) - hidden(n))^+ + (gather(n) - fwd(n))^+ per stage
   (O) optimizer step  o >= sum of optimizer_s terms per stage
+and here (R) the per-class layouts and their resharding edges.
 Objective (``step_time``, times v to stay integer): (m v - 1) T + sum_i t[i] + v (d + o).
 
 Integer coefficients: seconds are divided by a recorded tick (``objective_scale_s``), bytes are
@@ -40,13 +42,11 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from planner import cpsat
-from planner.cost.terms import NO_COMM, Affine, LayerTerms
 from planner.solve.costs import StageProblem
-from planner.strategy import NO_OPTION, LayerPlacement, interleaved_rank
+from planner.solve.stage_model import StageModel, blocks_in, decode_placement
+from planner.strategy import LayerPlacement, interleaved_rank
 
 TICKS = 10**9  # the objective of the heaviest placement spans about this many ticks
-TIME_TERMS = ("fwd_s", "bwd_s", "recompute_s", "comm_s")
-STATE_TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes")
 
 
 @dataclass(frozen=True)
@@ -82,25 +82,6 @@ class _Builder:
         self.scale_s = max(work * (m * v + 1), 1e-12) / TICKS
         self.cutoff_s = cutoff_s
 
-    # -- reading terms ---------------------------------------------------------------------
-    def lt(self, cost: LayerTerms, *names: str) -> float:
-        """The sum of the named LayerTerms fields of ``cost`` (in the order given)."""
-        total = 0.0
-        for name in names:
-            total += 0.0 if name in self.drop else getattr(cost, name)
-        return total
-
-    def ct(self, name: str):
-        """A ConfigTerms field (zero of its type when dropped)."""
-        value = getattr(self.T, name)
-        if name not in self.drop:
-            return value
-        if isinstance(value, Affine):
-            return NO_COMM
-        if isinstance(value, tuple):
-            return tuple(0.0 for _ in value)
-        return 0.0
-
     # -- integer scaling -------------------------------------------------------------------
     def ticks(self, seconds: float) -> int:
         return int(round(seconds / self.scale_s))
@@ -109,29 +90,8 @@ class _Builder:
         """Seconds-valued terms as an integer expression in ticks."""
         return sum(var * int(round(coef * factor / self.scale_s)) for var, coef in terms)
 
-    @staticmethod
-    def bytes_lin(terms: Terms, factor: float = 1.0):
-        """Byte-valued terms rounded up (never under-estimates memory)."""
-        return sum(var * math.ceil(coef * factor) for var, coef in terms)
-
-    def stage_terms(self, i: int, *names: str) -> tuple[Terms, float]:
-        """sum over classes and options of n[i,c,r] * (named terms), plus the fixed layers' sum."""
-        terms = [(self.n[i, ci, ri], self.lt(cost, *names))
-                 for ci, cls in enumerate(self.p.classes) for ri, cost in enumerate(cls.costs)]
-        return terms, sum(self.lt(x, *names) for x in self.fixed(i))
-
-    def fixed(self, i: int) -> tuple[LayerTerms, ...]:
-        out: tuple[LayerTerms, ...] = ()
-        if i == 0:
-            out += self.p.pre_costs
-        if i == self.T.pp - 1:
-            out += self.p.post_costs
-        return out
-
-    def seconds(self, i: int, *names: str):
-        """The stage's sum of the named time terms, in ticks."""
-        terms, const = self.stage_terms(i, *names)
-        return self.time_lin(terms) + self.ticks(const)
+    def ct(self, name: str):
+        return self.stages.ct(self.T, name)
 
     # -- model -----------------------------------------------------------------------------
     def build(self) -> None:
@@ -158,9 +118,11 @@ class _Builder:
         if single and v == 1:
             M.add(sum(counts) == L)
 
-        # x[i,c]: blocks of class c in stage i; n[i,c,r]: with option r; u, present: >= 1
-        self.x, self.n, self.u, self.present = {}, {}, {}, {}
+        # x[i,c]: blocks of class c in stage i; n[i,c,r]: with option r (planner.solve.stage_model)
+        sm = self.stages = StageModel(M, self.scale_s, pp, [P], drop=self.drop)
+        self.x = {}
         for i in range(pp):
+            sm.a[i, 0] = 1
             for ci, cls in enumerate(P.classes):
                 x = M.new_int_var(0, cls.count, f"x[{i},{ci}]")
                 if v > 1:  # interleaved: rank i holds chunks i, i + pp, ... (fixed)
@@ -168,149 +130,22 @@ class _Builder:
                                    if interleaved_rank(blk, L, pp, v) == i))
                 elif single:
                     M.add(x == counts[i])
-                else:  # x = max(0, min(b[i+1], end) - max(b[i], start))
-                    top = M.new_int_var(0, L, f"top[{i},{ci}]")
-                    M.add_min_equality(top, [b[i + 1], cls.first_block + cls.count])
-                    bot = M.new_int_var(0, L, f"bot[{i},{ci}]")
-                    M.add_max_equality(bot, [b[i], cls.first_block])
-                    M.add_max_equality(x, [top - bot, 0])
-                present = M.new_bool_var(f"present[{i},{ci}]")
-                M.add(x <= cls.count * present)
-                M.add(x >= present)
-                self.x[i, ci], self.present[i, ci] = x, present
-                for ri, option in enumerate(cls.options):
-                    n = M.new_int_var(0, cls.count, f"n[{i},{ci},{option.name}]")
-                    self.n[i, ci, ri] = n
-                    if self.lt(cls.costs[ri], "act_working_bytes") > 0:  # only then is "used" needed
-                        u = M.new_bool_var(f"u[{i},{ci},{option.name}]")
-                        M.add(n <= cls.count * u)
-                        self.u[i, ci, ri] = u
-                M.add(sum(self.n[i, ci, ri] for ri in range(len(cls.options))) == x)
+                else:
+                    blocks_in(M, x, b, i, ci, cls, L)
+                self.x[i, ci] = x
+                sm.add_options(i, ci, x)
+        self.n = sm.n
         reshard = self.layouts(b)
 
-        alpha = 1.0 + self.ct("allocator_overhead")
-        capacity = math.floor(T.capacity_bytes)
-        in_flight = self.ct("in_flight")
-        moe = [ci for ci, cls in enumerate(P.classes) if cls.costs[0].expert_params > 0]
-        zero_dense = self.ct("zero_reduce_dense") + self.ct("zero_gather_dense")
-        zero_expert = self.ct("zero_reduce_expert") + self.ct("zero_gather_expert")
-        red_dense, red_expert = self.ct("dp_reduce_dense"), self.ct("dp_reduce_expert")
-        gat_dense, gat_expert = self.ct("dp_gather_dense"), self.ct("dp_gather_expert")
-        zg_half_dense = self.ct("zero_gather_dense").scaled(0.5)
-        zg_half_expert = self.ct("zero_gather_expert").scaled(0.5)
-        kappa = self.ct("comm_slowdown")
-
+        # (M), (Z), (T), (D), (O) per stage: planner.solve.stage_model
         T_var = M.new_int_var(0, 2**50, "T")
         d = M.new_int_var(0, 2**50, "d")
         o = M.new_int_var(0, 2**50, "o")
-        slack: Terms = []
-        slack_c = 0.0
-        self.t = []
+        self.t, slack = [], 0
         for i in range(pp):
-            fixed_expert = any(x.expert_params > 0 for x in self.fixed(i))
-            has_expert = 1 if fixed_expert else 0
-            if moe and not fixed_expert:
-                has_expert = M.new_bool_var(f"has_expert[{i}]")
-                M.add_max_equality(has_expert, [self.present[i, ci] for ci in moe])
-
-            def charged(names: tuple[str, ...], dense: Affine, expert: Affine):
-                """A stage's collective ticks: slope terms + each group's latency intercept."""
-                out = self.seconds(i, *names) + self.ticks(dense.intercept_s)
-                if expert.intercept_s:
-                    out += self.ticks(expert.intercept_s) * has_expert
-                return out
-
-            # (M) memory of stage i
-            states, states_c = self.stage_terms(i, *STATE_TERMS)
-            stored, stored_c = self.stage_terms(i, "act_stored_bytes")
-            working = M.new_int_var(0, 2**52, f"working[{i}]")  # largest working set x alpha
-            for ci, cls in enumerate(P.classes):
-                for ri, cost in enumerate(cls.costs):
-                    if (i, ci, ri) in self.u:
-                        k = math.ceil(alpha * self.lt(cost, "act_working_bytes"))
-                        M.add(working >= k * self.u[i, ci, ri])
-            for cost in self.fixed(i):
-                M.add(working >= math.ceil(alpha * self.lt(cost, "act_working_bytes")))
-            mem = (self.bytes_lin(states) + self.bytes_lin(stored, in_flight[i] * alpha) + working)
-            gather = M.new_int_var(0, 2**52, f"gather_buffer[{i}]")  # largest ZeRO-3 gather
-            for ci, cls in enumerate(P.classes):
-                k = max(math.ceil(alpha * self.lt(x, "gather_buffer_bytes")) for x in cls.costs)
-                if k:
-                    M.add(gather >= k * self.present[i, ci])
-            for cost in self.fixed(i):
-                M.add(gather >= math.ceil(alpha * self.lt(cost, "gather_buffer_bytes")))
-            mem += gather
-            const = (states_c + in_flight[i] * alpha * stored_c
-                     + alpha * self.ct("buffer_bytes") + self.ct("reserve_bytes"))
-            M.add(mem <= capacity - math.ceil(const))
-
-            # stage time per micro-batch, with (Z) the exposed ZeRO-2/3 traffic
-            time_terms, time_c = self.stage_terms(i, *TIME_TERMS)
-            stage = self.time_lin(time_terms) + self.ticks(
-                time_c + self.ct("boundary_s") + self.ct("micro_batch_overhead_s"))
-            stage += self.time_lin(reshard[i][0]) + self.ticks(reshard[i][1])
-            if T.per_micro_batch_sync:
-                # per-phase exposure (terms.stage_time): e_f, e_b and the edge are scaled by
-                # (1 - kappa) so their coefficients stay integers; kappa * traffic is added
-                keep = 1.0 - kappa
-                traffic = charged(("zero_traffic_s",), zero_dense, zero_expert)
-                fwd_terms, fwd_c = self.stage_terms(i, "zero_fwd_traffic_s")
-                fwd_c += zg_half_dense.intercept_s
-                traffic_terms, traffic_c = self.stage_terms(i, "zero_traffic_s")
-                traffic_c += zero_dense.intercept_s
-                bwd_terms = [(var, a - b) for (var, a), (_, b) in zip(traffic_terms, fwd_terms)]
-                bwd_c = traffic_c - fwd_c
-                f_terms, f_c = self.stage_terms(i, "fwd_s")
-                b_terms, b_c = self.stage_terms(i, "bwd_s", "recompute_s")
-                e_f = M.new_int_var(0, 2**50, f"e_fwd[{i}]")
-                M.add(e_f >= self.time_lin(fwd_terms, keep) - self.time_lin(f_terms, keep)
-                      + self.ticks(keep * (fwd_c - f_c)) + self._expert_ticks(
-                          zg_half_expert.intercept_s * keep, has_expert))
-                e_b = M.new_int_var(0, 2**50, f"e_bwd[{i}]")
-                M.add(e_b >= self.time_lin(bwd_terms, keep) - self.time_lin(b_terms, keep)
-                      + self.ticks(keep * (bwd_c - b_c)) + self._expert_ticks(
-                          (zero_expert.intercept_s - zg_half_expert.intercept_s) * keep,
-                          has_expert))
-                edge = M.new_int_var(0, 2**50, f"edge[{i}]")
-                for ci, cls in enumerate(P.classes):
-                    k = max(self.ticks(keep * self.lt(x, "zero_edge_s")) for x in cls.costs)
-                    if k:
-                        M.add(edge >= k * self.present[i, ci])
-                for cost in self.fixed(i):
-                    M.add(edge >= self.ticks(keep * self.lt(cost, "zero_edge_s")))
-                stage += e_f + e_b + edge
-                if kappa:
-                    stage += self.time_lin(traffic_terms, kappa) + self.ticks(
-                        kappa * traffic_c) + self._expert_ticks(
-                            kappa * zero_expert.intercept_s, has_expert)
-            t = M.new_int_var(0, 2**50, f"t[{i}]")
-            M.add(t == stage)
-            M.add(T_var >= t)
+            extra = self.time_lin(reshard[i][0]) + self.ticks(reshard[i][1])
+            t, slack = sm.add_stage(i, T_var, d, o, slack, extra)
             self.t.append(t)
-
-            # (D) data-parallel sync of stage i, hidden behind backward (and earlier stages'
-            # backward still running) and the next forward
-            bwd, bwd_c = self.stage_terms(i, "bwd_s", "recompute_s")
-            reduce = charged(("dp_reduce_s",), red_dense, red_expert)
-            gather_s = charged(("dp_gather_s",), gat_dense, gat_expert)
-            hidden = self.time_lin(slack) + self.ticks(slack_c)
-            if T.overlap_grad_reduce:
-                hidden += self.time_lin(bwd) + self.ticks(bwd_c)
-            hidden_gather = self.seconds(i, "fwd_s") if T.overlap_param_gather else 0
-            exposed_r = M.new_int_var(0, 2**50, f"exposed_reduce[{i}]")
-            exposed_g = M.new_int_var(0, 2**50, f"exposed_gather[{i}]")
-            M.add(exposed_r >= reduce - hidden)
-            M.add(exposed_g >= gather_s - hidden_gather)
-            if kappa:  # d >= (1 - kappa) e + kappa (reduce + gather), in ticks x 1000
-                M.add(1000 * d >= int(round(1000 * (1 - kappa))) * (exposed_r + exposed_g)
-                      + int(round(1000 * kappa)) * (reduce + gather_s))
-            else:
-                M.add(d >= exposed_r + exposed_g)
-            slack += bwd
-            slack_c += bwd_c
-
-            # (O) optimizer step over the parameters this GPU updates
-            M.add(o >= self.seconds(i, "optimizer_s"))
 
         # redundant cut: the slowest stage is at least the average (tightens the relaxation)
         M.add(pp * T_var >= sum(self.t))
@@ -388,10 +223,6 @@ class _Builder:
                         out[i][0].append((q, cost))
         return out
 
-    def _expert_ticks(self, seconds: float, has_expert):
-        """An expert-group intercept, charged when the stage holds routed experts."""
-        return self.ticks(seconds) * has_expert if seconds else 0
-
     def constant_s(self) -> float:
         """Step-time terms no decision changes (the tied-embedding gradient all-reduce)."""
         return self.ct("embedding_sync_s")
@@ -417,30 +248,9 @@ class _Builder:
         return counts
 
     def placement(self, solver: cp_model.CpSolver) -> LayerPlacement:
-        model = self.ctx.model
-        stage = [0] * len(model.layers)
-        options = [NO_OPTION] * len(model.layers)
-        pp, v, L = self.T.pp, self.T.virtual_stages, self.p.num_blocks
-        for ci, cls in enumerate(self.p.classes):
-            blocks = range(cls.first_block, cls.first_block + cls.count)
-            for i in range(pp):
-                if v > 1:
-                    mine = [blk for blk in blocks if interleaved_rank(blk, L, pp, v) == i]
-                else:  # contiguous: this stage's share follows the previous stages' shares
-                    done = sum(solver.value(self.x[j, ci]) for j in range(i))
-                    mine = list(blocks)[done:done + solver.value(self.x[i, ci])]
-                # within a stage, the heaviest recomputation goes first (any order costs the same)
-                chosen = [cls.options[ri]
-                          for ri in sorted(range(len(cls.options)),
-                                           key=lambda r: -cls.options[r].memory_rank)
-                          for _ in range(solver.value(self.n[i, ci, ri]))]
-                for blk, option in zip(mine, chosen):
-                    index = cls.start + (blk - cls.first_block)
-                    stage[index] = i
-                    options[index] = option
-        for index in self.p.post:
-            stage[index] = pp - 1
-        return LayerPlacement(tuple(stage), tuple(options))
+        return decode_placement(self.p, self.T.pp, lambda i, c: solver.value(self.x[i, c]),
+                                lambda i, c, r: solver.value(self.n[i, c, r]),
+                                self.T.virtual_stages)
 
 
 _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",

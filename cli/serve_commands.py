@@ -224,7 +224,8 @@ def print_serving(doc: dict, written_to: str | None = None,
     w = inf["workload"]
     console.print(line((doc["model"]["name"], "bold"), f" on {doc['cluster']['name']} "
                        f"({doc['cluster']['gpu']}), {inf['runtime']}, {w['mode']}, isl "
-                       f"{w['isl']} / osl {w['osl']}, {w['dtype']} weights, {w['kv_dtype']} KV"),
+                       f"{w['isl']} / osl {w['osl']}, {w['dtype']} weights, {w['kv_dtype']} KV"
+                       + _speculative_note(w)),
                   soft_wrap=True)
     table = Table(title="Workers")
     for column in ("role", "workers", "tp", "pp", "ep", "attn dp", "GPUs", "batch",
@@ -263,6 +264,14 @@ def print_serving(doc: dict, written_to: str | None = None,
         console.print(line(f"searched in {solve_time_s:.2f} s"))
     if written_to:
         console.print(line("plan written to ", written_to), soft_wrap=True)
+
+
+def _speculative_note(w: dict) -> str:
+    spec = w.get("speculative")
+    if not spec:
+        return ""
+    return (f", MTP speculative decoding: {spec['draft_tokens']} draft token(s), acceptance "
+            f"{spec['acceptance']:g}")
 
 
 def _label(d: dict) -> str:

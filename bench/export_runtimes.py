@@ -44,6 +44,7 @@ TOML_FIELDS_022 = {
                     "pipeline_parallel_last_stage_less_layers", "module_fqns_per_model_part",
                     "context_parallel_degree", "context_parallel_rotate_method",
                     "expert_parallel_degree", "expert_tensor_parallel_degree"},
+    "compile": {"enable", "components", "backend"},
     "activation_checkpoint": {"mode", "selective_ac_option", "memory_budget",
                               "per_op_sac_force_recompute_mm_shapes_by_fqns", "early_stop",
                               "preserve_rng_state"},

@@ -83,6 +83,8 @@ class RuntimeProfile:
     allocator: str  # how its memory is read and cached (see memory model)
     notes: tuple[str, ...] = field(default_factory=tuple)
     searched_zero_stages: tuple[int, ...] | None = None  # default: all of zero_stages
+    pipeline_zero_stages: tuple[int, ...] | None = None  # stages it runs with pp > 1 (None: all)
+    tp_overlap_needs_compile: bool = False  # TP overlap only under torch.compile (async TP)
 
     @property
     def search_zero_stages(self) -> tuple[int, ...]:
@@ -92,6 +94,11 @@ class RuntimeProfile:
 
     def allows_zero(self, stage: int) -> bool:
         return stage in self.zero_stages
+
+    def allows_zero_with(self, stage: int, pp: int) -> bool:
+        """The runtime runs ZeRO ``stage`` with ``pp`` pipeline stages."""
+        return self.allows_zero(stage) and (pp == 1 or self.pipeline_zero_stages is None
+                                            or stage in self.pipeline_zero_stages)
 
     def allows_schedule(self, schedule: str) -> bool:
         return schedule in self.schedules
@@ -158,8 +165,11 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         tp_comm_overlap=True, grad_reduce_overlap=True, param_gather_overlap=True,
         per_phase_prefetch=True, fp8_saved_inputs=False,
         allocator="pytorch caching allocator, max_memory_reserved reading (no CUDA context)",
+        # async TP (enable_async_tensor_parallel) raises "Async TP requires torch.compile"
+        # without --compile.enable (torchtitan/distributed/tensor_parallel.py)
+        tp_overlap_needs_compile=True,
         notes=("fp32 sharded parameters, bf16 all-gather (MixedPrecisionPolicy param_dtype)",
-               "TP implies sequence parallel; async TP overlaps its collectives")),
+               "TP implies sequence parallel; async TP overlaps its collectives, compiled only")),
     "deepspeed": RuntimeProfile(
         name="deepspeed", title="DeepSpeed / Megatron-DeepSpeed",
         frameworks=("DeepSpeed", "Megatron-DeepSpeed", "GPT-NeoX"),
@@ -177,6 +187,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         tp_comm_overlap=False, grad_reduce_overlap=True, param_gather_overlap=True,
         per_phase_prefetch=True, fp8_saved_inputs=False,
         allocator="pytorch caching allocator, nvidia-smi reading",
+        # PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+        # parallelism" (deepspeed/runtime/pipe/engine.py)
+        pipeline_zero_stages=(0, 1),
         notes=("pipeline engine reduces gradients after the flush (no overlap with PP)",)),
     "fsdp": RuntimeProfile(
         name="fsdp", title="PyTorch FSDP1 (Composer / llm-foundry, fms-fsdp)",

@@ -206,6 +206,11 @@ def _warnings(name: str, fmt: str, version: str | None = None) -> str:
                                  version).warnings)
 
 
+def _notes(name: str, fmt: str, version: str | None = None) -> str:
+    return "\n".join(export_plan(Plan.from_dict(build_plan(**PLANS[name])), fmt,
+                                 version).notes)
+
+
 def test_exact_exports_have_no_warnings():
     assert _warnings("dp-only", "megatron") == ""
     assert _warnings("tp-pp-first-last", "megatron") == ""  # first/last flags are exact
@@ -223,13 +228,19 @@ def test_inexpressible_features_are_named():
     assert "recompute" in text and "5, 3" in text and "--recompute-num-layers 5" in text
     assert "layer-selective" in _warnings("mixed-recompute", "torchtitan", "0.2.2")
     assert "no layer-selective AC" in _warnings("mixed-recompute", "torchtitan")
-    # DeepSpeed: PP is set in code, ZeRO-2/3 refused under PP, interleaving, CP, EP
+    # DeepSpeed: ZeRO-2/3 refused under PP, interleaving, CP are differences; the pipeline
+    # split and EP are set in model code, exactly, so they are notes
     text = _warnings("pp2-uneven", "deepspeed")
+    assert "accepts ZeRO 0 and 1 only" in text and "PipelineModule" not in text
+    text = _notes("pp2-uneven", "deepspeed")
     assert "PipelineModule" in text and "num_stages=2" in text and "10, 14" in text
-    assert "accepts ZeRO 0 and 1 only" in text
+    assert "_partition_layers" in text  # an uneven split: no partition_method gives it
     assert "no interleaved schedule" in _warnings("interleaved", "deepspeed")
     text = _warnings("moe-cp", "deepspeed")
-    assert "context parallelism 2" in text and "ep_size=4" in text
+    assert "context parallelism 2" in text and "ep_size" not in text
+    assert "ep_size=4" in _notes("moe-cp", "deepspeed")
+    assert "wrap blocks 0-23" in _notes("moe-cp", "deepspeed") or \
+        "activation_checkpoint_interval=1" in _notes("moe-cp", "deepspeed")
     # vLLM: interleaving, CP and uneven stages dropped
     assert "virtual stages" in _warnings("interleaved", "vllm")
     assert "context parallelism 2" in _warnings("moe-cp", "vllm")

@@ -40,7 +40,8 @@ def calibrated_options(options: RuntimeOptions, constants: Constants, gpu_name: 
     changes["elementwise_factor"] = 1.0 if compiled or key not in PARAM_NAMES else \
         constants.get(key)
     key = f"tp_comm_overlap.{name}"
-    if prof.tp_comm_overlap and key in PARAM_NAMES:
+    if prof.tp_comm_overlap and key in PARAM_NAMES and \
+            (compiled or not prof.tp_overlap_needs_compile):
         changes["tp_comm_overlap"] = constants.get(key)
     return replace(options, **changes)
 

@@ -408,9 +408,11 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         fwd_syncs = 0  # without SP the head's input is already replicated
     tp_fwd = fwd_syncs * one
     tp_total = tp_fwd + bwd_syncs * one + (tp_fwd if recompute is Recompute.FULL else 0.0)
-    # the hidden share still slows the GEMMs it overlaps (NCCL takes SMs)
-    tp_comm = tp_total * ((1.0 - opts.tp_comm_overlap)
-                          + opts.tp_comm_overlap * opts.comm_slowdown)
+    # the hidden share still slows the GEMMs it overlaps (NCCL takes SMs). Runtimes hide TP
+    # collectives by splitting SP's all-gather / reduce-scatter into the GEMMs (Megatron's
+    # --tp-comm-overlap needs --sequence-parallel; torchtitan's async TP): none without SP
+    hidden = opts.tp_comm_overlap if sp else 0.0
+    tp_comm = tp_total * ((1.0 - hidden) + hidden * opts.comm_slowdown)
     other = 0.0
     mlp = layer.mlp
     moe_buffer = 0.0

@@ -89,11 +89,11 @@ def recompute_counts(values: list[str] | tuple[str, ...]) -> dict[str, int]:
 
 
 def describe_recompute(doc: dict[str, Any]) -> str:
-    """'full on 6 of 24 blocks (stage 0: 3, stage 1: 3), selective on 2'."""
+    """'full on 6 of 24 blocks (stage 0: 3, stage 1: 3), selective on 2' (op: per-op SAC)."""
     pp = doc["parallelism"]["pp"]
     layers = [x for x in doc["layers"] if x["kind"] == "block"]
     parts = []
-    for kind in ("full", "selective"):
+    for kind in ("full", "selective", "op"):
         chosen = [x for x in layers if x["recompute"] == kind]
         if not chosen:
             continue

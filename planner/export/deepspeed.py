@@ -28,6 +28,7 @@ from typing import Any
 from planner.plan_types import Plan
 from planner.export.base import ExportResult, blocks_per_rank, describe_recompute, memory_note
 from planner.export.quoting import json_text
+from planner.export.retarget import retarget_warning
 
 
 def export(plan: Plan) -> ExportResult:
@@ -53,13 +54,18 @@ def export(plan: Plan) -> ExportResult:
         config["zero_optimization"]["overlap_comm"] = bool(runtime["overlap_grad_reduce"])
     if tp > 1:
         config["tensor_parallel"] = {"autotp_size": tp}
+    notes = _dp_notes(doc)
     if pp > 1:
         split = blocks_per_rank(doc)
-        warnings.append(
-            f"pipeline: DeepSpeed sets the pipeline degree in code, not in this file: build the "
-            f"model as PipelineModule(layers=..., num_stages={pp}, partition_method=...) with "
-            f"blocks per stage {', '.join(map(str, split))} (embedding on stage 0, head on "
-            f"stage {pp - 1}); train_batch_size above assumes that degree")
+        even = len(set(split)) == 1
+        notes.append(
+            f"deepspeed: the pipeline is built in code, not in this file: "
+            f"PipelineModule(layers=..., num_stages={pp}, ...) with blocks per stage "
+            f"{', '.join(map(str, split))} (embedding on stage 0, head on stage {pp - 1}); "
+            + ("partition_method='type:' + the block class's name balances the blocks so"
+               if even else
+               "DeepSpeed's partition methods balance counts or parameters, so give a "
+               "PipelineModule subclass whose _partition_layers sets these stage bounds"))
     if v > 1:
         warnings.append(f"interleaving: DeepSpeed's pipeline engine has no interleaved "
                         f"schedule; the plan's {v} virtual stages per rank run as plain 1F1B "
@@ -74,25 +80,48 @@ def export(plan: Plan) -> ExportResult:
                         f"and is a different algorithm (all-to-all over heads, not ring "
                         f"attention)")
     if p["ep"] > 1:
-        warnings.append(f"expert parallelism {p['ep']}: set in model code "
-                        f"(deepspeed.moe.layer.MoE(..., ep_size={p['ep']})), not in this file")
-    if any(x["recompute"] != "none" for x in doc["layers"]):
-        warnings.append(f"recompute: DeepSpeed recomputes what model code wraps in "
-                        f"deepspeed.checkpointing.checkpoint; the plan has "
-                        f"{describe_recompute(doc)}"
-                        + ("; selective (attention-core) recomputation has no DeepSpeed "
-                           "switch: wrap the attention core only"
-                           if any(x["recompute"] == "selective" for x in doc["layers"]) else ""))
+        notes.append(f"deepspeed: expert parallelism is set in model code: "
+                     f"deepspeed.moe.layer.MoE(..., ep_size={p['ep']})")
+    _recompute(doc, warnings, notes)
     if p["dtype"] == "fp8":
         warnings.append("dtype fp8: exported bf16; FP8 GEMMs come from Transformer Engine "
                         "layers in model code, not from the DeepSpeed config")
-    if not runtime["runtime"].startswith("deepspeed"):
-        warnings.append(f"memory: the plan assumed the {runtime['runtime']!r} optimizer-state "
-                        f"layout; with DeepSpeed's ZeRO optimizer"
-                        + (memory_note(plan, zero_stage=zero, runtime_runtime="deepspeed")
-                           or " model-state memory differs"))
+    retarget = retarget_warning(plan, "deepspeed", **({"zero_stage": zero}
+                                                      if zero != p["zero_stage"] else {}))
+    if retarget:
+        warnings.append(retarget)
     text = json_text(config) + "\n"
-    return ExportResult("deepspeed", text, tuple(warnings), ".json", tuple(_dp_notes(doc)))
+    return ExportResult("deepspeed", text, tuple(warnings), ".json", tuple(notes))
+
+
+def _ranges(numbers: list[int]) -> str:
+    """'0-2, 5, 7-9' for [0, 1, 2, 5, 7, 8, 9]."""
+    out: list[str] = []
+    for n in numbers:
+        if out and int(out[-1].split("-")[-1]) == n - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{n}"
+        else:
+            out.append(str(n))
+    return ", ".join(out)
+
+
+def _recompute(doc: dict[str, Any], warnings: list[str], notes: list[str]) -> None:
+    """DeepSpeed recomputes what model code wraps in deepspeed.checkpointing.checkpoint: any
+    set of whole blocks is exact; the attention core alone has no DeepSpeed switch."""
+    blocks = [x for x in sorted(doc["layers"], key=lambda x: x["index"]) if x["kind"] == "block"]
+    full = [b for b, x in enumerate(blocks) if x["recompute"] == "full"]
+    other = sorted({x["recompute"] for x in blocks} - {"none", "full"})
+    if full:
+        notes.append(f"deepspeed: recomputation is set in model code: wrap blocks "
+                     f"{_ranges(full)} (of 0-{len(blocks) - 1}) in "
+                     f"deepspeed.checkpointing.checkpoint"
+                     + (" (all of them: PipelineModule(activation_checkpoint_interval=1))"
+                        if len(full) == len(blocks) else ""))
+    if other:
+        warnings.append(f"recompute: the plan has {describe_recompute(doc)}"
+                        f"{' and op-level' if 'op' in other else ''} recomputation; DeepSpeed "
+                        f"has no switch for recomputing part of a block: wrap the attention "
+                        f"core yourself, or it is not recomputed")
 
 
 def data_parallel_size(doc: dict[str, Any]) -> int:

@@ -30,7 +30,9 @@ from typing import Any
 from planner.plan_types import Plan
 from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
                                  headline, memory_note, recompute_counts)
+from planner.export import recompute_rules as rules
 from planner.export.quoting import bash_array_file, parse_bash_array_file
+from planner.export.retarget import retarget_warning
 
 ARRAY = "MEGATRON_PARALLEL_ARGS"
 
@@ -70,7 +72,8 @@ def _pipeline(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
     args.append(("--pipeline-model-parallel-layout", layout_string(doc)))
 
 
-def _recompute(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
+def _recompute(plan: Plan, doc: dict[str, Any], args: list, warnings: list[str],
+               notes: list[str]) -> None:
     p = doc["parallelism"]
     values = [x["recompute"] for x in doc["layers"] if x["kind"] == "block"]
     counts = recompute_counts(values)
@@ -94,34 +97,37 @@ def _recompute(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
             f"more memory)")
         return
     # Megatron's block method recomputes the first N layers of every pipeline stage (of every
-    # model chunk when interleaved), all with the same N.
+    # model chunk when interleaved), all with the same N. N is exact when every rank then
+    # holds the plan's number of recomputed blocks of each class (the cost model's view, so
+    # memory and time are the plan's): planner.export.recompute_rules.
     parts = chunks(doc)
+    unit = "model chunk" if p["virtual_stages"] > 1 else "stage"
+    exact = rules.exact_count(plan, rules.megatron_block, max(c.num_blocks for c in parts))
+    if exact is not None:
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                 ("--recompute-num-layers", exact)]
+        if rules.megatron_block(plan, exact) != rules.block_settings(plan):
+            notes.append(f"megatron: --recompute-method block recomputes the first {exact} "
+                         f"blocks of each {unit}, not the very blocks the plan marks "
+                         f"({planned}): the same number of each block class on every "
+                         f"pipeline rank, so the plan's memory and step time")
+        return
     recomputed = [sum(1 for r in c.recompute if r != "none") for c in parts]
     n = max(recomputed)
     args += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
              ("--recompute-num-layers", n)]
-    exact = counts["selective"] == 0 and all(
-        c.recompute == ("full",) * min(n, c.num_blocks) + ("none",) * (c.num_blocks - n)
-        for c in parts)
-    if exact:
-        return
-    unit = "model chunk" if p["virtual_stages"] > 1 else "stage"
     reasons = []
     if counts["selective"]:
         reasons.append(f"the plan's {counts['selective']} selective blocks become full "
                        f"recomputation (Megatron has one granularity)")
-    if len(set(recomputed)) > 1:
-        reasons.append(f"per-{unit} counts differ ({', '.join(map(str, recomputed))}); "
-                       f"--recompute-num-layers is one number, so every {unit} recomputes its "
-                       f"first {n} blocks (slower than planned, never more memory)")
-    elif not counts["selective"]:
-        reasons.append(f"the plan marks other blocks than the first {n} of each {unit}; "
-                       f"the count per {unit} is the same, so memory and time are too")
+    reasons.append(f"per-{unit} counts {', '.join(map(str, recomputed))} give no single "
+                   f"--recompute-num-layers, so every {unit} recomputes its first {n} blocks "
+                   f"(slower than planned, never more memory)")
     warnings.append(f"recompute: plan has {planned}; exported --recompute-method block "
                     f"--recompute-num-layers {n}: " + "; ".join(reasons))
 
 
-def _experts(plan: Plan, args: list, warnings: list[str]) -> None:
+def _experts(plan: Plan, args: list, warnings: list[str], notes: list[str]) -> None:
     """MoE: the expert mesh (``--expert-model-parallel-size``, ``--expert-tensor-parallel-size``;
     edp follows) and the ``--moe-*`` options the plan's costs assume (Megatron-Core MoE README:
     grouped GEMM, permute fusion, the alltoall or DeepEP flex dispatcher, capacity, EP overlap).
@@ -151,9 +157,9 @@ def _experts(plan: Plan, args: list, warnings: list[str]) -> None:
                  ("--moe-pad-expert-input-to-capacity",)]
     if opts.a2a_overlap > 0 and mesh.ep > 1:
         args += [("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
-        warnings.append(f"moe a2a_overlap {opts.a2a_overlap:g}: exported "
-                        f"--overlap-moe-expert-parallel-comm; how much of the all-to-all it "
-                        f"hides is the runtime's, not the plan's")
+        notes.append(f"megatron: the plan hides {opts.a2a_overlap:g} of the expert all-to-all "
+                     f"behind compute; exported --overlap-moe-expert-parallel-comm "
+                     f"--delay-wgrad-compute, Megatron's way of hiding it")
     if len({(b.mlp.num_experts, b.mlp.top_k, b.mlp.ffn_hidden) for b in blocks
             if b.mlp is not None and b.mlp.is_moe}) > 1:
         warnings.append("MoE layers of different shapes: Megatron takes one --num-experts / "
@@ -164,6 +170,7 @@ def export(plan: Plan) -> ExportResult:
     doc = plan.to_dict()
     p, runtime = doc["parallelism"], doc["runtime"]
     warnings: list[str] = []
+    notes: list[str] = []
     args: list[tuple[str, Any] | tuple[str]] = [
         ("--tensor-model-parallel-size", p["tp"]),
         ("--pipeline-model-parallel-size", p["pp"]),
@@ -172,11 +179,11 @@ def export(plan: Plan) -> ExportResult:
         args.append(("--sequence-parallel",))
     if p["cp"] > 1:
         args.append(("--context-parallel-size", p["cp"]))
-    _experts(plan, args, warnings)
+    _experts(plan, args, warnings, notes)
     args += [("--num-layers", doc["model"]["num_layers"]), ("--seq-length", p["seq_len"]),
              ("--micro-batch-size", p["micro_batch"]), ("--global-batch-size", p["global_batch"])]
     _pipeline(doc, args, warnings)
-    _recompute(doc, args, warnings)
+    _recompute(plan, doc, args, warnings, notes)
     zero = p["zero_stage"]
     if zero >= 1:
         args.append(("--use-distributed-optimizer",))
@@ -202,24 +209,24 @@ def export(plan: Plan) -> ExportResult:
         args.append(("--bf16",))
     if p["dtype"] == "fp8":
         args.append(("--fp8-format", "hybrid"))
-        warnings.append("dtype fp8: exported --bf16 --fp8-format hybrid (Transformer Engine FP8 "
-                        "GEMMs, BF16 elsewhere); the plan does not fix the FP8 recipe")
+        notes.append("megatron: dtype fp8 is exported as --bf16 --fp8-format hybrid "
+                     "(Transformer Engine FP8 GEMMs, BF16 elsewhere); the scaling recipe is "
+                     "Megatron's default, which the plan does not model")
     if not runtime["dropout"]:
         # the cost model counts no dropout masks; Megatron's defaults are 0.1
         args += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
-    if runtime["tp_comm_overlap"] > 0 and p["tp"] > 1:
+    # --tp-comm-overlap (Transformer Engine userbuffers) splits the sequence-parallel
+    # all-gather / reduce-scatter: validate_args refuses it without --sequence-parallel, and
+    # the cost model hides no TP collective without SP (planner.cost.terms)
+    if runtime["tp_comm_overlap"] > 0 and p["tp"] > 1 and p["sp"]:
         args.append(("--tp-comm-overlap",))
-        warnings.append(f"tp_comm_overlap {runtime['tp_comm_overlap']:g}: exported "
-                        f"--tp-comm-overlap (Transformer Engine userbuffers); how much it hides "
-                        f"is the runtime's, not the plan's")
     if runtime["attention_kernel"] == "eager":
         warnings.append("attention: the plan assumed eager attention (materialised scores); "
                         "Megatron picks a fused/flash backend by default, which stores less "
                         "activation memory than planned")
-    if runtime["runtime"] != "megatron":
-        warnings.append(f"runtime: the plan's memory assumed the {runtime['runtime']!r} "
-                        f"optimizer-state layout; Megatron's differs"
-                        + memory_note(plan, runtime_runtime="megatron"))
+    retarget = retarget_warning(plan, "megatron", **({"zero_stage": 1} if zero >= 2 else {}))
+    if retarget:
+        warnings.append(retarget)
     # validate_args asserts CUDA_DEVICE_MAX_CONNECTIONS=1 for tp or cp > 1 before Blackwell
     # (megatron/training/arguments.py); it does no harm on newer GPUs
     env = "CUDA_DEVICE_MAX_CONNECTIONS=1 " if p["tp"] > 1 or p["cp"] > 1 else ""
@@ -232,7 +239,6 @@ def export(plan: Plan) -> ExportResult:
         f"{doc['cluster']['gpus_per_node']} --nnodes {doc['cluster']['num_nodes']} "
         f"pretrain_gpt.py \"${{{ARRAY}[@]}}\" ...",
     ]
-    notes = []
     if env:
         notes.append(f"megatron: run with {env.strip()} in the environment (tensor or context "
                      f"parallelism; Megatron's validate_args asserts it on GPUs before "

@@ -30,6 +30,8 @@ from planner.errors import invalid
 from planner.plan_types import Plan
 from planner.export.base import ExportResult, describe_recompute, headline, memory_note
 from planner.export.quoting import bash_array_file, comment, toml_key, toml_value
+from planner.export import recompute_rules as rules
+from planner.export.retarget import retarget_warning
 from planner.export.torchtitan_settings import (block_recompute, checkpoint_every,
                                                 registry_entry, settings, uniform_recompute)
 
@@ -75,8 +77,7 @@ def _ordinal(n: int) -> str:
 def _export_cli(plan: Plan) -> ExportResult:
     doc = plan.to_dict()
     s = settings(plan)
-    p = doc["parallelism"]
-    warnings, notes = list(s.warnings), []
+    warnings, notes = list(s.warnings), list(s.notes)
     rows: list[tuple[Any, ...]] = []
     entry = registry_entry(doc)
     if entry:
@@ -118,10 +119,11 @@ def _export_cli(plan: Plan) -> ExportResult:
                         f"expert weights take up to {etp}x the planned memory")
     if s.async_tp:
         rows += [("--compile.enable",), ("--compile.enable_async_tensor_parallel",)]
-        warnings.append("tp_comm_overlap: exported async tensor parallelism, which torchtitan "
-                        "runs only with torch.compile (--compile.enable); compiled memory and "
-                        "time differ from the plan's eager model")
+        _async_tp_message(plan, warnings, notes, "--compile.enable")
     rows.append((f"activation_checkpoint:{_cli_recompute(doc, warnings)}",))
+    retarget = retarget_warning(plan, "torchtitan", **s.changes)
+    if retarget:
+        warnings.append(retarget)
     gpus, nodes = doc["cluster"]["gpus_per_node"], doc["cluster"]["num_nodes"]
     module = "" if entry else "--module MODULE --config CONFIG "
     comments = [
@@ -136,12 +138,28 @@ def _export_cli(plan: Plan) -> ExportResult:
     return ExportResult("torchtitan", text, tuple(warnings), ".sh", tuple(notes))
 
 
+def _async_tp_message(plan: Plan, warnings: list[str], notes: list[str], flag: str) -> None:
+    """torchtitan overlaps TP collectives only as async TP, which it runs compiled."""
+    eager = plan.runtime.elementwise_factor
+    if eager == 1.0:  # the plan's element-wise cost is the fused (compiled) one
+        notes.append(f"torchtitan: async tensor parallelism (the plan's TP overlap) runs only "
+                     f"under torch.compile: exported {flag}, as the plan's fused element-wise "
+                     f"cost assumes")
+    else:
+        warnings.append(f"tp_comm_overlap: exported async tensor parallelism, which torchtitan "
+                        f"runs only under torch.compile ({flag}); the plan's element-wise cost "
+                        f"is eager ({eager:g}x fused traffic), so the compiled run's time and "
+                        f"activation memory are lower than planned")
+
+
 def _cli_recompute(doc: dict[str, Any], warnings: list[str]) -> str:
     kind = uniform_recompute(doc)
     if kind == "none":
         return "none"
     if kind == "full":
         return "full"
+    if kind == "op":  # torchtitan's SelectiveAC is per-op SAC, the plan's "op" policy
+        return "selective"
     if kind == "selective":
         warnings.append("recompute selective: torchtitan's selective AC saves matmul outputs "
                         "and recomputes the other ops, which is not the plan's attention-core "
@@ -158,8 +176,7 @@ def _cli_recompute(doc: dict[str, Any], warnings: list[str]) -> str:
 def _export_toml(plan: Plan) -> ExportResult:
     doc = plan.to_dict()
     s = settings(plan)
-    p = doc["parallelism"]
-    warnings = list(s.warnings)
+    warnings, notes = list(s.warnings), list(s.notes)
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": s.replicate,
         "data_parallel_shard_degree": s.shard,
@@ -176,42 +193,27 @@ def _export_toml(plan: Plan) -> ExportResult:
         if etp not in (1, s.tp):
             warnings.append(f"expert tensor parallelism {etp}: torchtitan takes "
                             f"expert_tensor_parallel_degree 1 or tp ({s.tp}) only")
+    changes = dict(s.changes)
     if s.tp > 1 and not s.sp:
+        changes["sp"] = True
         warnings.append("sequence parallelism: the plan has it off, but torchtitan <= 0.2.2 "
                         "always applies it with TP, which stores less activation memory than "
                         "planned" + memory_note(plan, sp=True) + "; torchtitan 0.3 can turn it "
                         "off (--target-version 0.3)")
-    if s.async_tp:
-        warnings.append("enable_async_tensor_parallel needs [compile] enable = true in the job "
-                        "file")
+    tables: list[tuple[str, dict[str, Any]]] = []
+    if s.async_tp:  # torchtitan refuses async TP uncompiled
+        tables.append(("compile", {"enable": True}))
+        _async_tp_message(plan, warnings, notes, "[compile] enable = true")
     if s.pp > 1:
         parallelism["pipeline_parallel_schedule"] = s.schedule
         parallelism["pipeline_parallel_microbatch_size"] = s.pp_micro_batch
         parallelism["module_fqns_per_model_part"] = s.parts
     training = {"local_batch_size": s.local_batch, "global_batch_size": s.global_batch,
                 "seq_len": s.seq_len, "mixed_precision_param": "bfloat16"}
-    kind = uniform_recompute(doc)
-    ac: dict[str, Any]
-    if kind in ("none", "full"):
-        ac = {"mode": kind}
-    elif kind == "selective":
-        ac = {"mode": "selective", "selective_ac_option": "op"}
-        warnings.append("recompute selective: torchtitan's op-level selective AC (\"op\") "
-                        "saves matmul outputs and recomputes the rest, which is not the plan's "
-                        "attention-core recomputation; activation memory differs")
-    else:
-        values = block_recompute(doc)
-        every = checkpoint_every(doc)
-        selective = sum(1 for v in values if v == "selective")
-        ac = {"mode": "selective", "selective_ac_option": str(every)}
-        warnings.append(
-            f"recompute: plan has {describe_recompute(doc)}; torchtitan has one setting for all "
-            f"blocks, so exported layer-selective AC checkpointing every {every}"
-            f"{_ordinal(every)} block (full recomputation of about "
-            f"{math.ceil(len(values) / every)} of {len(values)} blocks"
-            + (", selective blocks made full" if selective else "")
-            + "): on every stage at least as many blocks as planned, so more recomputation "
-              "than planned and never more activation memory")
+    ac = _toml_recompute(plan, doc, warnings)
+    retarget = retarget_warning(plan, "torchtitan", **changes)
+    if retarget:
+        warnings.append(retarget)
     lines = [
         f"# torchtitan job settings for {comment(headline(doc))}",
         f"# Generated by shardplan from a plan (schema_version {doc['schema_version']}) for "
@@ -221,9 +223,40 @@ def _export_toml(plan: Plan) -> ExportResult:
         "# torchtitan 0.3 reads no TOML: export with --target-version 0.3 for its command line.",
     ]
     for table, values_ in (("training", training), ("parallelism", parallelism),
-                           ("activation_checkpoint", ac)):
+                           ("activation_checkpoint", ac), *tables):
         lines.append("")
         lines.append(f"[{toml_key(table)}]")
         for key, value in values_.items():
             lines.append(f"{toml_key(key)} = {toml_value(value, key)}")
-    return ExportResult("torchtitan", "\n".join(lines) + "\n", tuple(warnings), ".toml")
+    return ExportResult("torchtitan", "\n".join(lines) + "\n", tuple(warnings), ".toml",
+                        tuple(notes))
+
+
+def _toml_recompute(plan: Plan, doc: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """The [activation_checkpoint] table: one mode for all blocks, or layer-selective AC
+    (every N-th block of each rank), exact when it costs what the plan's mix does."""
+    kind = uniform_recompute(doc)
+    if kind in ("none", "full"):
+        return {"mode": kind}
+    if kind == "op":  # per-op SAC, the plan's "op" policy
+        return {"mode": "selective", "selective_ac_option": "op"}
+    if kind == "selective":
+        warnings.append("recompute selective: torchtitan's op-level selective AC (\"op\") "
+                        "saves matmul outputs and recomputes the rest, which is not the plan's "
+                        "attention-core recomputation; activation memory differs")
+        return {"mode": "selective", "selective_ac_option": "op"}
+    values = block_recompute(doc)
+    exact = rules.exact_count(plan, rules.every_nth, len(values))
+    if exact is not None:
+        return {"mode": "selective", "selective_ac_option": str(exact)}
+    every = checkpoint_every(doc)
+    selective = sum(1 for v in values if v == "selective")
+    warnings.append(
+        f"recompute: plan has {describe_recompute(doc)}; torchtitan has one setting for all "
+        f"blocks, so exported layer-selective AC checkpointing every {every}"
+        f"{_ordinal(every)} block (full recomputation of about "
+        f"{math.ceil(len(values) / every)} of {len(values)} blocks"
+        + (", selective blocks made full" if selective else "")
+        + "): on every stage at least as many blocks as planned, so more recomputation "
+          "than planned and never more activation memory")
+    return {"mode": "selective", "selective_ac_option": str(every)}

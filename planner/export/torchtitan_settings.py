@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.export.base import chunks, memory_note, recompute_counts
+from planner.export.base import chunks, memory_note
 from planner.plan_types import Plan
 
 MODULE_NAMES = ("tok_embeddings", "layers.{}", "norm", "output")
@@ -54,6 +54,8 @@ class Settings:
     parts: list[list[str]] | None = None
     async_tp: bool = False
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    changes: dict[str, Any] = field(default_factory=dict)  # ParallelConfig fields it changed
 
 
 def model_parts(doc: dict[str, Any]) -> list[list[str]]:
@@ -74,9 +76,11 @@ def settings(plan: Plan) -> Settings:
     tp, pp, dp, cp, ep, v = p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p["virtual_stages"]
     zero = p["zero_stage"]
     replicate, shard, reshard = 1, dp, "never"
+    changes: dict[str, Any] = {}
     if zero == 3:
         reshard = "always"
     elif zero == 1 and dp * cp > 1:
+        changes["zero_stage"] = 2
         warnings.append("ZeRO-1: torchtitan's FSDP2 cannot shard optimizer states alone; "
                         "exported FSDP with fsdp_reshard_after_forward \"never\" (ZeRO-2: "
                         "gradients sharded too)" + memory_note(plan, zero_stage=2))
@@ -84,6 +88,7 @@ def settings(plan: Plan) -> Settings:
         if tp == pp == cp == 1:
             replicate, shard = dp, 1
         else:
+            changes["zero_stage"] = 2
             warnings.append("ZeRO-0: torchtitan's DDP (data_parallel_replicate_degree) does not "
                             "combine with tensor, pipeline or context parallelism; exported FSDP "
                             "with fsdp_reshard_after_forward \"never\" (ZeRO-2)"
@@ -93,8 +98,8 @@ def settings(plan: Plan) -> Settings:
                    pp=pp, cp=cp, ep=ep,
                    local_batch=per_rank if pp > 1 else p["micro_batch"],
                    global_batch=p["global_batch"], seq_len=p["seq_len"],
-                   async_tp=bool(tp > 1 and runtime["tp_comm_overlap"] > 0),
-                   warnings=warnings)
+                   async_tp=bool(tp > 1 and p["sp"] and runtime["tp_comm_overlap"] > 0),
+                   warnings=warnings, changes=changes)
     if pp > 1:
         out.schedule = "Interleaved1F1B" if v > 1 else "1F1B"
         out.pp_micro_batch = p["micro_batch"]
@@ -104,10 +109,6 @@ def settings(plan: Plan) -> Settings:
                         + ("enable Float8 training yourself (torchtitan's Float8 linear "
                            "converter in the job's model settings)" if p["dtype"] == "fp8" else
                            "torchtitan's FSDP mixed precision has no fp16 setting"))
-    warnings.append(f"memory: the plan's model states were predicted for the "
-                    f"{runtime['runtime']!r} optimizer layout; torchtitan's FSDP2 keeps fp32 "
-                    f"sharded parameters and gradients with bf16 compute copies, so model-state "
-                    f"memory per GPU differs from the plan's")
     return out
 
 
@@ -117,11 +118,10 @@ def block_recompute(doc: dict[str, Any]) -> list[str]:
 
 
 def uniform_recompute(doc: dict[str, Any]) -> str | None:
-    """'none' / 'full' / 'selective' when every block has that setting, else None."""
+    """'none' / 'full' / 'selective' / 'op' when every block has that setting, else None."""
     values = block_recompute(doc)
-    counts = recompute_counts(values)
-    for kind in ("none", "full", "selective"):
-        if counts[kind] == len(values):
+    for kind in ("none", "full", "selective", "op"):
+        if all(v == kind for v in values):
             return kind
     return None
 

@@ -221,6 +221,9 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                             if runtime is not None and tp > 1 and runtime.sp != "optional":
                                 sps = [runtime.sp == "with-tp"]
                             for zero in _choices(pins.zero, zero_default):
+                                if runtime is not None and \
+                                        not runtime.allows_zero_with(zero, pp):
+                                    continue  # e.g. DeepSpeed's pipeline engine: ZeRO <= 1
                                 for sp in _choices(pins.sp, sps):
                                     config = ParallelConfig(
                                         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp,

@@ -207,14 +207,15 @@ TORCHTITAN_022_ENV = "SHARDPLAN_TORCHTITAN_022_PATH"  # a folder with torchtitan
 
 
 def run_worker(runtime: str, cases: list[dict], timeout_s: float = 600,
-               python: str | None = None, path_first: str | None = None) -> list[dict]:
+               python: str | None = None, path_first: str | None = None,
+               env: dict[str, str] | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "cases.json"
         path.write_text(json.dumps(cases))
         paths = ([path_first] if path_first else []) + [str(ROOT), os.environ.get("PYTHONPATH",
                                                                                   "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
-               "DS_BUILD_OPS": "0"}
+               "DS_BUILD_OPS": "0", **(env or {})}
         done = subprocess.run([python or sys.executable, "-m", "bench.export_runtimes", "--worker",
                                runtime, str(path)], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=timeout_s)

@@ -49,10 +49,14 @@ from models import load_model  # noqa: E402
 from models.catalog import is_preset  # noqa: E402
 from planner.config import ParallelConfig, RuntimeOptions  # noqa: E402
 from planner.cost.model import evaluate, model_flops_per_step  # noqa: E402
+from planner.calibration.apply import calibrated_options  # noqa: E402
+from planner.calibration.store import shipped  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
+from planner.profiles import profile_for_framework  # noqa: E402
 from planner.moe import MoeOptions  # noqa: E402
 from planner.solve.search import uniform_placement  # noqa: E402
-from planner.strategy import Recompute, uniform  # noqa: E402
+from planner.ir import LayerKind  # noqa: E402
+from planner.strategy import LayerOption, LayerPlacement, Recompute, uniform  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "moe_runs.yaml"
 DOC = ROOT / "docs" / "moe.md"
@@ -121,6 +125,11 @@ def build_cluster(entry: dict):
     return cluster_for_gpus(one, c["num_gpus"], entry["id"])
 
 
+def gpu_of(entry: dict) -> str:
+    """The GPU preset name of the entry's cluster preset."""
+    return build_cluster(entry).gpu.name
+
+
 def dtype_of(entry: dict) -> str:
     precision = (entry["training"].get("precision") or "").upper()
     return "fp8" if "FP8" in precision else "bf16"
@@ -150,15 +159,35 @@ def config_of(entry: dict) -> ParallelConfig:
         etp=t.get("etp") or 0)
 
 
+def dispatcher_of(entry: dict) -> str:
+    """The token dispatcher the entry's framework runs: hierarchical (``deepep``) where the
+    framework names DeepEP, and for Megatron-Bridge, whose MoE perf recipes run Megatron-Core's
+    flex dispatcher with the HybridEP or DeepEP backend (Megatron-Bridge ``recipes/deepseek``
+    ``moe_flex_dispatcher_backend = "hybridep"`` applied through
+    ``apply_flex_dispatcher_backend``; ``perf_recipes/qwen``: ``moe_token_dispatcher_type =
+    "flex"``); otherwise Megatron-Core's flat ``alltoall`` dispatcher."""
+    framework = (entry["training"].get("framework") or "").lower()
+    return "deepep" if "deepep" in framework or "megatron-bridge" in framework else "alltoall"
+
+
 def options_of(entry: dict) -> RuntimeOptions:
-    """Routing as the entry states it (token-dropping runs: capacity factor 1, padded, as the
-    Megatron-Bridge token-drop recipes set it); the hierarchical dispatcher where the framework
-    names DeepEP."""
+    """The runtime profile of the entry's framework with the library's calibrated constants
+    (what ``shardplan evaluate --runtime`` uses), routing as the entry states it
+    (token-dropping runs: capacity factor 1, padded, as the Megatron-Bridge token-drop recipes
+    set it) and the framework's dispatcher (:func:`dispatcher_of`)."""
     t = entry["training"]
+    framework = t.get("framework") or ""
+    prof = profile_for_framework(framework)
     routing = (t.get("moe_routing") or "").lower()
     capacity = 1.0 if "token-dropping" in routing else 0.0
-    dispatcher = "deepep" if "deepep" in (t.get("framework") or "").lower() else "alltoall"
-    return RuntimeOptions(moe=MoeOptions(capacity_factor=capacity, dispatcher=dispatcher))
+    options = RuntimeOptions(runtime=prof.state_layout_for(dtype_of(entry)), profile=prof.name,
+                             moe=MoeOptions(capacity_factor=capacity,
+                                            dispatcher=dispatcher_of(entry)))
+    profile = shipped()
+    if profile is None:
+        return options
+    return calibrated_options(options, profile.constants, gpu_of(entry),
+                              "compile" in framework.lower())
 
 
 def describe(entry: dict) -> str:
@@ -188,6 +217,43 @@ def published_time(entry: dict, model, config: ParallelConfig) -> tuple[float, s
     return flops / (r["tflops_per_gpu"] * 1e12 * c["num_gpus"]), "model TFLOP/s"
 
 
+def partial_full(model, config: ParallelConfig, base: Recompute, n: int) -> LayerPlacement:
+    """``base`` for every block except the first ``n`` blocks of every stage (model chunk
+    order), fully recomputed: Megatron's ``--recompute-method block --recompute-num-layers
+    n``."""
+    placement = uniform(model, config, base)
+    seen: dict[int, int] = {}
+    options = []
+    for layer, stage, option in zip(model.layers, placement.stage, placement.options):
+        if layer.kind is LayerKind.BLOCK:
+            seen[stage] = seen.get(stage, 0) + 1
+            if seen[stage] <= n:
+                option = LayerOption(Recompute.FULL)
+        options.append(option)
+    return LayerPlacement(placement.stage, tuple(options))
+
+
+def fastest_fitting(model, cluster, config: ParallelConfig, options: RuntimeOptions):
+    """The fastest placement that fits among a uniform policy (none, selective, full) and
+    none or selective with the fewest blocks per stage fully recomputed that fits (memory
+    falls as more blocks are recomputed); None when nothing fits."""
+    best = uniform_placement(model, cluster, config, options)
+    per_stage = -(-model.num_blocks // config.pp)
+    for base in (Recompute.NONE, Recompute.SELECTIVE):
+        lo, hi, found = 1, per_stage, None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            trial = evaluate(model, cluster, config, partial_full(model, config, base, mid),
+                             options)
+            if trial.fits:
+                found, hi = trial, mid
+            else:
+                lo = mid + 1
+        if found is not None and (best is None or found.step_time_s < best.step_time_s):
+            best = found
+    return best
+
+
 def row_for(entry: dict) -> Row:
     model = build_model(entry)
     cluster = build_cluster(entry)
@@ -198,17 +264,19 @@ def row_for(entry: dict) -> Row:
         config.validate(model, cluster)  # before the placement: it needs a valid split
         recompute = recompute_of(entry)
         ev = None
-        if recompute is None:  # not published: the fastest uniform policy that fits
-            ev = uniform_placement(model, cluster, config, options)
+        if recompute is None:  # not published: the fastest recomputation that fits
+            ev = fastest_fitting(model, cluster, config, options)
         if ev is None:
             ev = evaluate(model, cluster, config,
                           uniform(model, config, recompute or Recompute.NONE), options)
     except PlannerError as error:
         return Row(entry["id"], describe(entry), published, None, source, None, None,
                    note=f"rejected: {error.message[:120]}")
-    used = sorted({o.recompute.value for o, layer in zip(ev.placement.options, model.layers)
-                   if layer.kind.value == "block"})
-    return Row(entry["id"], f"{describe(entry)} rc:{'/'.join(used)}", published, ev.step_time_s,
+    used = [o.recompute.value for o, layer in zip(ev.placement.options, model.layers)
+            if layer.kind is LayerKind.BLOCK]
+    label = used[0] if len(set(used)) == 1 else \
+        f"full {used.count('full')}/{len(used)} + {sorted(set(used) - {'full'})[0]}"
+    return Row(entry["id"], f"{describe(entry)} rc:{label}", published, ev.step_time_s,
                source, ev.fits, ev.peak_memory_bytes / 2**30)
 
 

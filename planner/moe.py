@@ -27,10 +27,11 @@ from dataclasses import dataclass
 from planner.errors import invalid
 
 DISPATCHERS = ("alltoall", "deepep")
-# Fraction of the all-to-all a runtime hides by default: none (fitted by bench/moe_fit.py on
-# the measured runs, grid 0 / 0.25 / 0.5 / 0.75: 0 has the lowest median error; runs that
-# enable an EP overlap set --moe-a2a-overlap).
-DEFAULT_A2A_OVERLAP = 0.0
+# Fraction of the all-to-all a runtime hides by default behind independent compute (shared
+# experts, the other micro-batch of Megatron's 1F1B EP overlap, the attention of DualPipe):
+# fitted by bench/moe_fit.py on the measured runs (grid 0 / 0.5: 0.5, the lower mean error);
+# --moe-a2a-overlap sets it per run.
+DEFAULT_A2A_OVERLAP = 0.5
 
 
 @dataclass(frozen=True)

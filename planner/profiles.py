@@ -85,6 +85,10 @@ class RuntimeProfile:
     searched_zero_stages: tuple[int, ...] | None = None  # default: all of zero_stages
     pipeline_zero_stages: tuple[int, ...] | None = None  # stages it runs with pp > 1 (None: all)
     tp_overlap_needs_compile: bool = False  # TP overlap only under torch.compile (async TP)
+    # expert tensor parallel degrees it runs (MoE): "any" divisor of the stage (Megatron-Core's
+    # --expert-tensor-parallel-size), "one-or-tp" (experts whole or split like the dense TP),
+    # "one" (no expert tensor parallelism)
+    expert_tp: str = "any"
 
     @property
     def search_zero_stages(self) -> tuple[int, ...]:
@@ -99,6 +103,14 @@ class RuntimeProfile:
         """The runtime runs ZeRO ``stage`` with ``pp`` pipeline stages."""
         return self.allows_zero(stage) and (pp == 1 or self.pipeline_zero_stages is None
                                             or stage in self.pipeline_zero_stages)
+
+    def allows_etp(self, etp: int, tp: int) -> bool:
+        """The runtime splits routed experts over ``etp`` ranks with tensor parallel ``tp``."""
+        if self.expert_tp == "one":
+            return etp == 1
+        if self.expert_tp == "one-or-tp":
+            return etp in (1, tp)
+        return True
 
     def allows_schedule(self, schedule: str) -> bool:
         return schedule in self.schedules
@@ -168,6 +180,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # async TP (enable_async_tensor_parallel) raises "Async TP requires torch.compile"
         # without --compile.enable (torchtitan/distributed/tensor_parallel.py)
         tp_overlap_needs_compile=True,
+        # 0.3's expert mesh is efsdp x ep (no ETP; experts whole on each EP rank); 0.2.2 takes
+        # expert_tensor_parallel_degree 1 or tp: 1 runs on both
+        expert_tp="one",
         notes=("fp32 sharded parameters, bf16 all-gather (MixedPrecisionPolicy param_dtype)",
                "TP implies sequence parallel; async TP overlaps its collectives, compiled only")),
     "deepspeed": RuntimeProfile(
@@ -190,6 +205,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # PipelineEngine asserts "ZeRO-2 and ZeRO-3 are incompatible with pipeline
         # parallelism" (deepspeed/runtime/pipe/engine.py)
         pipeline_zero_stages=(0, 1),
+        # DeepSpeed-MoE keeps experts whole or slices them like TP
+        # (deepspeed.moe.layer.MoE enable_expert_tensor_parallelism)
+        expert_tp="one-or-tp",
         notes=("pipeline engine reduces gradients after the flush (no overlap with PP)",)),
     "fsdp": RuntimeProfile(
         name="fsdp", title="PyTorch FSDP1 (Composer / llm-foundry, fms-fsdp)",

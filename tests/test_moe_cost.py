@@ -26,6 +26,19 @@ MOE = build_native({"name": "moe", "num_layers": 4, "hidden_size": 1024, "num_he
 H100 = load_cluster("dgx-h100", nodes=2)  # 16 GPUs, 2 NVLink domains
 
 
+@pytest.fixture(autouse=True)
+def no_host_floor(monkeypatch):
+    """These tests take the device-side terms apart; the host floor (a max over the layer's
+    whole time, tested on its own below) would mask them where the tiny layers are host-bound."""
+    from planner.cost import compute, terms
+    monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 0.0)
+    for fn in (compute._layer_compute, terms._layer_terms, terms._config_terms):
+        fn.cache_clear()
+    yield
+    for fn in (compute._layer_compute, terms._layer_terms, terms._config_terms):
+        fn.cache_clear()
+
+
 def config(**kw) -> ParallelConfig:
     base = dict(tp=1, pp=1, dp=16, global_batch=32, seq_len=2048)
     base.update(kw)
@@ -137,8 +150,9 @@ def test_flat_all_to_all_is_the_collective_over_the_ep_link():
                            ctx.links.ep_inter, ctx.links.ep_domains)
     from planner.cost import comm
     assert one == comm.all_to_all_s(elements * 2, 16, ctx.links.ep)
-    # dispatch + combine, forward and backward, plus the dropless host syncs
-    assert t.comm_s == pytest.approx(4 * one + 2 * moe.DROPLESS_SYNC_S)
+    # dispatch + combine, forward and backward, less the default overlap, plus the host syncs
+    overlap = MoeOptions().a2a_overlap
+    assert t.comm_s == pytest.approx(4 * one * (1 - overlap) + 2 * moe.DROPLESS_SYNC_S)
 
 
 def test_hierarchical_dispatch_sends_each_token_once_per_remote_domain():
@@ -160,13 +174,15 @@ def test_hierarchical_dispatch_sends_each_token_once_per_remote_domain():
 
 
 def test_a2a_overlap_hides_a_fraction_and_recompute_repeats_the_forward():
-    _, plain = block_terms(config(ep=16))
+    none = RuntimeOptions(moe=MoeOptions(a2a_overlap=0.0))
+    _, plain = block_terms(config(ep=16), none)
     _, half = block_terms(config(ep=16), RuntimeOptions(moe=MoeOptions(a2a_overlap=0.5)))
     sync = 2 * moe.DROPLESS_SYNC_S
     assert half.comm_s - sync == pytest.approx(0.5 * (plain.comm_s - sync))
-    _, full = block_terms(config(ep=16), recompute=Recompute.FULL)
+    _, full = block_terms(config(ep=16), none, recompute=Recompute.FULL)
     assert full.comm_s == pytest.approx(1.5 * plain.comm_s)
-    _, dropping = block_terms(config(ep=16), RuntimeOptions(moe=MoeOptions(capacity_factor=1.0)))
+    _, dropping = block_terms(config(ep=16), RuntimeOptions(moe=MoeOptions(capacity_factor=1.0,
+                                                                           a2a_overlap=0.0)))
     assert dropping.comm_s == pytest.approx(plain.comm_s - sync)
 
 
@@ -243,3 +259,20 @@ def test_plan_writes_the_expert_mesh_and_check_reads_it_back(tmp_path, capsys):
     assert p["etp"] * p["ep"] * p["edp"] == p["tp"] * p["cp"] * p["dp"]
     code, _, err = _cli(capsys, "check", str(out))
     assert code == 0, err
+
+
+def test_host_floor_binds_small_micro_batches_only(monkeypatch):
+    """A MoE layer pass takes at least the host's time to issue it: the floor lifts a tiny
+    micro-batch's layer to passes x the per-pass time (3 passes under full recomputation) and
+    leaves a layer whose device work is longer untouched."""
+    monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 4e-3)
+    from planner.cost import terms
+    terms._layer_terms.cache_clear()
+    _, small = block_terms(config(ep=4))
+    assert small.time_s == pytest.approx(2 * 4e-3)
+    _, full = block_terms(config(ep=4), recompute=Recompute.FULL)
+    assert full.time_s == pytest.approx(3 * 4e-3)
+    _, selective = block_terms(config(ep=4), recompute=Recompute.SELECTIVE)
+    assert selective.time_s > small.time_s  # re-issues the attention core
+    assert moe.host_floor_s(1.0, 2) == 0.0
+    assert moe.host_floor_s(0.0, 3) == pytest.approx(3 * 4e-3)

@@ -88,3 +88,31 @@ def test_time_bound_with_zero_traffic_never_exceeds_a_real_plan():
             assert cand.time_lb_s <= ev.step_time_s * (1 + 1e-9), cand.config
             checked += 1
     assert checked > 50
+
+
+@pytest.mark.parametrize("runtime,allowed", [("megatron", "any"), ("torchtitan", "one"),
+                                             ("deepspeed", "one-or-tp")])
+def test_each_runtime_searches_only_the_expert_tp_it_runs(runtime, allowed):
+    """torchtitan 0.3 has no expert tensor parallelism (its expert mesh is efsdp x ep),
+    DeepSpeed-MoE keeps experts whole or slices them like TP, Megatron-Core takes any
+    --expert-tensor-parallel-size; the search enumerates only those, and a pin the runtime
+    cannot run is refused before any search."""
+    from planner.errors import PlannerError
+    from planner.profiles import PROFILES
+    prof = PROFILES[runtime]
+    assert prof.expert_tp == allowed
+    seen = set()
+    for pins in (Pins(), Pins(etp=2)):
+        try:
+            configs = list(enumerate_configs(MODEL, TINY, 16, 128, "bf16", pins, prof))
+        except PlannerError as error:
+            assert pins.etp == 2 and allowed == "one" and "etp=2" in error.message
+            continue
+        seen |= {(c.tp, c.mesh.expert_tp) for c in configs if c.ep > 1}
+    assert seen, "some expert-parallel configuration is enumerated"
+    if allowed == "one":
+        assert {etp for _, etp in seen} == {1}
+    elif allowed == "one-or-tp":
+        assert all(etp in (1, tp) for tp, etp in seen)
+    else:
+        assert any(etp == 2 and tp == 4 for tp, etp in seen)  # a pinned etp below tp

@@ -118,17 +118,25 @@ def block_activation_bytes_per_token(layer: Layer, tp: int, sp: bool, seq_len: i
     return replicated / (tp if sp else 1) + sharded + core, core
 
 
-def fp8_input_saving_per_token(layer: Layer, tp: int, sp: bool) -> float:
+def fp8_input_saving_per_token(layer: Layer, tp: int, sp: bool, etp: int = 0,
+                               expert_load: float = 1.0) -> float:
     """Bytes per token saved when the GEMM inputs kept for backward are FP8 (1 byte) instead of
     16-bit: Transformer Engine's Linear / LayerNormLinear save their FP8-cast input for the
     weight gradient. The four dense GEMM inputs: the QKV and FC1 inputs (norm outputs, replicated
-    unless SP), the output-projection input and the FC2 input (TP-sharded)."""
+    unless SP), the output-projection input and the FC2 input (TP-sharded). Routed experts'
+    grouped GEMMs (TE ``GroupedLinear``) do the same for each token copy their GPU computes: the
+    permuted input (FC1) and the activation output (FC2 input, width F / etp)."""
     h = layer.hidden
     saving = 2 * h * (ACT_BYTES - 1) / (tp if sp else 1)  # one byte less per element
     if layer.attention is not None:
         saving += (ACT_BYTES - 1) * layer.attention.num_heads * layer.attention.v_head_dim / tp
-    if layer.mlp is not None and not layer.mlp.is_moe:
-        saving += (ACT_BYTES - 1) * layer.mlp.ffn_hidden / tp
+    mlp = layer.mlp
+    if mlp is not None and not mlp.is_moe:
+        saving += (ACT_BYTES - 1) * mlp.ffn_hidden / tp
+    elif mlp is not None:
+        etp = etp or tp
+        copies = mlp.top_k * etp / tp * expert_load
+        saving += (ACT_BYTES - 1) * copies * (h + mlp.ffn_hidden / etp)
     return saving
 
 
@@ -176,7 +184,7 @@ def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int
     full, core = block_activation_bytes_per_token(layer, tp, sp, seq_len, kernel, dropout, etp,
                                                   expert_load)
     if fp8_inputs:
-        full -= fp8_input_saving_per_token(layer, tp, sp)
+        full -= fp8_input_saving_per_token(layer, tp, sp, etp, expert_load)
     if recompute is Recompute.OP:
         saved = min(op_sac_saved_per_token(layer, tp, sp), full)
         return tokens * saved, tokens * (full - saved)

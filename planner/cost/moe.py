@@ -47,16 +47,29 @@ from planner.moe import MoeOptions
 # waits for the token counts, builds the all-to-all splits and launches the permutation and
 # grouped GEMMs while the GPU idles. A CUDA synchronisation is tens of microseconds (CUDA
 # programming guide, "Asynchronous concurrent execution"); with the host work after it a few
-# hundred. Fitted by bench/moe_fit.py on the measured MoE runs (grid 0 / 60 / 200 us: 200).
-DROPLESS_SYNC_S = 200e-6
+# hundred. Fitted by bench/moe_fit.py on the measured MoE runs (grid 0 / 200 us: 0 once the host
+# floor below is modelled, which covers the same host wait).
+DROPLESS_SYNC_S = 0.0
 
 
 # Grouped-GEMM kernels (Transformer Engine / cuBLASLt grouped GEMM, CUTLASS grouped) run one
 # launch over all local experts with per-expert problem sizes; they reach a fraction of the
 # dense cuBLAS efficiency of the same shapes (scheduling across ragged groups, no split-K,
 # per-expert quantisation in FP8). On top of the tile / wave model, which already charges small
-# per-expert row counts. Fitted by bench/moe_fit.py (grid 0.6 / 0.8 / 1.0: 0.8).
+# per-expert row counts. Fitted by bench/moe_fit.py (grid 0.8 / 1.0: 0.8).
 GROUPED_GEMM_EFFICIENCY = 0.8
+
+
+# Host time per MoE layer pass when the runtime issues the layer from Python without CUDA
+# graphs: the router, the token permutation and its all-to-all splits (read back to the host for
+# dropless routing), the grouped expert GEMMs with their FP8 quantisation, the unpermutation --
+# a few hundred kernel launches and their Python dispatch. A layer pass cannot take less than
+# the host needs to issue it, so with small micro-batches MoE layers are host-bound
+# (Megatron-Core MoE README: CUDA graphs for dropless MoE "to reduce CPU overhead"). Fitted by
+# bench/moe_fit.py on the measured MoE runs (the Megatron-Bridge Qwen3-30B-A3B runs at
+# micro-batch 1 take 8.8-9.6 ms per layer and micro-batch on B200 and H100 where the GPU needs
+# 3-6 ms).
+HOST_PER_LAYER_PASS_S = 4.4e-3
 
 
 def routed_tokens(tokens: float, mlp: Mlp, tp: int, etp: int, load: float = 1.0) -> float:
@@ -84,6 +97,15 @@ def remote_domain_copies(domains: int, top_k: int) -> float:
     return (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** top_k)
 
 
+def distinct_ranks(ranks: int, top_k: int) -> float:
+    """Expected distinct ranks of ``ranks`` (experts spread evenly over them) one token's
+    ``top_k`` experts fall on: the copies a dispatcher that sends a token once per destination
+    rank moves (DeepEP / HybridEP; the flat dispatcher sends one copy per expert)."""
+    if ranks <= 1:
+        return float(min(top_k, 1))
+    return ranks * (1.0 - (1.0 - 1.0 / ranks) ** top_k)
+
+
 def all_to_all_s(elements: float, elem_bytes: float, mlp: Mlp, ep: int, options: MoeOptions,
                  flat: Link, intra: Link, inter: Link, domains: int) -> float:
     """Seconds of one dispatch (or combine) of ``elements`` per GPU over the EP group.
@@ -95,12 +117,16 @@ def all_to_all_s(elements: float, elem_bytes: float, mlp: Mlp, ep: int, options:
     if ep <= 1 or elements <= 0:
         return 0.0
     size = elements * elem_bytes * options.load_factor
-    if options.dispatcher != "deepep" or domains <= 1:
+    if options.dispatcher != "deepep":
         return comm.all_to_all_s(size, ep, flat)
+    per_token = size / mlp.top_k
+    if domains <= 1:  # inside one NVLink domain: once per destination rank
+        return comm.all_to_all_s(per_token * distinct_ranks(ep, mlp.top_k), ep, flat)
     per_domain = max(ep // domains, 1)
-    network = size / mlp.top_k * remote_domain_copies(domains, mlp.top_k)
+    network = per_token * remote_domain_copies(domains, mlp.top_k)
     net_s = network / inter.bandwidth_bytes_per_s + (domains - 1) * inter.latency_s
-    nvl_s = comm.all_to_all_s(size, per_domain, intra) if per_domain > 1 else 0.0
+    nvl_s = comm.all_to_all_s(per_token * distinct_ranks(ep, mlp.top_k), per_domain, intra) \
+        if per_domain > 1 else 0.0
     return max(net_s, nvl_s)
 
 
@@ -120,6 +146,27 @@ def dispatch_combine_s(tokens: float, h: int, mlp: Mlp, tp: int, etp: int, ep: i
     if ep > 1 and options.dropless and options.dispatcher == "alltoall":
         exposed += passes * DROPLESS_SYNC_S
     return exposed
+
+
+def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0) -> float:
+    """Seconds a MoE layer's ``passes`` (forward, backward, recomputed forward) wait on the host
+    beyond their ``gpu_s`` of device work: the host needs :data:`HOST_PER_LAYER_PASS_S` to
+    issue each pass (plus ``extra_host_s`` of other launches the option repeats), and the
+    layer takes the longer of the two."""
+    return max(0.0, passes * HOST_PER_LAYER_PASS_S + extra_host_s - gpu_s)
+
+
+def host_passes(recompute: str) -> tuple[float, int]:
+    """(expert passes, other kernel launches) the host issues for a MoE layer under a
+    recomputation policy: forward and backward; full recomputation repeats the forward, per-op
+    checkpointing half of it, selective only the attention core (one kernel launch)."""
+    if recompute == "full":
+        return 3.0, 0
+    if recompute == "op":
+        return 2.5, 0
+    if recompute == "selective":
+        return 2.0, 1
+    return 2.0, 0
 
 
 def dispatch_buffer_bytes(tokens: float, h: int, mlp: Mlp, tp: int, etp: int,

@@ -54,7 +54,7 @@ from functools import lru_cache
 from typing import Sequence
 
 from planner.cost import comm, moe
-from planner.cost.compute import Shard, hbm_bytes_per_s, layer_compute
+from planner.cost.compute import KERNEL_LAUNCH_S, Shard, hbm_bytes_per_s, layer_compute
 from planner.cost.context import CostContext
 from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches,
                                  layer_activation_bytes, layer_params_on_gpu, zero_state_bytes)
@@ -434,6 +434,10 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         ring = 3 * (c.cp - 1) * comm.p2p_s(kv_bytes, links.cp)
         core_s = compute.attn_core_s  # the core's forward + backward time (compute.py)
         other += max(0.0, ring - core_s)
+    if mlp is not None and mlp.is_moe:  # the layer is no faster than the host issues it
+        gpu_s = compute.fwd_s + compute.bwd_s + compute.recompute_s(recompute) + tp_comm + other
+        passes, launches = moe.host_passes(recompute.value)
+        other += moe.host_floor_s(gpu_s, passes, launches * KERNEL_LAUNCH_S)
     stored, working = layer_activation_bytes(layer, view.micro_batch, c.seq_len, tp, c.cp, sp,
                                              recompute, opts.attention_kernel, opts.dropout,
                                              mesh.expert_tp, opts.moe.load_factor,

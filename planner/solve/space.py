@@ -129,6 +129,10 @@ class Pins:
         if self.virtual_stages is not None and self.virtual_stages > 1 and \
                 not runtime.allows_schedule("interleaved-1f1b"):
             bad.append(f"virtual_stages={self.virtual_stages} (no interleaved schedule)")
+        if self.etp is not None and self.etp > 1 and not runtime.allows_etp(self.etp, self.tp or
+                                                                             self.etp):
+            bad.append(f"etp={self.etp} (its expert tensor parallelism: "
+                       f"{runtime.expert_tp.replace('-', ' ')})")
         if self.sp is not None and runtime.sp == "none" and self.sp:
             bad.append("sp=on (it has no sequence parallelism)")
         if bad:
@@ -150,13 +154,15 @@ def _choices(pinned, default: list) -> list:
 
 
 def _expert_meshes(pins: Pins, tp: int, cp: int, dp: int, experts: int,
-                   expert_ffn: int) -> list[tuple[int, int]]:
+                   expert_ffn: int, runtime=None) -> list[tuple[int, int]]:
     """(ep, etp) choices of a stage of tp x cp x dp GPUs; etp 0 means "= tp" (dense models: the
-    one choice (1, 0))."""
+    one choice (1, 0)). ``runtime`` (a RuntimeProfile) keeps the etp it runs."""
     if experts <= 1:
         return [(1, 0)] if pins.ep in (None, 1) else []
     stage = tp * cp * dp
     etps = [pins.etp] if pins.etp is not None else sorted({1, tp})
+    if runtime is not None:
+        etps = [e for e in etps if runtime.allows_etp(e, tp)]
     out = []
     for etp in etps:
         if stage % etp or expert_ffn % etp:
@@ -202,7 +208,7 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                     continue
                 if global_batch % dp:
                     continue
-                meshes = _expert_meshes(pins, tp, cp, dp, experts, expert_ffn)
+                meshes = _expert_meshes(pins, tp, cp, dp, experts, expert_ffn, runtime)
                 if runtime is not None and not runtime.ep:
                     meshes = [(ep, etp) for ep, etp in meshes if ep == 1]
                 for ep, etp in meshes:

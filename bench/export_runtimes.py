@@ -365,15 +365,22 @@ def main(argv: list[str] | None = None) -> int:
         (Path(path).parent / "result.json").write_text(json.dumps(results))
         return 0
     cases = run_cases(corpus(), megatron_python=args.megatron_python)
-    if args.json:
+    return report(cases, args.json, "with the plan's degrees and batch sizes")
+
+
+def report(cases: list[Case], as_json: bool, what: str) -> int:
+    """Print the cases (a table and a count, or JSON); exit code 0 when every one is ok."""
+    if as_json:
         print(json.dumps([asdict(c) | {"ok": c.ok} for c in cases], indent=2))
     else:
+        width = max(len(c.plan) for c in cases) if cases else 0
         for c in cases:
-            status = "ok" if c.ok else ("MISMATCH " + "; ".join(c.mismatches) if c.accepted
-                                        else "REJECTED " + c.message[:200])
-            print(f"{c.label:18} {c.plan:22} {c.parser:32} {status}")
+            status = ("ok" + (f" ({c.message})" if c.message else "")) if c.ok else (
+                "MISMATCH " + "; ".join(c.mismatches) if c.accepted
+                else "REJECTED " + c.message[:300])
+            print(f"{c.label:18} {c.plan:{width}} {c.parser:32} {status}")
         good = sum(c.ok for c in cases)
-        print(f"{good} of {len(cases)} exports accepted with the plan's degrees and batch sizes")
+        print(f"{good} of {len(cases)} exports accepted {what}")
     return 0 if all(c.ok for c in cases) else 1
 
 

@@ -23,11 +23,11 @@ import argparse
 import json
 import shlex
 import sys
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.export_runtimes import ROOT, Case, compare, corpus, plan_facts, run_worker
+from bench.export_runtimes import (ROOT, Case, compare, corpus, plan_facts, report,
+                                   run_worker)
 
 ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 TRAINING_KEYS = ("tp", "pp", "dp", "seq_len")
@@ -164,18 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="a Python with vllm installed (its own venv)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    cases = run(args.vllm_python)
-    if args.json:
-        print(json.dumps([asdict(c) | {"ok": c.ok} for c in cases], indent=2))
-    else:
-        for c in cases:
-            status = ("ok" + (f" ({c.message})" if c.message else "")) if c.ok else (
-                "MISMATCH " + "; ".join(c.mismatches) if c.accepted
-                else "REJECTED " + c.message[:300])
-            print(f"{c.label:11} {c.plan:26} {c.parser:20} {status}")
-        good = sum(c.ok for c in cases)
-        print(f"{good} of {len(cases)} vLLM exports accepted with the plan's values")
-    return 0 if all(c.ok for c in cases) else 1
+    return report(run(args.vllm_python), args.json, "by vLLM with the plan's values")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import platform
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,6 +38,8 @@ from models import load_model  # noqa: E402
 from planner.strategy import Recompute  # noqa: E402
 from planner.cost.model import Evaluation  # noqa: E402
 from planner.ir import LayerKind  # noqa: E402
+from planner.hardware import GIB  # noqa: E402
+from planner.solve.headroom import DEFAULT_HEADROOM, NO_HEADROOM  # noqa: E402
 from planner.solve.search import (SearchOptions, SolverRecord, search,  # noqa: E402
                                   uniform_placement)
 from planner.solve.space import enumerate_configs  # noqa: E402
@@ -82,6 +84,7 @@ class Row:
     uniform: Evaluation | None
     uniform_s: float  # wall time of the uniform brute force
     uniform_configs: int
+    no_headroom: Evaluation | None = None  # the same search filling the GPU to the last byte
 
     @property
     def target_met(self) -> bool | None:
@@ -97,11 +100,12 @@ class Row:
         return self.uniform.step_time_s / self.best.step_time_s - 1
 
 
-def best_uniform(model, cluster, global_batch, seq_len, runtime) -> tuple[Evaluation | None, int]:
+def best_uniform(model, cluster, global_batch, seq_len, runtime,
+                 limit_bytes: float) -> tuple[Evaluation | None, int]:
     best, n = None, 0
     for config in enumerate_configs(model, cluster, global_batch, seq_len, "bf16"):
         n += 1
-        ev = uniform_placement(model, cluster, config, runtime)
+        ev = uniform_placement(model, cluster, config, runtime, memory_limit_bytes=limit_bytes)
         if ev is not None and (best is None or ev.step_time_s < best.step_time_s):
             best = ev
     return best, n
@@ -114,12 +118,18 @@ def run_case(case: Case, with_uniform: bool) -> Row:
     result = search(model, cluster, case.global_batch, model.default_seq_len, "bf16",
                     options=options)
     uniform, uniform_s, n = None, 0.0, 0
+    full = None
+    if case.target_s is not None:  # what the default headroom costs on the target instances
+        full = search(model, cluster, case.global_batch, model.default_seq_len, "bf16",
+                      options=replace(options, memory_headroom=NO_HEADROOM)).best
     if with_uniform:
         start = time.monotonic()
         uniform, n = best_uniform(model, cluster, case.global_batch, model.default_seq_len,
-                                  options.runtime)
+                                  options.runtime,
+                                  options.memory_headroom.limit_bytes(
+                                      cluster.memory_bytes_per_gpu))
         uniform_s = time.monotonic() - start
-    return Row(case, cluster.num_gpus, result.record, result.best, uniform, uniform_s, n)
+    return Row(case, cluster.num_gpus, result.record, result.best, uniform, uniform_s, n, full)
 
 
 def describe(ev: Evaluation) -> str:
@@ -178,7 +188,11 @@ def render(rows: list[Row]) -> str:
         "",
         "Solver: default `SearchOptions` (1 CP-SAT worker, seed 0, 60 s limit, 5 s deterministic",
         "time per configuration). Sequence length: the preset's (GPT-3 2,048, Llama-3.1 8,192).",
-        "Precision bf16, Megatron runtime, flash attention.",
+        "Precision bf16, Megatron runtime, flash attention. Memory: the default headroom",
+        f"({DEFAULT_HEADROOM.describe()} of each GPU kept free, `--memory-headroom`); among plans "
+        "of equal step time",
+        "the search returns the one with the lower peak (a second CP-SAT solve holds the step",
+        "time and minimises the peak; brute force ranks (step time, peak)).",
         "",
         "## Targets",
         "",
@@ -198,8 +212,8 @@ def render(rows: list[Row]) -> str:
         "pipeline rank (with v virtual stages, v chunks of equal size).",
         "",
         "| model | GPUs | gbs | solve s | status | gap | candidates | plan | recompute "
-        "(blocks) | blocks per stage | step s | MFU |",
-        "|---|---:|---:|---:|---|---:|---|---|---|---|---:|---:|",
+        "(blocks) | blocks per stage | step s | MFU | peak GiB / limit |",
+        "|---|---:|---:|---:|---|---:|---|---|---|---|---:|---:|---:|",
     ]
     for row in rows:
         r, b = row.record, row.best
@@ -207,7 +221,28 @@ def render(rows: list[Row]) -> str:
             f"| {row.case.model} | {row.gpus:,} | {row.case.global_batch:,} | "
             f"{r.solve_time_s:.2f} | {r.status} | {r.gap:.1%} | {r.candidates_total:,} / "
             f"{r.candidates_pruned_memory:,} / {r.candidates_evaluated:,} | {describe(b)} | "
-            f"{recompute_mix(b)} | {stage_sizes(b)} | {b.step_time_s:.3f} | {b.mfu:.1%} |")
+            f"{recompute_mix(b)} | {stage_sizes(b)} | {b.step_time_s:.3f} | {b.mfu:.1%} | "
+            f"{b.peak_memory_bytes / GIB:.1f} / {r.memory_limit_gib:.1f} |")
+    headroom = [row for row in rows if row.no_headroom is not None]
+    if headroom:
+        lines += [
+            "",
+            "## What the headroom costs",
+            "",
+            "The target instances searched again with `--memory-headroom 0` (fill each GPU to",
+            "the last byte, as before the headroom): step time and peak memory of both plans.",
+            "",
+            "| model | GPUs | headroom 0: plan | step s | peak GiB | default: plan | step s | "
+            "peak GiB | slower by |",
+            "|---|---:|---|---:|---:|---|---:|---:|---:|",
+        ]
+        for row in headroom:
+            f, b = row.no_headroom, row.best
+            lines.append(
+                f"| {row.case.model} | {row.gpus:,} | {describe(f)} | {f.step_time_s:.3f} | "
+                f"{f.peak_memory_bytes / GIB:.1f} | {describe(b)} | {b.step_time_s:.3f} | "
+                f"{b.peak_memory_bytes / GIB:.1f} | "
+                f"{b.step_time_s / f.step_time_s - 1:+.2%} |")
     if any(row.uniform is not None or row.uniform_configs for row in rows):
         lines += [
             "",

@@ -221,6 +221,9 @@ def clusters_command(as_json):
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: tp, pp, dp, cp, ep, etp, sp, zero, micro_batch, "
                    "virtual_stages, recompute, layouts (mesh or per-layer). Repeatable.")
+@click.option("--memory-headroom", default="5%", show_default=True, metavar="H",
+              help="GPU memory the search keeps free of the plan: a fraction (0.05 or 5%) or "
+                   "an amount (4GiB); 0 plans to the last byte. Recorded in the plan.")
 @attention_option
 @runtime_option
 @calibration_option
@@ -232,15 +235,17 @@ def clusters_command(as_json):
               help="Record the solve's wall-clock time in the plan (it then differs run to run).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
-         top_k, pins, attention_kernel, runtime, calibration, output, force, timings, as_json,
-         **moe):
+         top_k, pins, memory_headroom, attention_kernel, runtime, calibration, output, force,
+         timings, as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.plan import dumps, make_plan, write_plan
+    from planner.solve.headroom import MemoryHeadroom
     from planner.solve.search import SearchOptions, search
     from planner.solve.space import Pins
     from planner.writer import check_target
 
     pinned = Pins.parse(pin_pairs(pins))
+    headroom = MemoryHeadroom.parse(memory_headroom)
     plan_to_stdout = as_json or output == "-"
     if output == "-":
         output = None
@@ -254,7 +259,8 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
                               moe=moe_options_from(moe))
         hw = setup.cluster
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
-                                work_limit=work_limit, runtime=setup.options)
+                                work_limit=work_limit, runtime=setup.options,
+                                memory_headroom=headroom)
         from cli.render import search_progress
 
         with search_progress(enabled=True) as progress:

@@ -67,9 +67,15 @@ def show(plan_path, as_json):
 @click.option("--calibration", default=None, metavar="PROFILE.yaml",
               type=click.Path(dir_okay=False),
               help="Calibration profile whose error bands the gate uses (default: shipped).")
+@click.option("--runtime", default=None, metavar="R",
+              type=click.Choice(["megatron", "torchtitan", "deepspeed", "fsdp", "deepspeed-bf16",
+                                 "torch-fp32", "zero-paper"]),
+              help="Check the plan against this runtime profile: exit 1 when it uses something "
+                   "the runtime cannot run; memory with the runtime's layout (default: the "
+                   "plan's recorded runtime, no capability check).")
 @json_option
 def check(plan_path, model, cluster, nodes, allow_stale, memory_confidence, calibration,
-          as_json):
+          runtime, as_json):
     """Check a saved plan still fits: exit 0 if so, 1 if not, 2 on invalid input."""
     from planner.check import check_plan
     from planner.plan_types import Plan
@@ -99,7 +105,8 @@ def check(plan_path, model, cluster, nodes, allow_stale, memory_confidence, cali
         f"embedded, --nodes {nodes}" if nodes is not None else None)
     report = check_plan(plan, model=given_model, cluster=given_cluster, model_source=model,
                         cluster_source=source, allow_stale=allow_stale, plan_path=plan_path,
-                        memory_confidence=memory_confidence, calibration=calibration)
+                        memory_confidence=memory_confidence, calibration=calibration,
+                        runtime=runtime)
     _report_check(report, as_json)
 
 

@@ -214,6 +214,8 @@ def print_check(report: dict[str, Any]) -> None:
         item = report["inputs"][role]
         state = ("stale", "red") if item["stale"] else ("matches the plan", "green")
         console.print(line(f"{role}: {item['name']} ({item['source']}): ", state))
+    if report.get("runtime"):
+        console.print(line(f"runtime: {report['runtime']} (its memory layout and calibration)"))
     stages = report["stages"]
     if stages:
         over = [s for s in stages if not s["fits"]]

@@ -7,9 +7,11 @@ produces a :class:`~planner.check_report.CheckReport`. Steps:
    ``inputs.*.sha256``: a given one that differs makes the plan *stale*, an embedded one that
    differs means the plan was edited.
 2. Check the plan is well-formed (:mod:`planner.plan_validate`).
-3. Recompute memory per pipeline stage with the *current* cost model
+3. With ``runtime`` (``check --runtime R``): what the plan uses that runtime R cannot run
+   (:mod:`planner.check_runtime`), and R's memory layout and calibrated options for step 4.
+4. Recompute memory per pipeline stage with the *current* cost model
    (:func:`planner.cost.model.evaluate` on the plan's config, placement and runtime options).
-4. For stages over capacity, try single changes and report what each would save
+5. For stages over capacity, try single changes and report what each would save
    (:mod:`planner.remedies`).
 
 Pure: no printing, no exit, no loading of model or cluster specs (the CLI loads them); the CLI
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+from planner.check_runtime import runtime_options, runtime_problems
 from planner.check_report import (REPORT_KIND, CheckReport, InputCheck, Problem,  # noqa: F401
                                   Remedy, StageCheck)
 from planner.cost.model import evaluate
@@ -35,9 +38,10 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                cluster: Cluster | None = None, model_source: str | None = None,
                cluster_source: str | None = None, allow_stale: bool = False,
                plan_path: str | os.PathLike | None = None, memory_confidence: float = 0.5,
-               calibration: str | None = None) -> CheckReport:
+               calibration: str | None = None, runtime: str | None = None) -> CheckReport:
     """Check a plan; ``model`` / ``cluster`` (loaded anew by the caller) replace the embedded
-    ones. ``memory_confidence``: the quantile of the predicted peak's error band the memory
+    ones. ``runtime``: check it against that runtime profile's capabilities and memory layout
+    (default: the plan's recorded runtime options, no capability check). ``memory_confidence``: the quantile of the predicted peak's error band the memory
     gate uses (0.5: the prediction itself; 0.9: it must fit with 90 % confidence)."""
     if not 0 < memory_confidence < 1:
         raise invalid(f"--memory-confidence must be in (0, 1), got {memory_confidence!r}")
@@ -68,10 +72,14 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                                              f"the old plan against it"))
     capacity = cluster.memory_bytes_per_gpu
     problems += plan_problems(plan, model, cluster)
+    options = plan.runtime
+    if runtime is not None:
+        prof, options = runtime_options(plan, runtime, calibration)
+        problems += runtime_problems(plan, prof)
     stages: tuple[StageCheck, ...] = ()
     remedies: tuple[Remedy, ...] = ()
     if not any(p.code in ("placement", "layers", "stages") for p in problems):
-        config, placement, options = plan.config, plan.placement, plan.runtime
+        config, placement = plan.config, plan.placement
         try:
             ev = evaluate(model, cluster, config, placement, options)
         except PlannerError as error:
@@ -108,10 +116,11 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                 return CheckReport(None if plan_path is None else os.fspath(plan_path), checks,
                                    allow_stale, tuple(problems), stages, remedies,
                                    capacity / GIB, dict(doc["parallelism"]), text, interval,
-                                   memory_confidence, gate)
+                                   memory_confidence, gate, runtime=options.profile)
     return CheckReport(None if plan_path is None else os.fspath(plan_path), checks, allow_stale,
                        tuple(problems), stages, remedies, capacity / GIB,
-                       dict(doc["parallelism"]), memory_confidence=memory_confidence)
+                       dict(doc["parallelism"]), memory_confidence=memory_confidence,
+                       runtime=options.profile)
 
 
 def memory_verdict(ev, confidence: float, calibration: str | None = None

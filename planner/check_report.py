@@ -18,7 +18,8 @@ REPORT_KIND = "shardplan-check"
 @dataclass(frozen=True)
 class Problem:
     """One reason the check fails. ``code``: inputs, integrity, stale, degrees, placement,
-    stages, micro_batches, layers, config, memory."""
+    stages, micro_batches, layers, config, memory, runtime (``check --runtime``: something the
+    runtime cannot run)."""
 
     code: str
     message: str
@@ -99,6 +100,7 @@ class CheckReport:
     memory_interval_gib: tuple[float, float] | None = None
     memory_confidence: float = 0.5  # the quantile of the memory band the gate uses
     memory_gate_gib: float | None = None  # predicted peak at that quantile
+    runtime: str | None = None  # the runtime profile whose memory layout the check used
 
     @property
     def evaluated(self) -> bool:
@@ -143,7 +145,7 @@ class CheckReport:
             "memory_gate_gib": self.memory_gate_gib,
             "memory_margin_gib": (self.capacity_gib - self.memory_gate_gib
                                   if self.memory_gate_gib is not None else None),
-            "parallelism": self.parallelism,
+            "parallelism": self.parallelism, "runtime": self.runtime,
             "stages": [s.to_dict() for s in self.stages],
             "remedies": [r.to_dict() for r in self.remedies],
         }

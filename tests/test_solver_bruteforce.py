@@ -15,6 +15,7 @@ from models.native import build_native
 from planner.strategy import Recompute, interleaved_rank
 from planner.ir import LayerKind
 from planner.solve.bruteforce import _splits, brute_force, count_placements
+from planner.solve.headroom import NO_HEADROOM
 from planner.solve.space import Pins
 
 TINY = load_cluster("tiny")
@@ -61,6 +62,11 @@ LITERAL_CASES = [
 def test_fast_path_equals_evaluate_on_every_placement(model, hw, batch, pins):
     fast = brute_force(model, hw, batch, model.default_seq_len, pins=pins)
     slow = brute_force(model, hw, batch, model.default_seq_len, pins=pins, literal=True)
+    assert (fast.best is None) == (slow.best is None)
+    # and with no headroom (the cases' memory is tuned to the whole GPU)
+    fast = brute_force(model, hw, batch, model.default_seq_len, pins=pins, headroom=NO_HEADROOM)
+    slow = brute_force(model, hw, batch, model.default_seq_len, pins=pins, literal=True,
+                       headroom=NO_HEADROOM)
     assert fast.placements == slow.placements == slow.scored
     assert fast.placements == count_placements(model, hw, batch, model.default_seq_len, pins=pins)
     assert fast.scored <= fast.placements
@@ -73,7 +79,8 @@ def test_fast_path_equals_evaluate_on_every_placement(model, hw, batch, pins):
 
 
 def test_literal_cases_cover_both_outcomes():
-    outcomes = {c[0]: brute_force(c[1], c[2], c[3], c[1].default_seq_len, pins=c[4]).best
+    outcomes = {c[0]: brute_force(c[1], c[2], c[3], c[1].default_seq_len, pins=c[4],
+                                  headroom=NO_HEADROOM).best
                 for c in LITERAL_CASES}
     assert outcomes["1-gpu-does-not-fit"] is None
     assert all(ev is not None for name, ev in outcomes.items() if name != "1-gpu-does-not-fit")

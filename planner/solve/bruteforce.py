@@ -16,14 +16,17 @@ What is enumerated (the solver's space, nothing else):
 * non-block layers exactly as :func:`planner.strategy.default_placement`: the embedding on stage
   0, the other non-block layers (head) on the last stage, with ``NO_OPTION``.
 
-Each placement is scored by the cost model. ``literal=True`` calls
+Each placement is scored by the cost model and ranked as the search ranks plans: step time,
+then peak memory (an equal step time goes to the leaner placement; then the first found), and
+it must fit the memory the search allows (the GPU's memory less the headroom,
+:mod:`planner.solve.headroom`). ``literal=True`` calls
 :func:`planner.cost.model.evaluate` on every placement. The default computes the same numbers
 with the same cost terms ``evaluate`` is made of (``layer_terms``, ``stage_memory``,
 ``stage_time``, ``step_time`` of :mod:`planner.cost.terms`, in the same order, so every float is
 bit-identical), caching a stage's memory and time per (stage, layers, options) and skipping two
 kinds of placement
-that cannot win: one with a stage over capacity (``fits`` is a maximum over stages), and one
-whose pipeline time alone is at least the incumbent's step time (every other step-time term is
+that cannot win: one with a stage over the limit (``fits`` is a maximum over stages), and one
+whose pipeline time alone is above the incumbent's step time (every other step-time term is
 >= 0). The winner is re-evaluated with ``evaluate`` and must match to the last bit.
 """
 from __future__ import annotations
@@ -43,6 +46,7 @@ from planner.cost.terms import (LayerTerms, boundary_reshard_s, config_terms, la
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
 from planner.profiles import profile as runtime_profile
+from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.space import Pins, enumerate_configs
 from planner.strategy import NO_OPTION, LayerOption, LayerPlacement, interleaved_rank
 
@@ -107,11 +111,12 @@ def _placement(model: ModelGraph, pp: int, block_stage: Sequence[int],
 def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                 dtype: str = "bf16", pins: Pins = Pins(),
                 runtime: RuntimeOptions = RuntimeOptions(), *, budget: int = DEFAULT_BUDGET,
-                literal: bool = False) -> BruteForceResult:
+                literal: bool = False, headroom: MemoryHeadroom = DEFAULT_HEADROOM
+                ) -> BruteForceResult:
     """The fastest placement that fits over the solver's whole space (see module docstring).
 
-    Raises ValueError when the enumeration would exceed ``budget`` placements. Ties keep the
-    first placement found (configurations in ``enumerate_configs`` order, splits and
+    Raises ValueError when the enumeration would exceed ``budget`` placements. An equal step
+    time goes to the lower peak memory; full ties keep the first placement found (configurations in ``enumerate_configs`` order, splits and
     option tuples in lexicographic order).
     """
     total = count_placements(model, cluster, global_batch, seq_len, dtype, pins, runtime)
@@ -119,17 +124,18 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
         raise ValueError(f"brute force would enumerate {total} placements of {model.name} on "
                          f"{cluster.num_gpus} GPUs, over the budget of {budget}; pin choices or "
                          "use a smaller instance")
-    best: tuple[float, ParallelConfig, LayerPlacement] | None = None
+    limit = headroom.limit_bytes(cluster.memory_bytes_per_gpu)
+    best: tuple[tuple[float, float], ParallelConfig, LayerPlacement] | None = None
     configs = placements = scored = 0
     for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins,
                                     runtime_profile(runtime.profile)):
         configs += 1
-        incumbent = best[0] if best is not None else math.inf
+        incumbent = best[0] if best is not None else (math.inf, math.inf)
         allowed = _allowed(pins, config, runtime)
         if literal:
-            found, n, k = _literal(model, cluster, config, runtime, allowed, incumbent)
+            found, n, k = _literal(model, cluster, config, runtime, allowed, incumbent, limit)
         else:
-            found, n, k = _fast(model, cluster, config, runtime, allowed, incumbent)
+            found, n, k = _fast(model, cluster, config, runtime, allowed, incumbent, limit)
         placements += n
         scored += k
         if found is not None:
@@ -137,7 +143,7 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
     if best is None:
         return BruteForceResult(None, placements, configs, scored)
     ev = evaluate(model, cluster, best[1], best[2], runtime)
-    if not ev.fits or ev.step_time_s != best[0]:
+    if ev.peak_memory_bytes > limit or (ev.step_time_s, ev.peak_memory_bytes) != best[0]:
         raise RuntimeError(f"brute force: evaluate() disagrees with the enumeration on "
                            f"{best[1]} {best[2]}: {ev.step_time_s!r} vs {best[0]!r}")
     return BruteForceResult(ev, placements, configs, scored)
@@ -158,7 +164,7 @@ def _consistent(classes: Sequence[int], rec: Sequence[LayerOption]) -> bool:
     return all(seen.setdefault(c, r.layout) is r.layout for c, r in zip(classes, rec))
 
 
-def _literal(model, cluster, config, runtime, allowed, incumbent):
+def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
     """Every placement through ``evaluate``: slow, the definition."""
     best = None
     n = 0
@@ -173,16 +179,17 @@ def _literal(model, cluster, config, runtime, allowed, incumbent):
             n += 1
             ev = evaluate(model, cluster, config, _placement(model, config.pp, stages, rec),
                           runtime)
-            if ev.fits and ev.step_time_s < (best[0] if best else incumbent):
-                best = (ev.step_time_s, ev.placement)
+            rank = (ev.step_time_s, ev.peak_memory_bytes)
+            if ev.peak_memory_bytes <= limit and rank < (best[0] if best else incumbent):
+                best = (rank, ev.placement)
     return best, n, n
 
 
-def _fast(model, cluster, config, runtime, allowed, incumbent):
+def _fast(model, cluster, config, runtime, allowed, incumbent, limit):
     """The same numbers as ``evaluate`` from its building blocks, with exact cuts."""
     ctx = make_context(model, cluster, config, runtime)
     terms = config_terms(ctx)
-    capacity = cluster.memory_bytes_per_gpu
+    capacity = limit
     pp, m, v = config.pp, config.num_micro_batches, config.virtual_stages
     layers = model.layers
     block_index = [i for i, layer in enumerate(layers) if layer.kind is LayerKind.BLOCK]
@@ -217,8 +224,9 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
             choice = {block_index[b]: r for b, r in zip(members, rec)}
             indices = sorted(fixed + list(choice))
             costs = [layer(i, choice.get(i, NO_OPTION)) for i in indices]
-            if stage_memory(terms, s, costs).total <= capacity:
-                out.append((rec, costs, stage_time(terms, costs)))
+            memory = stage_memory(terms, s, costs).total
+            if memory <= capacity:
+                out.append((rec, costs, stage_time(terms, costs), memory))
         stage_cache[key] = out
         return out
 
@@ -232,7 +240,7 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
         options = [stage_options(i, members[i]) for i in range(pp)]
         for combo in itertools.product(*options):
             rec = [NO_OPTION] * model.num_blocks
-            for i, (stage_rec, _, _) in enumerate(combo):
+            for i, (stage_rec, _, _, _) in enumerate(combo):
                 for b, r in zip(members[i], stage_rec):
                     rec[b] = r
             if layered:
@@ -240,14 +248,15 @@ def _fast(model, cluster, config, runtime, allowed, incumbent):
                     continue
                 placement = _placement(model, pp, stages, rec)
                 reshard = boundary_reshard_s(ctx, layers, placement.options, placement.stage, pp)
-                times = [t + r for (_, _, t), r in zip(combo, reshard)]
+                times = [t + r for (_, _, t, _), r in zip(combo, reshard)]
             else:
-                times = [t for _, _, t in combo]
-            if pipeline_time_s(times, m, v) >= bound:
+                times = [t for _, _, t, _ in combo]
+            if pipeline_time_s(times, m, v) > bound[0]:
                 continue  # the other step-time terms are >= 0: cannot beat the incumbent
             k += 1
-            total = step_time(terms, [costs for _, costs, _ in combo], times).step_time_s
-            if total < bound:
-                best = (total, _placement(model, pp, stages, rec))
-                bound = total
+            total = step_time(terms, [costs for _, costs, _, _ in combo], times).step_time_s
+            rank = (total, max(memory for _, _, _, memory in combo))
+            if rank < bound:
+                best = (rank, _placement(model, pp, stages, rec))
+                bound = rank
     return best, n, k

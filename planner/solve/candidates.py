@@ -33,12 +33,14 @@ class Candidate:
 
 def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                dtype: str, pins: Pins, runtime: RuntimeOptions,
-               deadline: float = math.inf) -> list[Candidate]:
+               deadline: float = math.inf, memory_limit_bytes: float | None = None
+               ) -> list[Candidate]:
     """Every valid outer configuration with its bounds, sorted by time bound; raises
-    SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating."""
+    SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating.
+    ``memory_limit_bytes``: what a stage may use (default: the GPU's memory)."""
     prof = runtime_profile(runtime.profile)  # the search enumerates what the runtime can run
     out = []
-    capacity = cluster.memory_bytes_per_gpu
+    capacity = cluster.memory_bytes_per_gpu if memory_limit_bytes is None else memory_limit_bytes
     # The memory lower bound grows with the micro-batch (states do not depend on it, stored
     # activations are proportional to it) and the space yields micro-batches in increasing
     # order: once one is over capacity, the larger ones of the same configuration are too.
@@ -53,7 +55,7 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
         if family in over:
             continue
         problem = stage_problem(make_context(model, cluster, config, runtime),
-                                pins.block_options(config, prof))
+                                pins.block_options(config, prof), capacity)
         memory_lb = memory_lower_bound(problem)
         if memory_lb > capacity:
             over.add(family)

@@ -38,10 +38,17 @@ class StageProblem:
     post: tuple[int, ...]  # non-block layer indices after the last block (last stage)
     pre_costs: tuple[LayerTerms, ...]
     post_costs: tuple[LayerTerms, ...]
+    # the bytes per GPU a stage may use: the GPU's memory less the search's headroom
+    # (planner/solve/headroom.py); None: the whole GPU (ConfigTerms.capacity_bytes)
+    capacity_bytes: float | None = None
 
     @property
     def terms(self) -> ConfigTerms:
         return config_terms(self.ctx)
+
+    @property
+    def memory_limit_bytes(self) -> float:
+        return self.terms.capacity_bytes if self.capacity_bytes is None else self.capacity_bytes
 
     def layouts(self, ci: int) -> tuple:
         """The layouts class ``ci``'s options use (in option order, each once)."""
@@ -54,7 +61,8 @@ class StageProblem:
         return reshard_s(self.ctx, self.ctx.model.layers[after_index].hidden, before, after)
 
 
-def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPTIONS) -> StageProblem:
+def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPTIONS,
+                  capacity_bytes: float | None = None) -> StageProblem:
     model = ctx.model
     layers = model.layers
     block_idx = [i for i, layer in enumerate(layers) if layer.kind is LayerKind.BLOCK]
@@ -73,4 +81,4 @@ def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPT
     return StageProblem(
         ctx, tuple(classes), len(block_idx), pre, post,
         tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in pre),
-        tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in post))
+        tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in post), capacity_bytes)

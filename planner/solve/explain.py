@@ -16,6 +16,7 @@ from planner.errors import ErrorKind, PlannerError
 from planner.hardware import GIB, Cluster
 from planner.ir import ModelGraph
 from planner.solve.candidates import candidates
+from planner.solve.headroom import NO_HEADROOM, MemoryHeadroom
 from planner.solve.space import Pins
 from planner.strategy import LayerOption, default_placement
 
@@ -41,7 +42,7 @@ EXPLAIN_BUDGET_S = 10.0  # the "more GPUs" search gives up after this (or the se
 
 
 def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins,
-                     deadline: float) -> int | None:
+                     deadline: float, headroom: MemoryHeadroom = NO_HEADROOM) -> int | None:
     """The smallest node count (cluster x 2, x 4, ... x 64) with a uniform plan at the leanest
     allowed option that fits under the user's pins; None when none does, the cluster has no
     inter-node tier, or time is up. Pinned degrees that grow with the GPU count (dp) are
@@ -59,24 +60,28 @@ def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins
         for cand in sorted(found, key=lambda c: c.memory_lb_bytes)[:10]:
             ev = evaluate(model, bigger, cand.config, default_placement(model, cand.config, option),
                           options=runtime)
-            if ev.fits:
+            if ev.peak_memory_bytes <= headroom.limit_bytes(bigger.memory_bytes_per_gpu):
                 return bigger.num_nodes
     return None
 
 
 def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, seq_len: int,
-                 timed_out: bool, deadline: float = math.inf, pins: Pins = Pins()) -> PlannerError:
-    capacity = cluster.memory_bytes_per_gpu
+                 timed_out: bool, deadline: float = math.inf, pins: Pins = Pins(),
+                 headroom: MemoryHeadroom = NO_HEADROOM) -> PlannerError:
+    capacity = headroom.limit_bytes(cluster.memory_bytes_per_gpu)
     if timed_out:
         return PlannerError(ErrorKind.SOLVER_LIMIT,
                             f"the time limit ran out before any plan that fits was found "
                             f"({len(cands)} configurations in the space)",
                             ("raise --time-limit", "pin some degrees with --pin to shrink the space"))
     lean = _leanest(model, cluster, cands, pins)
-    details: dict = {"capacity_gib": capacity / GIB, "configurations": len(cands)}
+    details: dict = {"capacity_gib": cluster.memory_bytes_per_gpu / GIB,
+                     "memory_limit_gib": capacity / GIB, "configurations": len(cands)}
     hints: list[str] = []
+    kept = "" if headroom == NO_HEADROOM else \
+        f", {headroom.describe()} of it kept as headroom (--memory-headroom)"
     message = f"no plan for {model.name} fits {cluster.num_gpus} x {cluster.gpu.name} " \
-              f"({cluster.gpu.memory_gib:g} GiB each)"
+              f"({cluster.gpu.memory_gib:g} GiB each{kept})"
     if lean is not None:
         worst = max(lean.stages, key=lambda s: s.memory.total)
         need = worst.memory.total
@@ -90,7 +95,7 @@ def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, 
         message += (f": the leanest plan (tp {c.tp}, pp {c.pp}, dp {c.dp}, ZeRO-{c.zero_stage}, "
                     f"micro-batch {c.micro_batch}, {recompute} recomputation) needs "
                     f"{need / GIB:.1f} GiB per GPU, {(need - capacity) / GIB:.1f} GiB more than "
-                    f"the {capacity / GIB:.1f} GiB available")
+                    f"the {capacity / GIB:.1f} GiB a plan may use")
         mem = worst.memory
         hints.append(f"a GPU with at least {need / GIB:.0f} GiB of memory")
         states = (mem.params + mem.grads + mem.optimizer) / GIB
@@ -105,10 +110,14 @@ def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, 
         budget = max(deadline - time.monotonic(), 0.0) if math.isfinite(deadline) else 0.0
         nodes = _fits_with_nodes(model, cluster, global_batch, seq_len,
                                  cands[0].config.dtype, runtime, replace(pins, dp=None),
-                                 time.monotonic() + max(budget, EXPLAIN_BUDGET_S))
+                                 time.monotonic() + max(budget, EXPLAIN_BUDGET_S), headroom)
         if nodes is not None:
             hints.insert(0, f"more GPUs: {nodes} nodes ({nodes * cluster.gpus_per_node} GPUs) "
                             f"give a plan that fits (now {cluster.num_nodes})")
             details["nodes_that_fit"] = nodes
     hints.append("a smaller micro-batch or sequence length shrinks activations")
+    if headroom != NO_HEADROOM:
+        details["memory_headroom"] = headroom.describe()
+        hints.append(f"a smaller --memory-headroom (now {headroom.describe()}; 0 plans to the "
+                     "last byte)")
     return PlannerError(ErrorKind.DOES_NOT_FIT, message, tuple(hints), details)

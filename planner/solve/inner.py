@@ -37,6 +37,7 @@ rounded up, so the solver never accepts a stage that ``evaluate`` would reject.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -120,6 +121,8 @@ class _Builder:
 
         # x[i,c]: blocks of class c in stage i; n[i,c,r]: with option r (planner.solve.stage_model)
         sm = self.stages = StageModel(M, self.scale_s, pp, [P], drop=self.drop)
+        # peak memory of the plan (bytes): the secondary objective of the tie-break solve
+        self.peak = sm.peak = M.new_int_var(0, 2**52, "peak")
         self.x = {}
         for i in range(pp):
             sm.a[i, 0] = 1
@@ -261,8 +264,15 @@ _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
 def solve_stages(problem: StageProblem, *, hint: LayerPlacement | None = None,
                  cutoff_s: float | None = None, workers: int = 1, seed: int = 0,
                  max_time_s: float = 10.0, deterministic_time: float = 5.0,
-                 drop_terms: frozenset[str] = frozenset()) -> InnerResult:
-    """Solve one outer configuration exactly (within the limits). ``drop_terms``: see _Builder."""
+                 drop_terms: frozenset[str] = frozenset(), tie_break: bool = True) -> InnerResult:
+    """Solve one outer configuration exactly (within the limits). ``drop_terms``: see _Builder.
+
+    Lexicographic objective: step time first; then (``tie_break``), among the placements of
+    that step time (in objective ticks), the lowest peak memory: a second solve of the same
+    model with the objective held at the first solve's value and the peak minimised, hinted
+    with the first solution (so it can only keep or improve the peak), within the remaining
+    time and the same deterministic budget."""
+    start = time.monotonic()
     builder = _Builder(problem, cutoff_s, drop_terms)
     builder.build()
     if hint is not None:
@@ -275,9 +285,38 @@ def solve_stages(problem: StageProblem, *, hint: LayerPlacement | None = None,
     code = cpsat.solve(solver, builder.model)  # the process signal policy, not CP-SAT's
     status = _STATUS.get(code, "UNKNOWN")
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return InnerResult(status, builder.placement(solver),
-                           builder.to_seconds(solver.objective_value),
-                           builder.to_seconds(solver.best_objective_bound),
-                           builder.scale_s, solver.wall_time)
+        objective, bound = solver.objective_value, solver.best_objective_bound
+        placement = builder.placement(solver)
+        remaining = max_time_s - (time.monotonic() - start)
+        if tie_break and remaining > 0.01:
+            placement, objective = _leanest(builder, solver, objective, workers, seed,
+                                            remaining, deterministic_time) or (placement,
+                                                                               objective)
+        return InnerResult(status, placement, builder.to_seconds(objective),
+                           builder.to_seconds(bound), builder.scale_s,
+                           time.monotonic() - start)
     bound = math.inf if code == cp_model.INFEASIBLE else 0.0
     return InnerResult(status, None, math.inf, bound, builder.scale_s, solver.wall_time)
+
+
+def _leanest(builder: _Builder, first: cp_model.CpSolver, objective: float, workers: int,
+             seed: int, max_time_s: float, deterministic_time: float
+             ) -> tuple[LayerPlacement, float] | None:
+    """The tie-break solve: the first solution's objective held, the peak memory minimised.
+    None when it finds nothing (the first solution stands)."""
+    M = builder.model
+    M.add(builder.objective <= int(round(objective)))
+    M.minimize(builder.peak)
+    M.clear_hints()
+    for index in range(len(M.proto.variables)):
+        var = M.get_int_var_from_proto_index(index)
+        M.add_hint(var, first.value(var))
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    solver.parameters.max_time_in_seconds = max(max_time_s, 0.01)
+    solver.parameters.max_deterministic_time = deterministic_time
+    code = cpsat.solve(solver, M)
+    if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None
+    return builder.placement(solver), solver.value(builder.objective)

@@ -22,10 +22,11 @@ import ortools
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError, invalid
-from planner.hardware import Cluster
+from planner.hardware import GIB, Cluster
 from planner.ir import ModelGraph
 from planner.solve.candidates import candidates, config_key
 from planner.solve.explain import does_not_fit
+from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.inner import solve_stages
 from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins
@@ -43,6 +44,8 @@ class SearchOptions:
     # A deterministic budget: solve at most this many configurations (each within its
     # deterministic-time budget), so that a budgeted search gives the same plan on any machine.
     work_limit: int | None = None
+    # memory each GPU keeps free of the plan (planner/solve/headroom.py; default 5 % of HBM)
+    memory_headroom: MemoryHeadroom = DEFAULT_HEADROOM
 
 
 @dataclass
@@ -65,6 +68,8 @@ class SolverRecord:
     # "work_limit" (deterministic), "time_limit" (the wall clock: the plan may differ run to run)
     stopped_by: str = "complete"
     work_limit: int | None = None
+    memory_headroom: str = DEFAULT_HEADROOM.describe()  # as --memory-headroom spells it
+    memory_limit_gib: float = 0.0  # per GPU: the memory the search let a plan use
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -82,9 +87,11 @@ Progress = Callable[[int, int, float, float], None]
 
 
 def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
-                      runtime: RuntimeOptions, allowed: tuple[LayerOption, ...] = Pins().block_options()
-                      ) -> Evaluation | None:
-    """Best Megatron-style uniform plan (even split, one option for every block) that fits."""
+                      runtime: RuntimeOptions, allowed: tuple[LayerOption, ...] = Pins().block_options(),
+                      memory_limit_bytes: float | None = None) -> Evaluation | None:
+    """Best Megatron-style uniform plan (even split, one option for every block) that fits
+    (within ``memory_limit_bytes`` when given); ties go to the lower peak memory."""
+    limit = cluster.memory_bytes_per_gpu if memory_limit_bytes is None else memory_limit_bytes
     best = None
     for option in allowed:
         try:
@@ -92,9 +99,14 @@ def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfi
                           runtime)
         except ValueError:  # a per-layer layout this mesh or some block cannot take
             continue
-        if ev.fits and (best is None or ev.step_time_s < best.step_time_s):
+        if ev.peak_memory_bytes <= limit and (best is None or rank(ev) < rank(best)):
             best = ev
     return best
+
+
+def rank(ev: Evaluation) -> tuple[float, float]:
+    """The search's order of plans: step time, then peak memory (ties go to the leaner plan)."""
+    return (ev.step_time_s, ev.peak_memory_bytes)
 
 
 def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
@@ -105,8 +117,9 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     if dtype not in cluster.gpu.peak_tflops:
         raise invalid(f"GPU {cluster.gpu.name} has no {dtype} peak throughput",
                       f"use --dtype with one of: {', '.join(d for d in ('bf16', 'fp16', 'fp8') if d in cluster.gpu.peak_tflops)}")
+    limit = options.memory_headroom.limit_bytes(cluster.memory_bytes_per_gpu)
     cands = candidates(model, cluster, global_batch, seq_len, dtype, pins, options.runtime,
-                       deadline)
+                       deadline, limit)
     total = len(cands)
     if not cands:
         raise PlannerError(
@@ -116,21 +129,21 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             ("check that the global batch is divisible by some data-parallel degree",
              "remove pins that contradict each other (see --pin)"),
             {"pins": pins.as_dict()})
-    capacity = cluster.memory_bytes_per_gpu
-    fitting = [c for c in cands if c.memory_lb_bytes <= capacity]
+    fitting = [c for c in cands if c.memory_lb_bytes <= limit]
     pruned_memory = total - len(fitting)
     prof = runtime_profile(options.runtime.profile)
 
-    kept: list[tuple[float, tuple, Evaluation]] = []  # (step time, key, evaluation)
+    kept: list[tuple[tuple[float, float], tuple, Evaluation]] = []  # (rank, key, evaluation)
     evaluated = optimal = 0
     open_bound = math.inf  # smallest bound among candidates not proven
     timed_out = False
     out_of_work = False
     scale = 0.0
     for index, cand in enumerate(fitting):
-        cutoff = kept[-1][0] if len(kept) >= options.top_k else math.inf
-        if cand.time_lb_s >= cutoff:
-            break  # every remaining candidate's bound is at least the k-th best
+        cutoff = kept[-1][0][0] if len(kept) >= options.top_k else math.inf
+        if cand.time_lb_s > cutoff:
+            break  # every remaining candidate's bound is above the k-th best (a tie may win
+            # on memory, so a bound equal to it is still solved)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
@@ -141,7 +154,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             open_bound = min(open_bound, cand.time_lb_s)
             break
         hint = uniform_placement(model, cluster, cand.config, options.runtime,
-                                 pins.block_options(cand.config, prof))
+                                 pins.block_options(cand.config, prof), limit)
         result = solve_stages(
             cand.problem, hint=hint.placement if hint else None,
             cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),
@@ -159,17 +172,18 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         ev = None
         if placement is not None:
             ev = evaluate(model, cluster, cand.config, placement, options.runtime)
-        if hint is not None and (ev is None or hint.step_time_s < ev.step_time_s):
+        if hint is not None and (ev is None or rank(hint) < rank(ev)):
             ev = hint  # never worse than the uniform plan, whatever the solver's limits
-        if ev is not None and ev.fits:
-            kept.append((ev.step_time_s, config_key(cand.config), ev))
+        if ev is not None and ev.peak_memory_bytes <= limit:
+            kept.append((rank(ev), config_key(cand.config), ev))
             kept.sort(key=lambda item: (item[0], item[1]))
             del kept[options.top_k:]
         if progress is not None:
-            progress(index + 1, len(fitting), kept[0][0] if kept else math.inf,
+            progress(index + 1, len(fitting), kept[0][0][0] if kept else math.inf,
                      min(cand.time_lb_s, open_bound))
     if not kept:
-        raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out, deadline, pins)
+        raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out, deadline, pins,
+                           options.memory_headroom)
     best = kept[0][2]
     bound = min(open_bound, best.step_time_s)
     if timed_out or out_of_work or bound < best.step_time_s:
@@ -184,5 +198,6 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         inner_optimal=optimal, time_limit_s=options.time_limit_s, workers=options.workers,
         seed=options.seed, objective_scale_s=scale,
         stopped_by="time_limit" if timed_out else "work_limit" if out_of_work else "complete",
-        work_limit=options.work_limit)
+        work_limit=options.work_limit, memory_headroom=options.memory_headroom.describe(),
+        memory_limit_gib=limit / GIB)
     return SearchResult(best, [item[2] for item in kept[1:]], record, pins)

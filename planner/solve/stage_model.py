@@ -92,6 +92,7 @@ class StageModel:
         self.q: dict = {}  # (i, c, r, p) -> n[i,c,r] if stage i is on pool p else 0
         self.u: dict = {}  # (i, c, r) -> n[i,c,r] >= 1 (only where a working set exists)
         self.present: dict = {}  # (i, c) -> x[i,c] >= 1
+        self.peak = None  # an IntVar >= every stage's memory (bytes) when the caller sets one
 
     # -- reading terms ---------------------------------------------------------------------
     def lt(self, cost: LayerTerms, names: tuple[str, ...]) -> float:
@@ -275,10 +276,14 @@ class StageModel:
         mem = (self.nbytes(i, STATE_TERMS)
                + self.nbytes(i, ("act_stored_bytes",), lambda p: in_flight[p] * alpha[p])
                + working + gather)
-        room = sum((math.floor(t.capacity_bytes) - math.ceil(
-            alpha[p] * ct(t, "buffer_bytes") + ct(t, "reserve_bytes"))) * self.a[i, p]
-            for p, t in enumerate(inner))
+        fixed_bytes = [math.ceil(alpha[p] * ct(t, "buffer_bytes") + ct(t, "reserve_bytes"))
+                       for p, t in enumerate(inner)]
+        # the capacity a stage may fill: its pool's GPU memory less the search's headroom
+        room = sum((math.floor(self.problems[p].memory_limit_bytes) - fixed_bytes[p])
+                   * self.a[i, p] for p in range(P))
         M.add(mem <= room)
+        if self.peak is not None:
+            M.add(self.peak >= mem + sum(k * self.a[i, p] for p, k in enumerate(fixed_bytes)))
 
         # (T) stage time per micro-batch (x slowdown), with (Z) the exposed ZeRO-2/3 traffic
         stage = self.time(i, TIME_TERMS, f) + self.pool_const(

@@ -1,0 +1,102 @@
+"""``check --runtime R``: can runtime R run the plan as planned, and with R's memory layout?
+
+Consumes a :class:`~planner.plan_types.Plan` and a runtime profile name; produces the
+:class:`~planner.check_report.Problem` list of what the plan uses that the runtime cannot run
+(its ZeRO / FSDP stage, TP / PP / CP / EP, sequence parallelism where the runtime has none or
+always has it, the pipeline schedule, unequal interleaved chunks, recomputation policies,
+per-layer layouts, HSDP's shard group) and the :class:`~planner.config.RuntimeOptions` the
+memory check then uses: the runtime's state layout, overlap and calibrated constants
+(:func:`planner.calibration.session.runtime_setup`), with the plan's attention kernel, dropout
+and MoE options kept. Each capability is read from :mod:`planner.profiles`, the same
+declarations that narrow the search, so a plan searched for R passes ``check --runtime R``.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+from planner.check_report import Problem
+from planner.config import RuntimeOptions
+from planner.ir import LayerKind
+from planner.plan_types import Plan
+from planner.profiles import RuntimeProfile, profile
+from planner.strategy import Layout
+
+
+def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
+    """What ``plan`` uses that runtime ``prof`` cannot run (empty: it can run all of it)."""
+    c, out = plan.config, []
+
+    def bad(message: str) -> None:
+        out.append(Problem("runtime", f"{prof.name} cannot run {message}"))
+
+    if not prof.allows_zero(c.zero_stage):
+        names = ", ".join(f"{z} ({prof.sharding_names[z]})" for z in prof.zero_stages)
+        bad(f"ZeRO-{c.zero_stage}: it shards data-parallel state as ZeRO {names}")
+    for name, degree, flag in (("tensor parallelism", c.tp, prof.tp),
+                               ("pipeline parallelism", c.pp, prof.pp),
+                               ("context parallelism", c.cp, prof.cp),
+                               ("expert parallelism", c.ep, prof.ep)):
+        if degree > 1 and not flag:
+            bad(f"{name} (degree {degree}): it has none")
+    if c.sp and prof.sp == "none":
+        bad("sequence parallelism: it has none")
+    if c.tp > 1 and not c.sp and prof.sp == "with-tp":
+        bad("tensor parallelism without sequence parallelism: its TP always shards the "
+            "sequence (the plan's activation memory assumes replicated activations)")
+    schedule = c.schedule
+    if c.pp > 1 and not prof.allows_schedule(schedule):
+        bad(f"the {schedule} pipeline schedule: it offers {', '.join(prof.schedules)}")
+    if c.virtual_stages > 1 and not prof.uneven_chunks:
+        sizes = _chunk_sizes(plan)
+        if len(set(sizes)) > 1:
+            bad(f"interleaved chunks of unequal size ({min(sizes)} to {max(sizes)} blocks): "
+                "its interleaving needs equal chunks")
+    dp_shard = getattr(c, "dp_shard", 0)
+    if dp_shard and dp_shard < c.dp * c.cp and not prof.hsdp:
+        bad(f"hybrid sharding (shard group {dp_shard} of {c.dp * c.cp} data-parallel ranks): "
+            "it shards over all of them")
+    planner_policies = {p.planner for p in prof.recompute}
+    if "every-nth" in planner_policies:
+        planner_policies |= {"none", "full"}
+    blocks = [o for o, layer in zip(plan.placement.options, plan.model.layers)
+              if layer.kind is LayerKind.BLOCK]
+    used = Counter(o.recompute for o in blocks)
+    for policy, count in sorted(used.items(), key=lambda item: item[0].value):
+        if policy.value not in planner_policies:
+            bad(f"{policy.value} recomputation ({count} blocks): its policies are "
+                f"{', '.join(p.name for p in prof.recompute)}")
+    layouts = Counter(o.layout for o in blocks if o.layout is not Layout.MESH)
+    if layouts:
+        listed = ", ".join(f"{k.value} x{n}" for k, n in
+                           sorted(layouts.items(), key=lambda item: item[0].value))
+        bad(f"per-layer layouts ({listed}): its blocks all use the mesh's degrees")
+    return out
+
+
+def _chunk_sizes(plan: Plan) -> list[int]:
+    """Blocks per model chunk (runs of equal stage along the layers)."""
+    stages = [s for s, layer in zip(plan.placement.stage, plan.model.layers)
+              if layer.kind is LayerKind.BLOCK]
+    sizes, previous = [], None
+    for s in stages:
+        if s != previous:
+            sizes.append(0)
+            previous = s
+        sizes[-1] += 1
+    return sizes
+
+
+def runtime_options(plan: Plan, runtime: str, calibration: str | None = None
+                    ) -> tuple[RuntimeProfile, RuntimeOptions]:
+    """The profile ``runtime`` and the options the cost model uses for it: the runtime's
+    state layout, overlap and calibrated constants; the plan's kernel, dropout and MoE
+    options (properties of the model and job, not of the runtime)."""
+    from planner.calibration.session import runtime_setup
+
+    prof = profile(runtime)
+    setup = runtime_setup(plan.cluster, runtime, plan.config.dtype,
+                          plan.runtime.attention_kernel, calibration, moe=plan.runtime.moe)
+    options: RuntimeOptions = replace(setup.options, dropout=plan.runtime.dropout)
+    return prof, options
+

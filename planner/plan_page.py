@@ -87,7 +87,8 @@ def _memory_table(doc: dict[str, Any]) -> str:
         row = [stage["index"], *(f"{stage['memory_gib'][k]:.2f}" for k in keys)]
         if band is not None:
             low, high = band[i]
-            row += [f"{low:.2f}", f"{high:.2f}", "yes" if high <= capacity else "no"]
+            fits = high <= stage.get("capacity_gib", capacity)  # its pool's GPU across pools
+            row += [f"{low:.2f}", f"{high:.2f}", "yes" if fits else "no"]
         rows.append(row)
     low_peak, high_peak = doc["predicted"].get("peak_memory_gib_interval") or (0.0, 0.0)
     note = ("" if band is None else

@@ -16,6 +16,10 @@ Choices (each documented so users know what is searched):
 * virtual stages: 1, and v in 2..8 when pp > 1, the blocks split into pp x v equal chunks and the
   micro-batches are a multiple of pp (Megatron-LM's interleaving rules).
 * ZeRO 0..3, sequence parallelism on and off when tp > 1.
+* hybrid sharding (HSDP, ``dp_shard``), where the runtime profile runs it for that ZeRO stage:
+  the shard group spans whole nodes (tp x cp x dp_shard = 1, 2, 4, ... nodes' GPUs, fewer
+  than all of dp; "node" runtimes: exactly one node), replicated over dp / dp_shard groups.
+  Without a profile only when pinned.
 
 A runtime profile (planner/profiles.py) narrows all of this to what that runtime can run: its
 ZeRO / FSDP stages, whether it has TP, PP, CP, EP and interleaving, whether SP is a choice or
@@ -39,7 +43,7 @@ MAX_VIRTUAL_STAGES = 8
 LONG_SEQUENCE = 16384
 
 PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "virtual_stages",
-            "recompute", "layouts")
+            "recompute", "layouts", "dp_shard")
 LAYOUT_CHOICES = ("mesh", "per-layer")  # layouts=per-layer: the solver picks one per block class
 
 
@@ -59,6 +63,7 @@ class Pins:
     virtual_stages: int | None = None
     recompute: Recompute | None = None
     layouts: str | None = None  # "mesh" (the default) or "per-layer"
+    dp_shard: int | None = None  # HSDP shard group (dp ranks); = dp: plain ZeRO / FSDP
 
     @staticmethod
     def parse(items: Mapping[str, str]) -> "Pins":
@@ -135,6 +140,12 @@ class Pins:
                        f"{runtime.expert_tp.replace('-', ' ')})")
         if self.sp is not None and runtime.sp == "none" and self.sp:
             bad.append("sp=on (it has no sequence parallelism)")
+        if self.dp_shard is not None and (self.dp is None or self.dp_shard < self.dp) and \
+                not (runtime.hsdp and (self.zero is None or self.zero in runtime.hsdp_stages)):
+            bad.append(f"dp_shard={self.dp_shard} (its hybrid sharding: "
+                       + (f"{runtime.hsdp_name}, with ZeRO "
+                          f"{', '.join(map(str, runtime.hsdp_stages))}" if runtime.hsdp
+                          else "none") + ")")
         if bad:
             raise invalid(f"runtime {runtime.name} cannot run the pinned "
                           f"{'; '.join(bad)}", "drop the pin, or choose another --runtime")
@@ -151,6 +162,24 @@ def _divisors(n: int) -> list[int]:
 
 def _choices(pinned, default: list) -> list:
     return [pinned] if pinned is not None else default
+
+
+def _shard_groups(pins: Pins, runtime, zero: int, tp: int, cp: int, dp: int,
+                  gpus_per_node: int) -> list[int]:
+    """The ``dp_shard`` values to try (0 = shard over all of dp, first)."""
+    if pins.dp_shard is not None:
+        return [0 if pins.dp_shard == dp else pins.dp_shard]
+    out = [0]
+    if runtime is None:
+        return out
+    for d in _divisors(dp):
+        ranks = tp * cp * d
+        if d == dp or d * cp < 2 or ranks % gpus_per_node or \
+                (ranks // gpus_per_node) & (ranks // gpus_per_node - 1):
+            continue  # whole nodes, a power of two of them, fewer than all of dp
+        if runtime.allows_hsdp(zero, ranks, gpus_per_node):
+            out.append(d)
+    return out
 
 
 def _expert_meshes(pins: Pins, tp: int, cp: int, dp: int, experts: int,
@@ -230,12 +259,15 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                                 if runtime is not None and \
                                         not runtime.allows_zero_with(zero, pp):
                                     continue  # e.g. DeepSpeed's pipeline engine: ZeRO <= 1
-                                for sp in _choices(pins.sp, sps):
+                                shards = _shard_groups(pins, runtime, zero, tp, cp, dp,
+                                                       cluster.gpus_per_node)
+                                for sp, shard in ((a, b) for a in _choices(pins.sp, sps)
+                                                  for b in shards):
                                     config = ParallelConfig(
                                         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp,
                                         zero_stage=zero, micro_batch=mbs,
                                         global_batch=global_batch, seq_len=seq_len,
-                                        virtual_stages=v, dtype=dtype)
+                                        virtual_stages=v, dtype=dtype, dp_shard=shard)
                                     try:
                                         config.validate(model, cluster)
                                     except PlannerError:

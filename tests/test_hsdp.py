@@ -99,8 +99,9 @@ def _shards(runtime: str | None, pins: Pins = Pins()):
 
 def test_the_space_has_hsdp_where_the_runtime_runs_it():
     assert {s for _, s in _shards(None)} == {0}  # no profile: only when pinned
-    assert _shards("torchtitan") == {(3, 0), (3, 8), (3, 16)}  # 1 and 2 of 4 nodes
-    assert {(z, s) for z, s in _shards("megatron") if s} == {(1, 8), (1, 16)}
+    assert _shards("torchtitan") == {(3, 0), (3, 8)}  # one node per shard group
+    assert {(z, s) for z, s in _shards("megatron") if s} == {(1, 8)}
+    assert {s for _, s in _shards("torchtitan", Pins(dp_shard=16))} == {16}  # pinned: any
     fsdp = _shards("fsdp")
     assert {(z, s) for z, s in fsdp if s} == {(2, 8), (3, 8)}  # HYBRID_SHARD: one node
     assert {s for _, s in _shards(None, Pins(dp_shard=4))} == {4}

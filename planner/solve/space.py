@@ -17,9 +17,9 @@ Choices (each documented so users know what is searched):
   micro-batches are a multiple of pp (Megatron-LM's interleaving rules).
 * ZeRO 0..3, sequence parallelism on and off when tp > 1.
 * hybrid sharding (HSDP, ``dp_shard``), where the runtime profile runs it for that ZeRO stage:
-  the shard group spans whole nodes (tp x cp x dp_shard = 1, 2, 4, ... nodes' GPUs, fewer
-  than all of dp; "node" runtimes: exactly one node), replicated over dp / dp_shard groups.
-  Without a profile only when pinned.
+  one node per shard group (tp x cp x dp_shard = the node's GPUs, at least 2 shard ranks,
+  fewer than all of dp), replicated over dp / dp_shard groups. Other sizes, and any HSDP
+  without a profile, only when pinned.
 
 A runtime profile (planner/profiles.py) narrows all of this to what that runtime can run: its
 ZeRO / FSDP stages, whether it has TP, PP, CP, EP and interleaving, whether SP is a choice or
@@ -172,13 +172,15 @@ def _shard_groups(pins: Pins, runtime, zero: int, tp: int, cp: int, dp: int,
     out = [0]
     if runtime is None:
         return out
-    for d in _divisors(dp):
-        ranks = tp * cp * d
-        if d == dp or d * cp < 2 or ranks % gpus_per_node or \
-                (ranks // gpus_per_node) & (ranks // gpus_per_node - 1):
-            continue  # whole nodes, a power of two of them, fewer than all of dp
-        if runtime.allows_hsdp(zero, ranks, gpus_per_node):
-            out.append(d)
+    # one node per shard group (PyTorch's HYBRID_SHARD default; torchtitan's HSDP recipes):
+    # the states shard over the node's fast links and replicate over the slow ones. Other
+    # group sizes only when pinned (each would be one more CP-SAT solve per configuration).
+    if gpus_per_node % (tp * cp):
+        return out
+    d = gpus_per_node // (tp * cp)
+    if d < dp and dp % d == 0 and d * cp >= 2 and \
+            runtime.allows_hsdp(zero, gpus_per_node, gpus_per_node):
+        out.append(d)
     return out
 
 

@@ -14,7 +14,11 @@ Choices (each documented so users know what is searched):
   what is left.
 * micro-batch: divisors of global_batch / dp up to 16.
 * virtual stages: 1, and v in 2..8 when pp > 1, the blocks split into pp x v equal chunks and the
-  micro-batches are a multiple of pp (Megatron-LM's interleaving rules).
+  micro-batches are a multiple of pp (Megatron-LM's interleaving rules). Where the runtime
+  runs unequal chunks (profile ``uneven_chunks``: Megatron's
+  ``--pipeline-model-parallel-layout``, torchtitan's per-stage layer counts) also the v whose
+  pp x v chunks do not divide the blocks: the first ``blocks mod (pp x v)`` chunks hold one
+  block more (:func:`planner.strategy.interleaved_rank`; Llama 3 405B's 126 layers).
 * ZeRO 0..3, sequence parallelism on and off when tp > 1.
 * hybrid sharding (HSDP, ``dp_shard``), where the runtime profile runs it for that ZeRO stage:
   one node per shard group (tp x cp x dp_shard = the node's GPUs, at least 2 shard ranks,
@@ -251,8 +255,10 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                         vs = [1]
                         if pp > 1 and m % pp == 0 and (
                                 runtime is None or runtime.allows_schedule("interleaved-1f1b")):
+                            uneven = runtime is not None and runtime.uneven_chunks
                             vs += [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
-                                   if blocks % (pp * v) == 0]
+                                   if blocks % (pp * v) == 0 or
+                                   (uneven and pp * v <= blocks)]
                         for v in _choices(pins.virtual_stages, vs):
                             sps = [True, False] if tp > 1 else [False]
                             if runtime is not None and tp > 1 and runtime.sp != "optional":

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import statistics
 import sys
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ BIAS_TARGET = 0.05
 MEMORY_MEDIAN_TARGET = 0.07
 COVERAGE_RANGE = (0.70, 0.90)
 RANK_TIE = 0.03  # measured throughputs closer than this are a tie (measurement noise)
+RANK_TARGET = 0.90
 
 # What the same translation of the same entries gave on the cost model before issue 10
 # (commit e3e93ec: pooled ZeRO-3 overlap, no NCCL slowdown, no per-runtime allocator or
@@ -63,27 +65,84 @@ deep PP +0.8 %, PP +1.3 %, CP -2.4 %; by runtime: torchtitan -38.8 %, fsdp -9.6 
 83/94 (6 torchtitan and 3 MPT runs that ran predicted not to fit); rank agreement 285/409
 (70 %, counting pairs of identical configurations)."""
 
+# The same script at the end of the first session of issue 10 (commit 3b7eecf), for the
+# before -> after of the second (docs/accuracy.md, "This session").
+SESSION1 = {"time median": "5.8%", "time max": "30.3%", "time bias": "+1.9%",
+            "torchtitan bias": "-14.9%", "TP-heavy bias": "-5.0%", "memory median": "3.3%",
+            "fit verdicts": "91/94", "coverage time / memory": "86% / 92%",
+            "rank agreement": "251/386 (65%)"}
+
+CAUSES = """\
+* **BLOOM-prequel sweep** (DeepSpeed pipeline engine, 64 runs, 339 of the ranked pairs).
+  (1) DeepSpeed splits every stage-boundary activation and gradient over the tensor group
+  (deepspeed/runtime/pipe/engine.py: ``is_pipe_partitioned = is_grad_partitioned =
+  is_model_parallel``): each rank sends 1/tp across nodes and the receiver all-gathers it over
+  NVLink, Narayanan et al. 2021 §4.1. The model sent the whole tensor over Omni-Path, so pp12
+  cost 8 % more than pp4 where the chronicle measured them equal (profile flag
+  ``pipe_partitioned``, planner/cost/terms.py). (2) Measured throughput rises 16 % from
+  micro-batch 1 to 4 at tp 8 but not at tp 2 or 4: a fixed cost per block and pass, the work
+  of a block being what tp 8 x mbs 1 makes small. A host overhead per block per forward,
+  backward and recomputed forward (``block_overhead_s.<runtime>``, fitted) reproduces it; a
+  per-stage per-micro-batch overhead cannot (it penalises deep pipelines instead, and stays at
+  0 in the fit: ``microbatch_overhead_s``).
+* **Megatron-Bridge GB200 FSDP against tp2 pp4 vp5** (24 pairs, 0 ordered right): the FP8-CS
+  recipes of these rows offload 40 blocks' activations to Grace memory
+  (``cpu_offloading_num_layers=40``, Megatron-Bridge scripts/performance/configs/llama/
+  llama3_workload_base_configs.py; now ``training.cpu_offloading_num_layers`` in the entries,
+  listed under inferred_fields). Their recomputation had been inferred as the least that fits
+  (52 of 80 blocks fully recomputed): 13-24 % too slow. Evaluated with the published setting
+  (no recomputation; the copies overlap compute) and memory not judged: the model has no host
+  offload.
+* **torchtitan** (-14.9 %): the source states the Grand Teton GPUs' HBM2e "2.4 TB/sec" and a
+  peak "between SXM and NVL" (hardware section, footnote 2): bench/clusters/
+  grand-teton-h100-96g.yaml now carries 2.4 TB/s and the middle of the stated range
+  (912.5 TFLOP/s BF16); torch.compile's residual element-wise traffic
+  (``compiled_elementwise``) and torchao Float8's GEMM efficiency
+  (``fp8_relative_efficiency.torchtitan``: amax and casts outside the GEMM) are constants of
+  their own instead of "fully fused" and Transformer Engine's.
+* **torchtitan FSDP + PP memory** (held out; no calibration run has it): FSDP2 under PP keeps
+  the stage's weights gathered (``reshard_after_forward = not pp_enabled``) and accumulates
+  unsharded fp32 gradients until the last micro-batch; one gather and one reduce-scatter per
+  step (profile flag ``pp_keeps_unsharded``; dense models only: the one MoE run with FSDP
+  under PP, AutoModel's DeepSeek-V3 pp4 on 80 GB, fits only resharded). Llama 3.1 405B tp8 pp8 dp8 on 512 H100
+  (torchtitan benchmark Table 5): 22.9 -> 58.3 GiB predicted for 1F1B (82.5 measured), 25.1 ->
+  60.4 GiB interleaved (72.7 measured).
+* **`microbatch_overhead_s` and `nccl_compute_slowdown` at 0**: the first is physical for what
+  it models (no per-stage cost is visible once the per-block overhead is in); the second is
+  not identified by these data: every regime that overlaps NCCL with compute is explained as
+  well by the overlap fraction (TP: the exposed share is ``(1 - o) + o s``, so s trades against
+  o; ZeRO-3 and DP overlap leave little exposed). It stays at its lower bound; a
+  microbenchmark of GEMM slowdown under concurrent NCCL would pin it.
+* **Bands**: the spread of each regime is now robust (median and 1.4826 x MAD): a few runs the
+  model cannot represent had widened every band of their regime (memory coverage 92 %).
+* **Fit verdicts**: the verdict hinge of the fit has a 2 % margin, so runs that ran at the edge
+  of HBM (MPT-7B at mbs 6 on 80 GB) are not left a fraction of a percent over capacity."""
+
 MISSES = """\
-* torchtitan (7 runs, all from one source on Meta's Grand Teton H100s): the model is optimistic
-  by about 15 %. These GPUs run at a 500 W power limit (the source says so) with clocks that
-  are not published; the H100 preset assumes the 700 W SXM part. The element-wise fusion factor
-  of eager PyTorch sits at its upper bound (4x) and does not absorb the rest. We do not derate
-  the GPU without a published clock; the bands of this regime are wide instead.
-* BLOOM-prequel out-of-memory runs (2): the 184B dp16/tp4/pp6/mbs1 run is predicted within a
-  few GB of capacity (its mbs 2 twin is predicted OOM, correctly); the 206B l82 run is
-  predicted to fit while the 203B l94 run with the same degrees ran: nvidia-smi snapshots at
-  iteration 2 do not explain the difference.
-* MPT-13B on 64 A100-40GB (micro-batch 16, full recomputation, FSDP): predicted at 40.0 GiB,
-  just over the 40 GiB card; it ran. The FSDP1 allocator overhead is fitted over all FSDP runs
-  and this run sits at the edge.
-* Memory bands cover 92 % of the 60 memory measurements (target 70-90 %): the small regimes
-  borrow the pooled spread, which the torchtitan rows widen; conservative rather than tight.
-* Rank agreement is limited by the BLOOM-prequel sweep (29 configurations of one model on
-  384 A100s): many of its pairs differ by 3-8 % in measured throughput, within the model's
-  error, and the Feb-17/21 rows predate the chronicle's TFLOP/s-formula and PCIe/NUMA fixes.
-* Megatron-Bridge FSDP against pipelined layouts on GB200 (same model, same GPUs): the
-  recomputation of these recipes is not published and is inferred as the least that fits,
-  which makes the FSDP rows' ordering against the pipelined rows a coin flip."""
+* BLOOM-prequel out-of-memory runs (2): the 184B dp16/tp4/pp6/mbs1 run is predicted within
+  1 GiB of capacity (its mbs 2 twin is predicted OOM, correctly); the 206B l82 run is
+  predicted at 64 GiB, as the 203B l94 run with the same degrees that ran (62.4 GiB measured):
+  nvidia-smi snapshots at iteration 2 do not explain the difference. Not special-cased.
+* Rank agreement (all pairs) stops short of 90 %: every misordered pair is in the BLOOM-prequel
+  sweep, whose own repeats of one configuration differ by up to 6 %; two runs account for half
+  of them (dp24 tp8 pp2, slow at both micro-batch sizes, and dp8 tp8 pp6 mbs4 at GBS 1568, 23 %
+  below its GBS 2048 twin). Above the source's noise the agreement is higher (summary).
+* Held out, torchtitan Llama 3.1 405B (tp8 pp8 FSDP 8, 512 H100, Float8, async TP; Table 5 of
+  the torchtitan benchmark, not in the calibration files): memory 58.3 GiB predicted for 1F1B
+  (82.5 measured), 60.4 for interleaved 1F1B (72.7); throughput 142 and 156 tokens/s/GPU
+  predicted against 100 and 128 measured (30 % and 18 % optimistic). The only torchtitan
+  calibration runs are 8B FSDP on one or sixteen nodes; both bands say "extrapolating".
+* Held out (leave one source out, section above): median 6.7 % meets the <= 10 % target, but
+  the max (47 %, the Megatron-LM weak-scaling table: with it held out nothing pins Megatron's
+  DP-overlap and block overhead), the rank agreement (74 %: with the BLOOM chronicles held out,
+  DeepSpeed's per-block overhead is unidentified and the micro-batch effect is lost) and the
+  verdicts (3 MPT runs that ran at 99-100 % of HBM predicted over) miss. The 80 % bands cover
+  46 % of held-out runs: they are fitted in-sample, and a runtime's constants learned from one
+  source do not carry its error to another. Judge new runs by these numbers, not the in-sample
+  ones.
+* The per-block host overhead sits near its upper bound (5 ms) for DeepSpeed and torchtitan:
+  host time is modelled as additive, where in reality it only shows when the GPU runs out of
+  queued work; the bound keeps it physical."""
 
 
 @dataclass
@@ -203,38 +262,98 @@ def by_label(rows: list[Row], key: Callable[[Row], str]) -> dict[str, dict[str, 
 def _config_key(row: Row) -> tuple:
     c = row.run.config
     return (c.tp, c.pp, c.dp, c.cp, c.micro_batch, c.virtual_stages, c.zero_stage, c.sp,
-            row.run.recompute, c.global_batch, row.run.cluster.num_gpus)
+            row.run.recompute, c.global_batch, row.run.cluster.num_gpus, row.run.compiled)
 
 
-def rank_agreement(rows: list[Row]) -> list[dict[str, Any]]:
-    """Per source / GPU / model group: pairs of configurations ordered as measured."""
+def _throughput(row: Row, predicted: bool) -> float:
+    """Tokens per second per GPU, measured or predicted."""
+    t = row.pred.step_time_s if predicted else row.run.measured.step_time_s
+    return row.run.tokens_per_step / t / row.run.cluster.num_gpus
+
+
+def rank_groups(rows: list[Row]) -> dict[tuple, list[Row]]:
     groups: dict[tuple, list[Row]] = {}
     for r in rows:
         if r.time_error is not None:
             groups.setdefault(r.run.rank_group, []).append(r)
+    return groups
+
+
+def source_noise(rows: list[Row]) -> dict[str, float]:
+    """Per source: its own run-to-run noise, the largest relative throughput gap between two of
+    its runs of the same configuration (repeats, other software versions), at least RANK_TIE."""
+    noise: dict[str, float] = {}
+    for members in rank_groups(rows).values():
+        for a, b in itertools.combinations(members, 2):
+            src = a.run.source
+            noise.setdefault(src, RANK_TIE)
+            if _config_key(a) == _config_key(b):
+                gap = abs(_throughput(a, False) / _throughput(b, False) - 1)
+                noise[src] = max(noise[src], gap)
+    return noise
+
+
+def _differs(a: Row, b: Row) -> str:
+    ca, cb = a.run.config, b.run.config
+    names = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "micro_batch": "mbs",
+             "global_batch": "gbs", "zero_stage": "zero", "virtual_stages": "vp"}
+    out = [short for f, short in names.items() if getattr(ca, f) != getattr(cb, f)]
+    if a.pred.recompute != b.pred.recompute:
+        out.append("recompute")
+    if a.run.cluster.num_gpus != b.run.cluster.num_gpus:
+        out.append("gpus")
+    return "+".join(out) or "-"
+
+
+def ranked_pairs(rows: list[Row]) -> list[dict[str, Any]]:
+    """Every pair of different configurations one source measured on one GPU type (same
+    model) whose measured throughputs differ by RANK_TIE or more: measured and predicted."""
     out = []
-    for key, members in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        if len(members) < 2:
-            continue
-        agree = total = 0
+    for key, members in sorted(rank_groups(rows).items(), key=lambda kv: str(kv[0])):
         for a, b in itertools.combinations(members, 2):
             if _config_key(a) == _config_key(b):
                 continue  # the same configuration (another software version): not a ranking
-            # throughput per GPU: tokens per second per GPU, measured and predicted
-            ma = a.run.tokens_per_step / a.run.measured.step_time_s / a.run.cluster.num_gpus
-            mb = b.run.tokens_per_step / b.run.measured.step_time_s / b.run.cluster.num_gpus
+            ma, mb = _throughput(a, False), _throughput(b, False)
             if abs(ma / mb - 1) < RANK_TIE:
                 continue
-            pa = a.run.tokens_per_step / a.pred.step_time_s / a.run.cluster.num_gpus
-            pb = b.run.tokens_per_step / b.pred.step_time_s / b.run.cluster.num_gpus
-            total += 1
-            agree += (ma > mb) == (pa > pb)
-        if total:
-            source, gpu, dtype, shape = key
-            out.append({"source": source, "gpu": gpu, "dtype": dtype,
-                        "model": f"L{shape[0]} h{shape[1]} s{shape[5]}", "runs": len(members),
-                        "pairs": total, "agree": agree})
+            pa, pb = _throughput(a, True), _throughput(b, True)
+            out.append({"group": key, "a": a, "b": b, "gap": abs(ma / mb - 1),
+                        "agree": (ma > mb) == (pa > pb), "differs": _differs(a, b)})
     return out
+
+
+def rank_agreement(rows: list[Row], above_noise: bool = False) -> list[dict[str, Any]]:
+    """Per source / GPU / model group: pairs of configurations ordered as measured. With
+    ``above_noise`` only the pairs whose measured gap exceeds the source's own noise."""
+    noise = source_noise(rows) if above_noise else {}
+    counts: dict[tuple, list[int]] = {}
+    members = rank_groups(rows)
+    for p in ranked_pairs(rows):
+        if above_noise and p["gap"] <= noise.get(p["a"].run.source, RANK_TIE):
+            continue
+        c = counts.setdefault(p["group"], [0, 0])
+        c[0] += p["agree"]
+        c[1] += 1
+    out = []
+    for key, (agree, total) in counts.items():
+        source, gpu, dtype, shape = key
+        out.append({"source": source, "gpu": gpu, "dtype": dtype,
+                    "model": f"L{shape[0]} h{shape[1]} s{shape[5]}", "runs": len(members[key]),
+                    "pairs": total, "agree": agree,
+                    "noise": noise.get(source, RANK_TIE) if above_noise else RANK_TIE})
+    return out
+
+
+def misordered_by_cause(rows: list[Row]) -> list[tuple[str, str, int, int]]:
+    """(source, what differs between the two configurations, misordered, pairs), most
+    misordered first: where the ordering errors come from."""
+    tally: dict[tuple[str, str], list[int]] = {}
+    for p in ranked_pairs(rows):
+        t = tally.setdefault((p["a"].run.source, p["differs"]), [0, 0])
+        t[0] += not p["agree"]
+        t[1] += 1
+    return sorted(((s, d, bad, n) for (s, d), (bad, n) in tally.items() if bad),
+                  key=lambda x: (-x[2], x[0], x[1]))
 
 
 def targets_missed(rows: list[Row]) -> list[str]:
@@ -252,6 +371,12 @@ def targets_missed(rows: list[Row]) -> list[str]:
         for label, st in by_label(rows, key).items():
             if st["time_bias"] is not None and abs(st["time_bias"]) > BIAS_TARGET:
                 missed.append(f"{kind} {label}: step-time bias {st['time_bias']:+.1%}")
+    ranks = rank_agreement(rows)
+    pairs = sum(g["pairs"] for g in ranks)
+    agree = sum(g["agree"] for g in ranks)
+    if pairs and agree / pairs < RANK_TARGET:
+        missed.append(f"rank agreement {agree}/{pairs} ({agree / pairs:.0%}) < "
+                      f"{RANK_TARGET:.0%}")
     wrong = [r.id for r in rows if r.fit_ok is False]
     if wrong:
         missed.append(f"wrong fit verdicts: {', '.join(wrong)}")
@@ -287,6 +412,53 @@ def _pct(v: float | None, signed: bool = False) -> str:
 
 def _cov(v: float | None, n: int) -> str:
     return "" if v is None else f"{v:.0%} ({n})"
+
+
+def holdout_section() -> list[str]:
+    """The leave-one-source-out estimate (bench/holdout.py writes bench/data/holdout.json)."""
+    path = DATA / "holdout.json"
+    if not path.exists():
+        return ["", "## Held-out estimate", "", "Not measured: run `python bench/holdout.py`."]
+    data = json.loads(path.read_text())
+    h = data["summary"]
+    lines = ["", "## Held-out estimate (leave one source out)", "",
+             f"`python bench/holdout.py`: for each source, the constants are fitted on the "
+             f"other sources only (same model, bounds and loss as the shipped fit, "
+             f"{data['max_evaluations']} evaluations from the preset start) and the source's "
+             f"runs are predicted. This estimates the targets on runs not in these files.", "",
+             f"- step time over {h['time_n']} held-out runs: median |error| "
+             f"**{h['time_median']:.1%}**, max {h['time_max']:.1%}, median signed "
+             f"{h['time_bias']:+.1%} (targets: median <= 10%, max <= 30%)",
+             f"- median over sources of the per-source median |error|: "
+             f"{h['sources_median']:.1%}",
+             f"- rank agreement inside each held-out source: {h['agree']}/{h['pairs']} "
+             f"({h['agree'] / h['pairs']:.0%}; target >= 90%)" if h["pairs"] else "",
+             f"- fit verdicts: {h['verdicts'] - len(h['wrong_verdicts'])}/{h['verdicts']} "
+             f"right" + (f" (wrong: {', '.join(h['wrong_verdicts'])})"
+                         if h["wrong_verdicts"] else ""),
+             f"- band coverage (the fold's own bands): {h['time_coverage']:.0%}"
+             if h["time_coverage"] is not None else "", "",
+             "| held-out source | runs | median abs | max abs | median signed | pairs ordered |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for f in data["folds"]:
+        st = f["stats"]
+        pairs = sum(g["pairs"] for g in f["ranks"])
+        agree = sum(g["agree"] for g in f["ranks"])
+        lines.append(f"| {f['source'][:70]} | {st['time_n']} | {_pct(st['time_median'])} "
+                     f"| {_pct(st['time_max'])} | {_pct(st['time_bias'], True)} "
+                     f"| {f'{agree}/{pairs}' if pairs else ''} |")
+    return lines
+
+
+def _not_judged(row: Row) -> str:
+    if row.pred.fit_judged:
+        return ""
+    return " (host offload: not judged)" if row.run.offloaded_layers else \
+        " (recompute inferred)"
+
+
+def _agree(group: dict[str, Any] | None) -> str:
+    return f"{group['agree']}/{group['pairs']}" if group else "0/0"
 
 
 def _table(title: str, groups: dict[str, dict[str, Any]], names: dict[str, str] | None = None):
@@ -340,12 +512,36 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
     ranks = rank_agreement(rows)
     pairs = sum(g["pairs"] for g in ranks)
     agree = sum(g["agree"] for g in ranks)
+    noisy = rank_agreement(rows, above_noise=True)
+    npairs = sum(g["pairs"] for g in noisy)
+    nagree = sum(g["agree"] for g in noisy)
     if pairs:
-        lines.append(f"- rank agreement: {agree}/{pairs} pairs ({agree / pairs:.0%}) of "
-                     f"configurations measured by one source on one GPU type ordered as measured")
+        lines.append(f"- rank agreement: **{agree}/{pairs} pairs ({agree / pairs:.0%})** of "
+                     f"configurations measured by one source on one GPU type ordered as measured "
+                     f"(target >= {RANK_TARGET:.0%}; pairs closer than {RANK_TIE:.0%} are ties)")
+    if npairs:
+        lines.append(f"- of which the pairs whose measured gap exceeds the source's own "
+                     f"run-to-run noise (the largest gap between two of its runs of one "
+                     f"configuration): {nagree}/{npairs} ({nagree / npairs:.0%})")
     missed = targets_missed(rows)
     lines += ["", "Targets missed:" if missed else "All targets met.", ""]
     lines += [f"- {m}" for m in missed]
+    lines += ["", "## This session (before: commit 3b7eecf, the same script)", "",
+              "| measure | before | after |", "|---|---:|---:|"]
+    bias = {k: st["time_bias"] for k, st in by_label(rows, lambda r: r.run.regime.runtime).items()}
+    tp = by_label(rows, lambda r: r.run.regime.parallelism).get("tp", {}).get("time_bias")
+    now = {"time median": _pct(s["time_median"]), "time max": _pct(s["time_max"]),
+           "time bias": _pct(s["time_bias"], True),
+           "torchtitan bias": _pct(bias.get("torchtitan"), True),
+           "TP-heavy bias": _pct(tp, True), "memory median": _pct(s["memory_median"]),
+           "fit verdicts": f"{s['fit_ok']}/{s['fit_n']}",
+           "coverage time / memory": f"{s['time_coverage']:.0%} / {s['memory_coverage']:.0%}",
+           "rank agreement": f"{agree}/{pairs} ({agree / pairs:.0%})" if pairs else ""}
+    lines += [f"| {k} | {v} | {now[k]} |" for k, v in SESSION1.items()]
+    lines += ["", "What moved them (all in the cost terms or the runs' published settings; no "
+              "entry is special-cased): see \"Causes fixed\" below.", ""]
+    lines += ["## Causes fixed", "", CAUSES]
+    lines += holdout_section()
     lines += ["", "## Before this issue", "", BEFORE]
     if missed:
         lines += ["", "## Why the misses", "", MISSES]
@@ -367,12 +563,26 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
     lines += _table("By runtime", by_label(rows, lambda r: r.run.regime.runtime))
     lines += _table("By GPU generation", by_label(rows, lambda r: r.run.regime.generation))
     lines += _table("By calibration file", by_label(rows, lambda r: r.file))
+    above = {(g["source"], g["gpu"], g["dtype"], g["model"]): g for g in noisy}
     lines += ["## Rank agreement per source", "",
-              "| source | GPU | dtype | model | runs | pairs | ordered as measured |",
-              "|---|---|---|---|---:|---:|---:|"]
+              "Noise: the source's largest throughput gap between two runs of one "
+              "configuration (repeats or other software versions), at least "
+              f"{RANK_TIE:.0%}.", "",
+              "| source | GPU | dtype | model | runs | pairs | ordered as measured "
+              "| noise | above noise |",
+              "|---|---|---|---|---:|---:|---:|---:|---:|"]
     for g in ranks:
+        a = above.get((g["source"], g["gpu"], g["dtype"], g["model"]))
+        noise = max((x["noise"] for x in noisy if x["source"] == g["source"]),
+                    default=RANK_TIE)
         lines.append(f"| {g['source'][:70]} | {g['gpu']} | {g['dtype']} | {g['model']} "
-                     f"| {g['runs']} | {g['pairs']} | {g['agree']}/{g['pairs']} |")
+                     f"| {g['runs']} | {g['pairs']} | {g['agree']}/{g['pairs']} "
+                     f"| {noise:.1%} | {_agree(a)} |")
+    lines += ["", "### Misordered pairs by what the two configurations differ in", "",
+              "(`python bench/accuracy.py --pairs` lists every misordered pair.)", "",
+              "| source | differs in | misordered | pairs |", "|---|---|---:|---:|"]
+    lines += [f"| {src[:60]} | {d} | {bad} | {n} |" for src, d, bad, n in
+              misordered_by_cause(rows)]
     lines += ["", "## Runs", "",
               "| entry | regime | config | time measured s | predicted s | error | band | "
               "memory measured GiB | predicted | error | measured | predicted |",
@@ -390,7 +600,7 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
             f"| {'' if m.memory_gib is None else f'{m.memory_gib:.1f}'} "
             f"| {r.pred.memory_gib:.1f} | {_pct(r.memory_error, True)} "
             f"| {'OOM' if m.oom else 'ran'} | {'fits' if r.pred.fits else 'OOM'}"
-            f"{'' if r.pred.fit_judged else ' (recompute inferred)'} |")
+            f"{_not_judged(r)} |")
     lines += ["", "## Model-state memory (ZeRO worked example)", "",
               "| case | published GB | predicted GB |", "|---|---:|---:|"]
     lines += [f"| {name} | {pub:g} | {got:.3f} |" for name, pub, got in zero]
@@ -405,8 +615,17 @@ def main() -> int:
     parser.add_argument("--no-write", action="store_true", help="do not write docs/accuracy.md")
     parser.add_argument("--baseline", action="store_true",
                         help="the raw preset values (no calibration profile)")
+    parser.add_argument("--pairs", action="store_true",
+                        help="list every misordered pair (measured and predicted tokens/s/GPU)")
     args = parser.parse_args()
     rows, skipped = run(baseline=args.baseline)
+    if args.pairs:
+        for p in ranked_pairs(rows):
+            if not p["agree"]:
+                a, b = p["a"], p["b"]
+                print(f"{a.run.source[:40]} | {p['differs']} | {a.id} vs {b.id}: measured "
+                      f"{_throughput(a, False):.0f} vs {_throughput(b, False):.0f}, predicted "
+                      f"{_throughput(a, True):.0f} vs {_throughput(b, True):.0f}")
     baseline_rows = None if args.baseline else run(baseline=True)[0]
     published = yaml.safe_load((DATA / FILES[0]).read_text())["entries"]
     if not args.no_write and not args.baseline:

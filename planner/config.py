@@ -219,6 +219,7 @@ class RuntimeOptions:
     allocator_overhead: float = 0.25  # caching-allocator memory beyond live activations+buffers
     comm_slowdown: float = 0.0  # compute slowdown per second of overlapped NCCL traffic
     micro_batch_overhead_s: float = 0.0  # fixed host/launch seconds per micro-batch per stage
+    block_overhead_s: float = 0.0  # fixed host seconds per block per forward / backward pass
     elementwise_factor: float = 1.0  # element-wise HBM traffic vs fused kernels (eager > 1)
     fp8_gemm_factor: float = 1.0  # FP8 GEMM efficiency relative to 16-bit (of the FP8 peak)
     fp8_saved_inputs: bool = False  # GEMM inputs kept for backward in FP8 (Transformer Engine)

@@ -37,7 +37,7 @@ _RUNTIME_KEYS = ("runtime", "attention_kernel", "dropout", "overlap_grad_reduce"
                  "overlap_param_gather", "tp_comm_overlap",
                  # runtime profile and calibrated behaviour (planner/profiles.py, calibration)
                  "profile", "allocator_overhead", "comm_slowdown", "micro_batch_overhead_s",
-                 "elementwise_factor", "fp8_gemm_factor", "fp8_saved_inputs",
+                 "block_overhead_s", "elementwise_factor", "fp8_gemm_factor", "fp8_saved_inputs",
                  "matmul_efficiency", "attention_efficiency")
 
 

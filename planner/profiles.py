@@ -87,6 +87,14 @@ class RuntimeProfile:
     allocator: str  # how its memory is read and cached (see memory model)
     notes: tuple[str, ...] = field(default_factory=tuple)
     searched_zero_stages: tuple[int, ...] | None = None  # default: all of zero_stages
+    # stage-boundary activations split over the tensor group without SP: each rank sends 1/tp
+    # and the receiver all-gathers over NVLink (Narayanan et al. 2021 §4.1 scatter/gather)
+    pipe_partitioned: bool = False
+    # FSDP under pipeline parallelism keeps the stage's gathered weights for the whole step and
+    # accumulates unsharded gradients until the last micro-batch (torchtitan parallelize.py:
+    # reshard_after_forward = not pp_enabled; PipelineStage syncs gradients on the last
+    # micro-batch; FSDP2 accumulates them in reduce_dtype, fp32 by default)
+    pp_keeps_unsharded: bool = False
     pipeline_zero_stages: tuple[int, ...] | None = None  # stages it runs with pp > 1 (None: all)
     tp_overlap_needs_compile: bool = False  # TP overlap only under torch.compile (async TP)
     # expert tensor parallel degrees it runs (MoE): "any" divisor of the stage (Megatron-Core's
@@ -197,6 +205,7 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         tp_comm_overlap=True, grad_reduce_overlap=True, param_gather_overlap=True,
         per_phase_prefetch=True, fp8_saved_inputs=False,
         allocator="pytorch caching allocator, max_memory_reserved reading (no CUDA context)",
+        pp_keeps_unsharded=True,
         # async TP (enable_async_tensor_parallel) raises "Async TP requires torch.compile"
         # without --compile.enable (torchtitan/distributed/tensor_parallel.py)
         tp_overlap_needs_compile=True,
@@ -229,7 +238,10 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # DeepSpeed-MoE keeps experts whole or slices them like TP
         # (deepspeed.moe.layer.MoE enable_expert_tensor_parallelism)
         expert_tp="one-or-tp",
-        notes=("pipeline engine reduces gradients after the flush (no overlap with PP)",)),
+        notes=("pipeline engine reduces gradients after the flush (no overlap with PP)",),
+        # deepspeed/runtime/pipe/engine.py: is_pipe_partitioned = is_grad_partitioned =
+        # is_model_parallel (PartitionedTensor over the slice-parallel group)
+        pipe_partitioned=True),
     "fsdp": RuntimeProfile(
         name="fsdp", title="PyTorch FSDP1 (Composer / llm-foundry, fms-fsdp)",
         frameworks=("Composer", "llm-foundry", "fms-fsdp", "metaseq", "PyTorch FSDP"),

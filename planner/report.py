@@ -103,6 +103,7 @@ def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
                     "profile": o.profile, "allocator_overhead": o.allocator_overhead,
                     "comm_slowdown": o.comm_slowdown,
                     "micro_batch_overhead_s": o.micro_batch_overhead_s,
+                    "block_overhead_s": o.block_overhead_s,
                     "elementwise_factor": o.elementwise_factor,
                     "fp8_gemm_factor": o.fp8_gemm_factor,
                     "fp8_saved_inputs": o.fp8_saved_inputs,

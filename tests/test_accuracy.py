@@ -3,8 +3,9 @@
 bench/accuracy.py re-evaluates every usable run of the three calibration files per regime
 (docs/accuracy.md). Targets (issue 10): step time median |error| <= 7 %, no regime with a
 median signed bias beyond +-5 %, memory median <= 7 %, every fit verdict right, 80 % bands
-covering 70-90 %. Where docs/accuracy.md reports a miss, the guard pins today's level so it
-cannot silently get worse.
+covering 70-90 %, measured configurations ranked as measured. The guards sit just above what
+docs/accuracy.md reports today (tight, so that a regression fails); where it reports a miss,
+they pin today's level.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.accuracy import (by_label, load_all, rank_agreement, run, stats,  # noqa: E402
-                            zero_rows)
+from bench.accuracy import (by_label, load_all, misordered_by_cause,  # noqa: E402
+                            rank_agreement, run, source_noise, stats, zero_rows)
 from planner.calibration.runs import eq3_flops, megatron_model_flops  # noqa: E402
 
 
@@ -35,44 +36,56 @@ def test_every_calibration_file_contributes(rows):
 
 def test_overall_targets(rows):
     s = stats(rows)
-    assert s["time_median"] <= 0.07  # target met (docs/accuracy.md)
-    assert s["memory_median"] <= 0.07
+    assert s["time_median"] <= 0.04  # 3.2 % today (target 7 %)
+    assert s["time_max"] <= 0.33  # 30.9 % today (Megatron-Core weak scaling 32B, tp 8)
+    assert s["memory_median"] <= 0.035  # 3.0 % today (target 7 %)
     assert 0.70 <= s["time_coverage"] <= 0.90
-    # memory bands: 92 % today (conservative; target 70-90 %)
-    assert 0.70 <= s["memory_coverage"] <= 0.95
-    assert s["fit_ok"] >= s["fit_n"] - 3  # three known misses (docs/accuracy.md)
+    assert 0.70 <= s["memory_coverage"] <= 0.90
+    assert s["fit_ok"] >= s["fit_n"] - 2  # two BLOOM-prequel OOM runs (docs/accuracy.md)
 
 
-def test_no_regime_is_biased_beyond_five_percent_except_torchtitan(rows):
+def test_no_regime_is_biased_beyond_five_percent(rows):
     for key in (lambda r: r.run.regime.parallelism, lambda r: r.run.regime.generation,
                 lambda r: r.run.regime.runtime):
         for label, st in by_label(rows, key).items():
-            if label == "torchtitan":
-                # the one known miss: 500 W power-capped H100s (docs/accuracy.md)
-                assert -0.20 <= st["time_bias"] < 0
-                continue
-            if label == "tp":  # 4 runs: median of few
-                assert abs(st["time_bias"]) <= 0.06
-                continue
             assert abs(st["time_bias"]) <= 0.05, (label, st["time_bias"])
 
 
 def test_runs_that_ran_are_predicted_to_fit(rows):
     wrong = [r.id for r in rows if r.fit_ok is False and not r.run.measured.oom]
-    assert len(wrong) <= 1, wrong
+    assert not wrong, wrong
 
 
 def test_published_2022_runs_stay_accurate(rows):
     s = stats([r for r in rows if r.file == "published_runs.yaml"])
-    assert s["time_median"] <= 0.06 and s["memory_median"] <= 0.05
+    assert s["time_median"] <= 0.04 and s["memory_median"] <= 0.035
 
 
 def test_rank_agreement_is_measured_on_several_sources(rows):
     groups = rank_agreement(rows)
     assert len(groups) >= 5
     pairs = sum(g["pairs"] for g in groups)
+    assert pairs >= 380
+    assert sum(g["agree"] for g in groups) / pairs >= 0.87  # 342/388 (88 %) today
+
+
+def test_rank_agreement_above_each_sources_noise(rows):
+    groups = rank_agreement(rows, above_noise=True)
+    pairs = sum(g["pairs"] for g in groups)
     assert pairs >= 300
-    assert sum(g["agree"] for g in groups) / pairs >= 0.62
+    assert sum(g["agree"] for g in groups) / pairs >= 0.90  # 285/310 (92 %) today
+
+
+def test_only_the_bloom_sweep_is_misordered(rows):
+    # every misordered pair of the other sources was fixed in the terms (docs/accuracy.md)
+    causes = misordered_by_cause(rows)
+    assert causes and all(src.startswith("BigScience") for src, *_ in causes)
+
+
+def test_source_noise_is_measured_from_repeats(rows):
+    noise = source_noise(rows)
+    bloom = [v for k, v in noise.items() if k.startswith("BigScience")]
+    assert bloom and 0.05 < bloom[0] < 0.07  # 0221 vs 0225 rows of one configuration
 
 
 def test_regimes_cover_the_search_space(rows):
@@ -107,3 +120,68 @@ def test_unusable_entries_say_why():
     reasons = {why for _, _, why in skipped}
     assert all(reasons)
     assert any("FP4" in why for why in reasons)
+
+
+# -- the terms behind the fixes (planner/cost/terms.py), checked by their arithmetic ---------
+
+def _evaluate(runtime: str, **config):
+    from dataclasses import replace as _replace
+
+    from clusters import load_cluster
+    from models import load_model
+    from planner.calibration.session import runtime_setup
+    from planner.config import ParallelConfig
+    from planner.cost.model import evaluate
+    model = load_model("gpt3-1.3b")
+    setup = runtime_setup(load_cluster("dgx-h100", nodes=4), runtime, calibration=None)
+    base = dict(tp=4, pp=4, dp=2, global_batch=64, seq_len=2048, micro_batch=1,
+                sp=False, zero_stage=1)
+    base.update(config)
+    options = _replace(setup.options, **config.pop("options", {})) if "options" in config \
+        else setup.options
+    base.pop("options", None)
+    return evaluate(model, setup.cluster, ParallelConfig(**base), options=options)
+
+
+def test_deepspeed_splits_stage_boundaries_over_the_tensor_group():
+    from planner.cost import comm
+    from planner.cost.context import make_context
+    from planner.cost.memory import ACT_BYTES
+    from planner.cost.terms import config_terms
+    ds, mg = _evaluate("deepspeed"), _evaluate("megatron")
+    ctx = make_context(ds.model, ds.cluster, ds.config, ds.options)
+    whole = ctx.shard.tokens * ds.model.hidden * ACT_BYTES
+    # deepspeed: 1/tp over the pipeline link, then an all-gather over the tensor group
+    want = 2 * (comm.p2p_s(whole / 4, ctx.links.pp) + comm.all_gather_s(whole, 4, ctx.links.tp))
+    assert config_terms(ctx).boundary_s == pytest.approx(want)
+    mctx = make_context(mg.model, mg.cluster, mg.config, mg.options)
+    assert config_terms(mctx).boundary_s == pytest.approx(2 * comm.p2p_s(whole, mctx.links.pp))
+
+
+def test_fsdp2_under_pp_keeps_weights_and_gradients_unsharded():
+    from planner.cost.context import make_context
+    from planner.cost.terms import UNSHARDED_GRAD_BYTES, config_terms, layer_terms
+    pp = _evaluate("torchtitan", zero_stage=3, sp=True)
+    flat = _evaluate("torchtitan", zero_stage=3, sp=True, pp=1, dp=8)
+    ctx = make_context(pp.model, pp.cluster, pp.config, pp.options)
+    assert not config_terms(ctx).per_micro_batch_sync  # one gather, one reduce per step
+    assert config_terms(ctx).dp_gather_dense.slope_s_per_byte > 0
+    block = next(i for i, l in enumerate(pp.model.layers) if l.kind.value == "block")
+    t = layer_terms(ctx, pp.model.layers[block], pp.placement.options[block])
+    sharded = pp.options.state_bytes.weights * t.dense_params / pp.config.dp
+    assert t.params_bytes == pytest.approx(sharded + pp.options.state_bytes.weights
+                                           * t.dense_params)
+    assert t.grads_bytes >= UNSHARDED_GRAD_BYTES * t.dense_params
+    assert t.gather_buffer_bytes == 0
+    fctx = make_context(flat.model, flat.cluster, flat.config, flat.options)
+    assert config_terms(fctx).per_micro_batch_sync  # without PP: FSDP gathers per micro-batch
+
+
+def test_block_overhead_is_charged_per_block_and_pass():
+    base = _evaluate("megatron", pp=1, dp=8, options={"block_overhead_s": 0.0})
+    slow = _evaluate("megatron", pp=1, dp=8, options={"block_overhead_s": 0.001})
+    m = base.config.num_micro_batches
+    blocks = base.model.num_blocks
+    # forward and backward of every block on the one stage, every micro-batch (no recompute)
+    assert slow.breakdown.pipeline_s - base.breakdown.pipeline_s == pytest.approx(
+        2 * 0.001 * blocks * m, rel=1e-6)

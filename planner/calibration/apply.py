@@ -3,7 +3,7 @@ cost model (used by ``evaluate``, ``plan``, ``check``, the fit and the accuracy 
 
 Consumes a cluster, runtime options and a :class:`Constants`; produces the runtime options the
 cost terms read: the GPU generation's GEMM and attention efficiency, allocator overhead, NCCL
-slowdown, per-micro-batch overhead, element-wise fusion, FP8 GEMM efficiency and the
+slowdown, per-micro-batch and per-block host overheads, element-wise fusion, FP8 GEMM efficiency and the
 TP-communication overlap where the profile has it. The cluster is returned unchanged.
 """
 from __future__ import annotations
@@ -33,12 +33,15 @@ def calibrated_options(options: RuntimeOptions, constants: Constants, gpu_name: 
         "allocator_overhead": constants.get(f"allocator_overhead.{name}"),
         "comm_slowdown": constants.get("nccl_compute_slowdown"),
         "micro_batch_overhead_s": constants.get("microbatch_overhead_s"),
-        "fp8_gemm_factor": constants.get("fp8_relative_efficiency"),
+        "block_overhead_s": constants.get(f"block_overhead_s.{name}"),
+        "fp8_gemm_factor": constants.get(f"fp8_relative_efficiency.{name}"
+                                         if f"fp8_relative_efficiency.{name}" in PARAM_NAMES
+                                         else "fp8_relative_efficiency"),
         "fp8_saved_inputs": prof.fp8_saved_inputs,
     })
     key = f"unfused_elementwise.{name}"
-    changes["elementwise_factor"] = 1.0 if compiled or key not in PARAM_NAMES else \
-        constants.get(key)
+    changes["elementwise_factor"] = constants.get("compiled_elementwise") if compiled else \
+        constants.get(key) if key in PARAM_NAMES else 1.0
     key = f"tp_comm_overlap.{name}"
     if prof.tp_comm_overlap and key in PARAM_NAMES and \
             (compiled or not prof.tp_overlap_needs_compile):

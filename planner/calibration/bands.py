@@ -24,6 +24,7 @@ PRIOR_RUNS = 4
 EXTRAPOLATION_WIDENING = 2.0
 MIN_SIGMA = 0.02  # measurement noise floor: repeated published runs differ by ~2 %
 MIN_RUNS = 3
+MAD_TO_SIGMA = 1.4826
 
 
 def z_of(coverage: float) -> float:
@@ -80,8 +81,11 @@ def spread_of(log_ratios: Sequence[float], gpus: Sequence[int] = (),
     n = len(log_ratios)
     if n == 0:
         return Spread(0, 0.0, 0.0)
-    mu = statistics.fmean(log_ratios)
-    sigma = statistics.pstdev(log_ratios) if n > 1 else 0.0
+    # robust location and scale (median, 1.4826 x median absolute deviation: the standard
+    # deviation for normal residuals), so that one run the model cannot represent does not
+    # widen every band of its regime (Huber, Robust Statistics, 1981, §5.1)
+    mu = statistics.median(log_ratios)
+    sigma = MAD_TO_SIGMA * statistics.median(abs(x - mu) for x in log_ratios) if n > 1 else 0.0
     return Spread(n, mu, sigma, max(gpus, default=0), max(params, default=0.0),
                   max(mfus, default=0.0))
 
@@ -153,6 +157,11 @@ def band(table: BandTable, quantity: str, predicted: float, labels: Sequence[str
         reasons.append(f"no calibration runs with {last.split(':', 1)[-1]}")
     else:
         label, s = chosen
+        if labels and label != labels[0] and labels[0].startswith("regime:"):
+            few = table.labels.get(quantity, {}).get(labels[0])
+            reasons.append(f"{few.n if few else 0} calibration runs of regime "
+                           f"{labels[0].split(':', 1)[1]}: band from all {label.split(':', 1)[1]}"
+                           f" runs")
         mu = (s.n * s.mu + PRIOR_RUNS * pooled.mu) / (s.n + PRIOR_RUNS)
         sigma = math.sqrt((s.n * s.sigma ** 2 + PRIOR_RUNS * pooled_sigma ** 2)
                           / (s.n + PRIOR_RUNS))

@@ -53,6 +53,9 @@ PARAMS: tuple[Param, ...] = (
           "flash-attention forward efficiency on Blackwell"),
     Param("fp8_relative_efficiency", 0.40, 1.00, 0.80, "fraction",
           "FP8 GEMM efficiency relative to BF16 (of the doubled FP8 peak)"),
+    Param("fp8_relative_efficiency.torchtitan", 0.40, 1.00, 0.80, "fraction",
+          "as above, torchao Float8Linear (amax and cast kernels outside the GEMM; Transformer "
+          "Engine fuses them)"),
     Param("tp_comm_overlap.megatron", 0.0, 0.90, 0.0, "fraction",
           "TP collectives hidden behind GEMMs by Megatron-Core --tp-comm-overlap"),
     Param("tp_comm_overlap.torchtitan", 0.0, 0.90, 0.0, "fraction",
@@ -61,10 +64,27 @@ PARAMS: tuple[Param, ...] = (
           "element-wise HBM traffic of eager PyTorch (no torch.compile) over fused kernels"),
     Param("unfused_elementwise.fsdp", 1.0, 4.0, 1.0, "x fused HBM bytes",
           "element-wise HBM traffic of eager PyTorch in Composer / llm-foundry"),
+    Param("compiled_elementwise", 1.0, 4.0, 1.0, "x fused HBM bytes",
+          "element-wise HBM traffic under torch.compile (Inductor fuses pointwise chains "
+          "between graph breaks at module hooks and attention kernels)"),
     Param("nccl_compute_slowdown", 0.0, 0.50, 0.0, "fraction of overlapped comm time",
           "compute slowdown while NCCL kernels run alongside (they take SMs and HBM bandwidth)"),
+    # Fixed host-side seconds the GPU does not hide. Per micro-batch and stage: the schedule's
+    # bookkeeping. Per block and pass (forward, backward, recomputed forward): its kernel
+    # launches, module hooks (FSDP's per-block all-gather / reduce-scatter hooks) and activation-
+    # checkpointing bookkeeping (DeepSpeed's CheckpointFunction saves and restores the CPU and
+    # CUDA RNG states of every checkpointed block); Megatron-Core recipes capture CUDA graphs.
+    # Bounds: a few hundred launches / Python calls (~5-20 us each) per block or stage.
     Param("microbatch_overhead_s", 0.0, 0.030, 0.0, "seconds per micro-batch per stage",
-          "fixed host/launch overhead of one micro-batch (hooks, schedule bookkeeping)"),
+          "fixed host overhead of one micro-batch on one stage"),
+    Param("block_overhead_s.megatron", 0.0, 0.005, 0.0, "seconds per block per pass",
+          "fixed host overhead of one transformer block, Megatron-Core"),
+    Param("block_overhead_s.torchtitan", 0.0, 0.005, 0.0, "seconds per block per pass",
+          "as above, torchtitan (FSDP2 hooks)"),
+    Param("block_overhead_s.deepspeed", 0.0, 0.005, 0.0, "seconds per block per pass",
+          "as above, DeepSpeed / Megatron-DeepSpeed (activation checkpointing)"),
+    Param("block_overhead_s.fsdp", 0.0, 0.005, 0.0, "seconds per block per pass",
+          "as above, FSDP1 (Composer / llm-foundry)"),
     Param("allocator_overhead.megatron", 0.0, 0.40, 0.25, "fraction of activations+buffers",
           "memory the caching allocator holds beyond live tensors (fragmentation, cache)"),
     Param("allocator_overhead.torchtitan", 0.0, 0.40, 0.25, "fraction of activations+buffers",
@@ -75,7 +95,6 @@ PARAMS: tuple[Param, ...] = (
           "as above, FSDP1 (flat parameters; limit_all_gathers)"),
 )
 PARAM_NAMES = tuple(p.name for p in PARAMS)
-
 
 @dataclass(frozen=True)
 class Constants:

@@ -24,6 +24,7 @@ from planner.calibration.runs import CalibrationRun
 
 LOSS_SCALE = 0.10
 VERDICT_WEIGHT = 3.0
+VERDICT_MARGIN = 0.02  # log-ratio: about the median memory error (docs/accuracy.md)
 MEMORY_PARAMS_PREFIXES = ("allocator", "reserve")
 
 
@@ -54,10 +55,12 @@ def residuals(runs: Sequence[CalibrationRun], constants: Constants,
         if m.memory_gib:
             out.append(w * math.log(p.memory_gib / m.memory_gib))
         if p.fit_judged:
-            # fit verdicts: a run that ran must fit, an OOM run must not (hinge on capacity)
-            ratio = p.evaluation.peak_memory_bytes / run.cluster.memory_bytes_per_gpu
-            out.append(VERDICT_WEIGHT * w * (max(0.0, math.log(ratio)) if not m.oom
-                                             else max(0.0, -math.log(ratio))))
+            # fit verdicts: a run that ran must fit, an OOM run must not (hinge on capacity,
+            # with a margin of the memory model's own spread so that an edge run is not left
+            # a fraction of a percent on the wrong side)
+            r = math.log(p.evaluation.peak_memory_bytes / run.cluster.memory_bytes_per_gpu)
+            out.append(VERDICT_WEIGHT * w * (max(0.0, r + VERDICT_MARGIN) if not m.oom
+                                             else max(0.0, VERDICT_MARGIN - r)))
     return out
 
 

@@ -10,7 +10,9 @@ nvidia-smi shows; the comparison subtracts it (about 0.5 GiB on A100/H100, plann
 When a run's recomputation is not published, it is taken as the least recomputation under which
 the run fits (it did run): none, else Megatron's ``--recompute-method block
 --recompute-num-layers n`` with the fewest fully recomputed blocks per stage. Such a run's fit
-verdict is not judged (it was used to infer the setting).
+verdict is not judged (it was used to infer the setting). A run that offloads activations to
+the host (``offloaded_layers``) is evaluated with its published recomputation and its memory
+verdict is not judged either: the cost model has no host offload (planner/calibration/runs.py).
 """
 from __future__ import annotations
 
@@ -83,8 +85,8 @@ def _fewest_full_blocks(run: CalibrationRun, constants: Constants | None) -> Eva
 
 
 def predict(run: CalibrationRun, constants: Constants | None = None) -> Prediction:
-    judged = run.recompute_published
-    if judged:
+    judged = run.recompute_published and not run.offloaded_layers
+    if run.recompute_published or run.offloaded_layers:
         ev = _evaluate(run, constants, placement_of(run, run.recompute, every_nth=run.every_nth))
     else:
         ev = _evaluate(run, constants, placement_of(run, Recompute.NONE))
@@ -98,4 +100,6 @@ def predict(run: CalibrationRun, constants: Constants | None = None) -> Predicti
                 if layer.kind is LayerKind.BLOCK}
     label = policies.pop().value if len(policies) == 1 else \
         f"full on {full}/{run.model.num_blocks} blocks"
+    if run.offloaded_layers:
+        label += f", {run.offloaded_layers} offloaded"
     return Prediction(ev.step_time_s, memory, ev.fits, judged, label, ev)

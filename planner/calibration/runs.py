@@ -19,6 +19,11 @@ unpublished field with the runtime's documented default (listed in ``assumptions
 * cluster: the system's own file in ``bench/clusters/`` when the entry names its interconnect
   (Jean Zay's Omni-Path, GPT-NeoX's ConnectX-6, Grand Teton's 96 GB H100), else the preset of
   the GPU; GB200 runs within one NVL72 rack are one NVLink domain of ``num_gpus`` GPUs;
+* activation offloading (``training.cpu_offloading_num_layers``, Megatron-Core's
+  ``--cpu-offloading-num-layers``): the cost model has no host offload, so such a run is
+  evaluated with its published recomputation (none when unpublished: the offload replaces it,
+  its copies over NVLink-C2C / PCIe overlap the neighbouring layers' compute), and neither its
+  memory nor its fit verdict is judged;
 * unpublished micro-batch: 1; sequence parallelism: on with TP > 1 in Megatron and torchtitan
   (NeMo recipes set it, torchtitan implies it); ZeRO stage: 1 for Megatron (the distributed
   optimizer of NeMo / Megatron-Bridge recipes; ``--overlap-param-gather`` requires it), 0
@@ -76,6 +81,7 @@ class CalibrationRun:
     recompute_published: bool = True  # False: inferred (the least recompute that fits)
     every_nth: int = 0  # full recompute of every N-th block (torchtitan selective_ac_option N)
     compiled: bool = False  # torch.compile (fused element-wise kernels) per the framework text
+    offloaded_layers: int = 0  # blocks whose activations go to host memory (Megatron cpu_offloading)
 
     @property
     def rank_group(self) -> tuple:
@@ -249,8 +255,10 @@ def run_of(entry: Mapping[str, Any], model: ModelGraph, cluster: Cluster) -> Cal
         if pp > 1:
             assumptions.append("no interleaving")
     recompute_text = t.get("recompute")
+    offloaded = int(t.get("cpu_offloading_num_layers") or 0)
     if recompute_text is None:
-        assumptions.append("no recompute")
+        assumptions.append(f"no recompute ({offloaded} blocks' activations offloaded to the host)"
+                           if offloaded else "no recompute")
     recompute, policy, every_nth = recompute_of(_text(recompute_text) or "none", prof)
     dtype = dtype_of(_text(t.get("precision"))) or "bf16"
     dp = t.get("dp") or entry["cluster"]["num_gpus"] // (tp * pp * cp)
@@ -272,6 +280,6 @@ def run_of(entry: Mapping[str, Any], model: ModelGraph, cluster: Cluster) -> Cal
         regime=regime_of(prof.name, cluster.gpu.name, tp, pp, cp, zero),
         assumptions=tuple(assumptions), model_shape=shape, recompute=recompute,
         recompute_published=recompute_text is not None, every_nth=every_nth,
-        compiled="compile" in framework.lower())
+        compiled="compile" in framework.lower(), offloaded_layers=offloaded)
 
 

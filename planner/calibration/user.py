@@ -7,8 +7,9 @@ and a runtime; produces a :class:`~planner.calibration.store.CalibrationProfile`
 without it, before (the shipped defaults) and after.
 
 Which constants move: only those the runs can inform (the efficiencies of the GPU generations
-present, the FP8 efficiency when a run is FP8, the runtime's TP overlap when a run uses TP);
-the others keep their starting values.
+present, the FP8 efficiency when a run is FP8, the runtime's TP overlap when a run uses TP,
+its element-wise fusion (eager or torch.compile) and per-block host overhead); the others keep
+their starting values.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
-from planner.calibration.constants import PARAMS, Constants
+from planner.calibration.constants import PARAM_NAMES, PARAMS, Constants
 from planner.calibration.fit import fit, residual_bands
 from planner.calibration.predict import predict
 from planner.calibration.runs import CalibrationRun
@@ -62,11 +63,13 @@ def informative(runs: Sequence[CalibrationRun]) -> list[str]:
         gen = run.regime.generation
         names.update({f"matmul_efficiency.{gen}", f"attention_efficiency.{gen}"})
         if run.config.dtype == "fp8":
-            names.add("fp8_relative_efficiency")
+            own = f"fp8_relative_efficiency.{run.profile.name}"
+            names.add(own if own in PARAM_NAMES else "fp8_relative_efficiency")
         if run.config.tp > 1 and run.profile.tp_comm_overlap:
             names.add(f"tp_comm_overlap.{run.profile.name}")
-        if not run.compiled:
-            names.add(f"unfused_elementwise.{run.profile.name}")
+        names.add("compiled_elementwise" if run.compiled
+                  else f"unfused_elementwise.{run.profile.name}")
+        names.add(f"block_overhead_s.{run.profile.name}")
         if run.measured.memory_gib:
             names.add(f"allocator_overhead.{run.profile.name}")
     return [p.name for p in PARAMS if p.name in names]

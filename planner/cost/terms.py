@@ -61,6 +61,7 @@ from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches
 from planner.cost.pipeline import pipeline_time_s
 from planner.hardware import GIB
 from planner.ir import Layer, LayerKind
+from planner.profiles import profile
 from planner.strategy import LayerOption, Layout, Recompute
 from planner.topology import Link, group_link
 
@@ -205,10 +206,15 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         buffers += state.bucket_bytes
     boundary_s = 0.0
     if c.pp > 1:
-        boundary = hidden_bytes / (c.tp if c.sp else 1)
-        # forward activation out, backward gradient out, once per model chunk (Narayanan §4.1)
-        boundary_s = 2 * c.virtual_stages * comm.p2p_s(boundary, ctx.links.pp)
-    per_mb = zero >= 2 and n > 1
+        # forward activation out, backward gradient out, once per model chunk. Split over the
+        # tensor group with SP, or by the runtime's scatter/gather (Narayanan §4.1: each rank
+        # sends 1/tp across nodes, the receiver all-gathers it over the tensor group's link)
+        split = c.tp > 1 and (c.sp or profile(opts.profile).pipe_partitioned)
+        one = comm.p2p_s(hidden_bytes / (c.tp if split else 1), ctx.links.pp)
+        if split and not c.sp:
+            one += comm.all_gather_s(hidden_bytes, c.tp, ctx.links.tp)
+        boundary_s = 2 * c.virtual_stages * one
+    per_mb = zero >= 2 and n > 1 and not pp_keeps_unsharded(ctx)
     zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert = \
         dp_collectives(zero, n, n_expert, ctx.links.dp, ctx.links.edp or ctx.links.dp, per_mb,
                       mesh.replicas, ctx.links.replicate)
@@ -259,10 +265,11 @@ def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Li
     # Once per step: ZeRO-0 all-reduces the gradients, ZeRO-1 reduce-scatters them and
     # all-gathers the updated weights; ZeRO-2 reduced per micro-batch and still gathers once;
     # ZeRO-3 does everything per micro-batch.
+    # (ZeRO-3 without per-micro-batch sync: FSDP under PP, one gather and one reduce per step)
     red_dense = red_expert = gat_dense = gat_expert = NO_COMM
     if zero == 0:
         red_dense, red_expert = coll(comm.all_reduce_s, n), ecoll(comm.all_reduce_s, n_expert)
-    elif zero < 3:
+    elif zero < 3 or not per_mb:
         if not per_mb:
             red_dense = coll(comm.reduce_scatter_s, n)
         if not (zero == 2 and n > 1):
@@ -276,6 +283,21 @@ def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Li
         else:
             red_dense = red_dense + across
     return zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert
+
+
+# fp32 unsharded gradient accumulation of FSDP2 under PP (MixedPrecisionPolicy reduce_dtype)
+UNSHARDED_GRAD_BYTES = 4.0
+
+
+def pp_keeps_unsharded(ctx: CostContext) -> bool:
+    """FSDP under PP that keeps weights gathered and gradients unsharded over the step
+    (planner.profiles.RuntimeProfile.pp_keeps_unsharded)."""
+    c = ctx.config
+    # Dense models only: the one measured MoE run with FSDP under PP (NeMo AutoModel,
+    # DeepSeek-V3 pp4 on 80 GB H100, bench/data/moe_runs.yaml) fits only with resharded states
+    return (c.zero_stage >= 3 and c.pp > 1 and profile(ctx.options.profile).pp_keeps_unsharded
+            and not any(layer.mlp is not None and layer.mlp.is_moe
+                        for layer in ctx.model.layers))
 
 
 @dataclass(frozen=True)
@@ -468,6 +490,11 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     n, n_expert = view.dp_shard, mesh.expert_shard_degree
     dense_states = zero_state_bytes(dense, n, zero, state)
     expert_states = zero_state_bytes(expert, n_expert, zero, state)
+    keep = pp_keeps_unsharded(ctx) and n > 1
+    if keep:  # the gathered 16-bit weights and an unsharded gradient next to the shards
+        held = dense + expert
+        dense_states = replace(dense_states, params=dense_states.params + held * state.weights,
+                               grads=dense_states.grads + held * UNSHARDED_GRAD_BYTES)
     t = config_terms(ctx)
     if option.layout is not Layout.MESH:
         # the layer's weights are reduced and gathered over its own data group: its slopes
@@ -487,13 +514,19 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
                    + t.zero_gather_expert.slope_s_per_byte * w_expert)  # forward + backward
     zero_traffic = zero_reduce + zero_gather
     owned = dense / (n if zero >= 1 else 1) + expert / (n_expert if zero >= 1 else 1)
+    # host time of a block that the GPU does not hide: per pass (forward, backward, recomputed
+    # forward) one block's launches, hooks and checkpointing bookkeeping (calibrated per runtime)
+    host = opts.block_overhead_s if layer.kind is LayerKind.BLOCK else 0.0
     return LayerTerms(
-        fwd_s=compute.fwd_s, bwd_s=compute.bwd_s, recompute_s=compute.recompute_s(recompute),
+        fwd_s=compute.fwd_s + host, bwd_s=compute.bwd_s + host,
+        recompute_s=compute.recompute_s(recompute) + (host if compute.recompute_s(recompute)
+                                                      else 0.0),
         comm_s=tp_comm + other, act_stored_bytes=stored, act_working_bytes=working,
         params_bytes=dense_states.params + expert_states.params,
         grads_bytes=dense_states.grads + expert_states.grads,
         optimizer_bytes=dense_states.optimizer + expert_states.optimizer,
-        gather_buffer_bytes=2 * (dense + expert) * state.weights if zero >= 3 else 0.0,
+        gather_buffer_bytes=2 * (dense + expert) * state.weights if zero >= 3 and not keep
+        else 0.0,
         zero_traffic_s=zero_traffic, zero_fwd_traffic_s=zero_gather / 2,
         zero_edge_s=zero_gather / 2 + zero_reduce,
         dp_reduce_s=(t.dp_reduce_dense.slope_s_per_byte * grad_dense

@@ -32,6 +32,7 @@ _BEHAVIOUR = {
     "overlap_param_gather": "parameter-gather overlap", "tp_comm_overlap": "TP overlap",
     "allocator_overhead": "allocator overhead", "comm_slowdown": "NCCL compute slowdown",
     "micro_batch_overhead_s": "per-micro-batch overhead s",
+    "block_overhead_s": "per-block host overhead s",
     "elementwise_factor": "element-wise factor", "fp8_gemm_factor": "FP8 GEMM factor",
     "fp8_saved_inputs": "FP8 saved inputs", "matmul_efficiency": "GEMM efficiency",
     "attention_efficiency": "attention efficiency",

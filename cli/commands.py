@@ -8,17 +8,20 @@ from cli.app import emit_json, emit_text
 from cli.moe_options import moe_option, moe_options_from
 from cli.params import FiniteFloat, pin_pairs
 from planner.config import ParallelConfig, resolve_dp
+from planner.hardware import MultiPoolCluster
 from planner.strategy import LayerOption, Recompute, default_placement
 
 
-def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None):
+def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None,
+          multi_pool: bool = False):
     from clusters import load_cluster
     from models import load_model
 
     ctx = click.get_current_context(silent=True)
     importer = ctx.meta.get("shardplan.importer", "config") if ctx is not None else "config"
     graph = load_model(model, seq_len=seq_len, importer=importer)
-    return graph, (load_cluster(cluster, nodes=nodes) if cluster is not None else None)
+    return graph, (load_cluster(cluster, nodes=nodes, multi_pool=multi_pool)
+                   if cluster is not None else None)
 
 
 def _store_importer(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -242,12 +245,19 @@ def clusters_command(as_json):
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--timings", is_flag=True,
               help="Record the solve's wall-clock time in the plan (it then differs run to run).")
+@click.option("--fallbacks", type=click.IntRange(min=0, max=3), default=0, show_default=True,
+              help="Also store the re-plans for the K most likely failure classes (1: one GPU, "
+                   "2: + one node, 3: + one leaf switch); `check` validates them.")
+@click.option("--fallback-max-moved-layers", type=click.IntRange(min=0), default=None,
+              help="Churn budget of the fallbacks: layers that may change stage (default any).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
          top_k, pins, dp_shard, memory_headroom, attention_kernel, runtime, calibration, output,
-         force, timings, as_json, **moe):
+         force, timings, fallbacks, fallback_max_moved_layers, as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
-    from planner.plan import dumps, make_plan, write_plan
+    from planner.errors import ErrorKind, PlannerError
+    from planner.plan import make_plan
+    from planner.report import rounded
     from planner.solve.headroom import MemoryHeadroom
     from planner.solve.search import SearchOptions, search
     from planner.solve.space import Pins
@@ -270,13 +280,27 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
     with signals.deadline(time_limit, time_limit_slack_s(time_limit)):
         from planner.calibration.session import prediction_intervals, runtime_setup
 
-        graph, hw = _load(model, cluster, nodes, seq_len)
-        setup = runtime_setup(hw, runtime, dtype, attention_kernel, calibration,
-                              moe=moe_options_from(moe))
-        hw = setup.cluster
+        graph, hw = _load(model, cluster, nodes, seq_len, multi_pool=True)
+        pools = hw if isinstance(hw, MultiPoolCluster) else None
+        setup = runtime_setup(hw if pools is None else hw.pools[0].as_cluster(), runtime, dtype,
+                              attention_kernel, calibration, moe=moe_options_from(moe))
+        hw = setup.cluster if pools is None else pools
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options,
                                 memory_headroom=headroom)
+        if pools is not None and fallbacks:
+            raise PlannerError(ErrorKind.INVALID_INPUT, "--fallbacks: plans across pools have "
+                               "no fallbacks yet", ("plan without --fallbacks",))
+        if pools is not None:  # a plan across pools (planner/hetero/planning.py)
+            from planner.hetero.planning import plan_across_pools
+
+            doc, pool_result = plan_across_pools(
+                graph, pools, global_batch, dtype, pinned, options,
+                setup.calibration.constants if setup.calibration else None,
+                model_spec=model, cluster_spec=cluster, timings=timings)
+            _finish_plan(doc, output, force, plan_to_stdout, as_json,
+                         pool_result.record["solve_time_s"])
+            return
         from cli.render import search_progress
 
         with search_progress(enabled=True) as progress:
@@ -288,6 +312,21 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
     doc = make_plan(result.best, model_spec=model, cluster_spec=cluster, nodes=nodes,
                     solver=solver, alternatives=result.alternatives, pins=pinned.as_dict())
     doc["predicted"].update(prediction_intervals(result.best, setup.calibration))
+    if fallbacks:  # re-plans for the likeliest failures (planner/hetero/fallbacks.py)
+        from planner.hetero.fallbacks import compute_fallbacks
+
+        b = result.best
+        doc["fallbacks"] = rounded(compute_fallbacks(
+            b.model, b.cluster, b.config, b.placement, b.options, fallbacks,
+            max_moved_layers=fallback_max_moved_layers))
+    _finish_plan(doc, output, force, plan_to_stdout, as_json, result.record.solve_time_s)
+
+
+def _finish_plan(doc: dict, output, force: bool, plan_to_stdout: bool, as_json: bool,
+                 solve_time_s: float) -> None:
+    """Write the plan file, print it (JSON) or summarise it (people)."""
+    from planner.plan import dumps, write_plan
+
     if output is not None:
         write_plan(doc, output, force=force, critical=signals.deferred,
                    on_commit=signals.finish)
@@ -296,4 +335,4 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
     if not as_json:
         from cli.render import print_plan
 
-        print_plan(doc, written_to=output, solve_time_s=result.record.solve_time_s)
+        print_plan(doc, written_to=output, solve_time_s=solve_time_s)

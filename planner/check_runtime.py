@@ -99,8 +99,15 @@ def runtime_options(plan: Plan, runtime: str, calibration: str | None = None
     from planner.calibration.session import runtime_setup
 
     prof = profile(runtime)
-    setup = runtime_setup(plan.cluster, runtime, plan.config.dtype,
-                          plan.runtime.attention_kernel, calibration, moe=plan.runtime.moe)
+    pools = plan.cluster if plan.across_pools else None
+    setup = runtime_setup(plan.cluster if pools is None else pools.pools[0].as_cluster(),
+                          runtime, plan.config.dtype, plan.runtime.attention_kernel, calibration,
+                          moe=plan.runtime.moe)
     options: RuntimeOptions = replace(setup.options, dropout=plan.runtime.dropout)
+    if pools is not None:  # each pool's generation's efficiencies (planner/hetero/plan_file.py)
+        from planner.hetero.plan_file import pool_options
+
+        options = pool_options(options, pools,
+                               setup.calibration.constants if setup.calibration else None)
     return prof, options
 

@@ -14,7 +14,7 @@ whose message spells the arithmetic out (torchtitan's ``ParallelDims`` style).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from planner.errors import invalid
@@ -227,6 +227,17 @@ class RuntimeOptions:
     matmul_efficiency: float | None = None
     attention_efficiency: float | None = None
     moe: MoeOptions = MoeOptions()  # routing and token dispatch of MoE layers (planner/moe.py)
+    # on a multi-pool cluster, each pool's generation: (pool, matmul_efficiency,
+    # attention_efficiency), replacing the two above on that pool (planner/hetero/terms.py)
+    pool_efficiency: tuple[tuple[str, float | None, float | None], ...] = ()
+
+    def for_pool(self, pool: str) -> "RuntimeOptions":
+        """The options a stage on ``pool`` runs with (its generation's efficiencies)."""
+        for name, matmul, attention in self.pool_efficiency:
+            if name == pool:
+                return replace(self, matmul_efficiency=matmul, attention_efficiency=attention,
+                               pool_efficiency=())
+        return self
 
     @property
     def state_bytes(self) -> StateBytes:

@@ -25,6 +25,7 @@ from planner.ir import ModelGraph
 from planner.report import evaluation_dict, rounded
 
 SCHEMA_VERSION = 1
+POOL_SCHEMA_VERSION = 2  # a plan across pools (planner/hetero/plan_file.py)
 KIND = "shardplan-plan"
 
 
@@ -92,14 +93,24 @@ def inputs_dict(ev: Evaluation, model_spec: str, cluster_spec: str, nodes: int |
 def make_plan(best: Evaluation, *, model_spec: str, cluster_spec: str, nodes: int | None = None,
               solver: dict | None = None, alternatives: list[Evaluation] = (),
               pins: dict | None = None) -> dict[str, Any]:
-    doc = evaluation_dict(best)
+    return plan_document(evaluation_dict(best), best, SCHEMA_VERSION,
+                         inputs_dict(best, model_spec, cluster_spec, nodes), solver,
+                         [alternative_dict(a, best) for a in alternatives], pins)
+
+
+def plan_document(body: dict[str, Any], best, version: int, inputs: dict[str, Any],
+                  solver: dict | None, alternatives: list[dict], pins: dict | None
+                  ) -> dict[str, Any]:
+    """The plan file around an evaluation's ``body`` (one pool: planner.report; across pools:
+    planner/hetero/plan_file.py): envelope, inputs, layers, solver, runners-up, pins, IRs."""
+    doc = dict(body)
     doc.update({
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": version,
         "kind": KIND,
-        "inputs": inputs_dict(best, model_spec, cluster_spec, nodes),
+        "inputs": inputs,
         "layers": layers_list(best),
         "solver": solver or {"status": "EVALUATED"},
-        "alternatives": [alternative_dict(a, best) for a in alternatives],
+        "alternatives": alternatives,
         "pins": pins or {},
     })
     doc = rounded(doc)

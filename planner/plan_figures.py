@@ -100,12 +100,21 @@ def draw_memory(ax, plan: Any) -> None:
         values = [s["memory_gib"][key] for s in stages]
         ax.bar(xs, values, bottom=bottom, color=colour, label=key, width=0.6)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.axhline(capacity, color=COLOURS["capacity"], linestyle="--", linewidth=1.5,
-               label=f"capacity {capacity:g} GiB")
+    if all("capacity_gib" in s for s in stages):  # across pools: each stage's pool's GPU
+        caps = [s["capacity_gib"] for s in stages]
+        ax.hlines(caps, [x - 0.4 for x in xs], [x + 0.4 for x in xs], color=COLOURS["capacity"],
+                  linestyle="--", linewidth=1.5, label="capacity of the stage's pool")
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"stage {s['index']}\n{s['pool']}" for s in stages])
+        capacity = max(caps)
+    else:
+        ax.axhline(capacity, color=COLOURS["capacity"], linestyle="--", linewidth=1.5,
+                   label=f"capacity {capacity:g} GiB")
     for x, total in zip(xs, bottom):
         ax.text(x, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8)
-    ax.set_xticks(xs)
-    ax.set_xticklabels([f"stage {x}" for x in xs])
+    if not all("capacity_gib" in s for s in stages):
+        ax.set_xticks(xs)
+        ax.set_xticklabels([f"stage {x}" for x in xs])
     ax.set_ylabel("GiB per GPU")
     ax.set_ylim(0, max(capacity, max(bottom, default=0)) * 1.15)
     ax.set_title("Memory per stage and category")

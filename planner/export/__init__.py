@@ -57,13 +57,25 @@ def export_plan(plan: Plan | Mapping[str, Any], fmt: str,
         return export_serving(plan, fmt, target_version)
     _refuse_malformed(plan)
     if entry.resolve is not None:
-        return _layouts_warning(plan, entry.run(plan, entry.resolve(target_version)))
+        return _pools(plan, _layouts_warning(plan, entry.run(plan, entry.resolve(target_version))))
     if target_version is not None:
         raise invalid(f"the {fmt} export has one form and takes no --target-version",
                       "formats with versions: " + ", ".join(
                           f"{f.name} ({', '.join(f.versions)})" for f in FORMATS.values()
                           if f.versions))
-    return _layouts_warning(plan, entry.run(plan))
+    return _pools(plan, _layouts_warning(plan, entry.run(plan)))
+
+
+def _pools(plan: Plan, result: ExportResult) -> ExportResult:
+    """A plan across pools: the node order that runs each stage on its pool
+    (planner/hetero/launch.py)."""
+    if not plan.across_pools or result.format == "json":
+        return result
+    from planner.hetero.launch import launch_notes
+
+    notes, warnings = launch_notes(dict(plan.document))
+    return replace(result, notes=result.notes + tuple(notes),
+                   warnings=result.warnings + tuple(warnings))
 
 
 def _layouts_warning(plan: Plan, result: ExportResult) -> ExportResult:

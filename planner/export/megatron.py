@@ -29,7 +29,7 @@ from typing import Any
 
 from planner.plan_types import Plan
 from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
-                                 headline, memory_note, recompute_counts)
+                                 headline, launch_size, memory_note, recompute_counts)
 from planner.export import recompute_rules as rules
 from planner.export.quoting import bash_array_file, parse_bash_array_file
 from planner.export.retarget import retarget_warning
@@ -238,7 +238,7 @@ def export(plan: Plan) -> ExportResult:
         f"shape, data, tokenizer and",
         "optimizer arguments are not part of the plan: add them to the command line.",
         f"Use:  source THIS_FILE; {env}torchrun --nproc-per-node "
-        f"{doc['cluster']['gpus_per_node']} --nnodes {doc['cluster']['num_nodes']} "
+        f"{launch_size(doc)[0]} --nnodes {launch_size(doc)[1]} "
         f"pretrain_gpt.py \"${{{ARRAY}[@]}}\" ...",
     ]
     if env:

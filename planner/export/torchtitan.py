@@ -28,7 +28,8 @@ from typing import Any
 
 from planner.errors import invalid
 from planner.plan_types import Plan
-from planner.export.base import ExportResult, describe_recompute, headline, memory_note
+from planner.export.base import (ExportResult, describe_recompute, headline, launch_size,
+                                 memory_note)
 from planner.export.quoting import bash_array_file, comment, toml_key, toml_value
 from planner.export import recompute_rules as rules
 from planner.export.retarget import retarget_warning
@@ -124,7 +125,7 @@ def _export_cli(plan: Plan) -> ExportResult:
     retarget = retarget_warning(plan, "torchtitan", **s.changes)
     if retarget:
         warnings.append(retarget)
-    gpus, nodes = doc["cluster"]["gpus_per_node"], doc["cluster"]["num_nodes"]
+    gpus, nodes = launch_size(doc)
     module = "" if entry else "--module MODULE --config CONFIG "
     comments = [
         f"torchtitan 0.3 command line for {headline(doc)}",

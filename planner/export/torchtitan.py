@@ -157,6 +157,12 @@ def _async_tp_message(plan: Plan, warnings: list[str], notes: list[str], flag: s
                         f"activation memory are lower than planned")
 
 
+def _op_everywhere(doc: dict[str, Any], values: list[str]) -> str:
+    return (f"recompute: the plan has {describe_recompute(doc)}; torchtitan applies one AC "
+            f"setting to every block, so exported per-op SAC on all {len(values)} blocks "
+            f"(slower than planned, never more activation memory)")
+
+
 def _cli_recompute(doc: dict[str, Any], warnings: list[str]) -> str:
     kind = uniform_recompute(doc)
     if kind == "none":
@@ -171,6 +177,9 @@ def _cli_recompute(doc: dict[str, Any], warnings: list[str]) -> str:
                         "recomputation; activation memory differs")
         return "selective"
     values = block_recompute(doc)
+    if set(values) <= {"none", "op"}:
+        warnings.append(_op_everywhere(doc, values))
+        return "selective"
     warnings.append(f"recompute: the plan has {describe_recompute(doc)}; torchtitan 0.3 has one "
                     f"setting for all blocks (no layer-selective AC), so exported full "
                     f"recomputation of all {len(values)} blocks: slower than planned, never more "
@@ -251,6 +260,9 @@ def _toml_recompute(plan: Plan, doc: dict[str, Any], warnings: list[str]) -> dic
                         "attention-core recomputation; activation memory differs")
         return {"mode": "selective", "selective_ac_option": "op"}
     values = block_recompute(doc)
+    if set(values) <= {"none", "op"}:
+        warnings.append(_op_everywhere(doc, values))
+        return {"mode": "selective", "selective_ac_option": "op"}
     exact = rules.exact_count(plan, rules.every_nth, len(values))
     if exact is not None:
         return {"mode": "selective", "selective_ac_option": str(exact)}

@@ -5,7 +5,7 @@ import click
 
 from cli import signals
 from cli.app import emit_json, emit_text
-from cli.moe_options import moe_option, moe_options_from
+from cli.moe_options import moe_option, moe_options_from, with_mtp_from
 from cli.params import FiniteFloat, pin_pairs
 from planner.config import ParallelConfig, resolve_dp
 from planner.hardware import MultiPoolCluster
@@ -130,6 +130,7 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
     from planner.report import evaluation_dict
 
     graph, hw = _load(model, cluster, nodes, seq_len)
+    graph = with_mtp_from(moe, graph)
     setup = runtime_setup(hw, runtime, dtype, attention_kernel, calibration,
                           moe=moe_options_from(moe))
     hw = setup.cluster
@@ -281,6 +282,7 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
         from planner.calibration.session import prediction_intervals, runtime_setup
 
         graph, hw = _load(model, cluster, nodes, seq_len, multi_pool=True)
+        graph = with_mtp_from(moe, graph)
         pools = hw if isinstance(hw, MultiPoolCluster) else None
         setup = runtime_setup(hw if pools is None else hw.pools[0].as_cluster(), runtime, dtype,
                               attention_kernel, calibration, moe=moe_options_from(moe))

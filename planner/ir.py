@@ -23,6 +23,10 @@ class LayerKind(str, Enum):
     EMBEDDING = "embedding"  # token (+ position / type) embeddings, embedding norm
     BLOCK = "block"  # a transformer block: attention + MLP/MoE + norms
     HEAD = "head"  # final norm + output projection (LM head, pooler, classifier)
+    # multi-token prediction (DeepSeek-V3 §2.2, Megatron --mtp-num-layers): one more transformer
+    # block after the head, on the last pipeline stage, fed the main model's hidden state and
+    # the next token's embedding through a 2h -> h projection; a HEAD layer follows it
+    MTP = "mtp"
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,11 @@ class Mlp:
     num_experts: int = 1
     top_k: int = 1
     shared_ffn_hidden: int = 0
+
+    @property
+    def num_mtp(self) -> int:
+        """Multi-token prediction modules after the head (models/mtp.py)."""
+        return sum(1 for layer in self.layers if layer.kind is LayerKind.MTP)
 
     @property
     def is_moe(self) -> bool:
@@ -142,6 +151,11 @@ class ModelGraph:
     @property
     def num_blocks(self) -> int:
         return sum(1 for layer in self.layers if layer.kind is LayerKind.BLOCK)
+
+    @property
+    def num_mtp(self) -> int:
+        """Multi-token prediction modules after the head (models/mtp.py)."""
+        return sum(1 for layer in self.layers if layer.kind is LayerKind.MTP)
 
     @property
     def is_moe(self) -> bool:

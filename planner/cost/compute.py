@@ -227,6 +227,8 @@ def layer_gemms(layer: Layer, shard: Shard) -> list[Gemm]:
             return [Gemm(t, layer.hidden, layer.hidden)] if layer.params > layer.hidden * 4 else []
         return [Gemm(t, max(layer.vocab // shard.tp, 1), layer.hidden)]
     gemms: list[Gemm] = []
+    if layer.kind is LayerKind.MTP:  # eh_proj: [norm(h); norm(embedding)] (2h) -> h
+        gemms.append(Gemm(t, max(layer.hidden // shard.tp, 1), 2 * layer.hidden))
     if layer.attention is not None:
         gemms += _attention_gemms(layer.attention, layer.hidden, t, shard.tp)
     if layer.mlp is not None:

@@ -99,6 +99,8 @@ def block_activation_bytes_per_token(layer: Layer, tp: int, sp: bool, seq_len: i
         replicated += 2 * h  # two 1-byte dropout masks
     if layer.attention is not None and layer.attention.cross_attention:
         replicated += ACT_BYTES * h  # input of the cross-attention query projection
+    if layer.kind is LayerKind.MTP:
+        replicated += 2 * ACT_BYTES * 2 * h  # the two normed inputs and the eh_proj input
     sharded = core = 0.0
     if layer.attention is not None:
         sharded, core = _attention_act_per_token(layer.attention, h, tp, seq_len, kernel, dropout)

@@ -412,6 +412,8 @@ def _tp_syncs(layer: Layer) -> tuple[int, int]:
     if layer.kind is LayerKind.BLOCK:
         n = 2 + (1 if layer.attention is not None and layer.attention.cross_attention else 0)
         return n, n
+    if layer.kind is LayerKind.MTP:  # its block, plus the eh_proj output gathered
+        return 3, 3
     if layer.kind is LayerKind.EMBEDDING:
         return 1, 0  # vocab-parallel embedding: all-reduce (reduce-scatter with SP) of the output
     return (1 if layer.vocab else 0), 1  # LM head: gather input (SP), reduce input gradient

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.moe import DEFAULT_A2A_OVERLAP
 from planner.plan_types import Plan
 from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
                                  headline, launch_size, memory_note, recompute_counts)
@@ -155,7 +156,7 @@ def _experts(plan: Plan, args: list, warnings: list[str], notes: list[str]) -> N
     if not opts.dropless:
         args += [("--moe-expert-capacity-factor", opts.capacity_factor),
                  ("--moe-pad-expert-input-to-capacity",)]
-    if opts.a2a_overlap > 0 and mesh.ep > 1:
+    if opts.a2a_overlap > DEFAULT_A2A_OVERLAP and mesh.ep > 1:  # more than runtimes hide anyway
         args += [("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
         notes.append(f"megatron: the plan hides {opts.a2a_overlap:g} of the expert all-to-all "
                      f"behind compute; exported --overlap-moe-expert-parallel-comm "
@@ -180,6 +181,8 @@ def export(plan: Plan) -> ExportResult:
     if p["cp"] > 1:
         args.append(("--context-parallel-size", p["cp"]))
     _experts(plan, args, warnings, notes)
+    if plan.model.num_mtp:  # multi-token prediction modules on the last stage (models/mtp.py)
+        args.append(("--mtp-num-layers", plan.model.num_mtp))
     args += [("--num-layers", doc["model"]["num_layers"]), ("--seq-length", p["seq_len"]),
              ("--micro-batch-size", p["micro_batch"]), ("--global-batch-size", p["global_batch"])]
     _pipeline(doc, args, warnings)

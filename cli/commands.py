@@ -71,6 +71,13 @@ calibration_option = click.option(
     help="Calibration profile from `shardplan calibrate` (default: the shipped constants).")
 
 
+dp_shard_option = click.option(
+    "--dp-shard", type=click.IntRange(min=1), default=None, metavar="N",
+    help="Hybrid sharding (HSDP): shard ZeRO / FSDP states over groups of N data-parallel "
+         "ranks, replicated over dp / N groups (default: over all of dp; `plan` searches "
+         "node-aligned groups where the runtime runs HSDP).")
+
+
 # --time-limit: a day is beyond any plan search; the bound keeps deadlines finite.
 MAX_TIME_LIMIT_S = 86_400.0
 
@@ -107,6 +114,7 @@ def time_limit_slack_s(limit_s: float) -> float:
               help="Sequence parallelism (default: on when tp > 1).")
 @click.option("--virtual-stages", type=click.IntRange(min=1), default=1, show_default=True,
               help="Interleaved 1F1B model chunks per pipeline rank.")
+@dp_shard_option
 @dtype_option
 @attention_option
 @runtime_option
@@ -114,8 +122,8 @@ def time_limit_slack_s(limit_s: float) -> float:
 @moe_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
-             zero_stage, recompute, sp, virtual_stages, dtype, attention_kernel, runtime,
-             calibration, as_json, **moe):
+             zero_stage, recompute, sp, virtual_stages, dp_shard, dtype, attention_kernel,
+             runtime, calibration, as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
     from planner.calibration.session import prediction_intervals, runtime_setup
     from planner.cost.model import evaluate as run
@@ -132,7 +140,7 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp or 0, global_batch=global_batch,
         seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
         zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
-        dtype=dtype)
+        dtype=dtype, dp_shard=0 if dp_shard in (None, dp) else dp_shard)
     options = setup.options
     config.validate(graph, hw)
     placement = default_placement(graph, config, LayerOption(Recompute(recompute)))
@@ -226,6 +234,7 @@ def clusters_command(as_json):
               help="Fix a choice: tp, pp, dp, cp, ep, etp, sp, zero, micro_batch, "
                    "virtual_stages, recompute, layouts (mesh or per-layer), offload (none or "
                    "optimizer: host memory, needs a cluster host: section). Repeatable.")
+@dp_shard_option
 @click.option("--memory-headroom", default="5%", show_default=True, metavar="H",
               help="GPU memory the search keeps free of the plan: a fraction (0.05 or 5%) or "
                    "an amount (4GiB); 0 plans to the last byte. Recorded in the plan.")
@@ -245,8 +254,8 @@ def clusters_command(as_json):
               help="Churn budget of the fallbacks: layers that may change stage (default any).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
-         top_k, pins, memory_headroom, attention_kernel, runtime, calibration, output, force,
-         timings, fallbacks, fallback_max_moved_layers, as_json, **moe):
+         top_k, pins, dp_shard, memory_headroom, attention_kernel, runtime, calibration, output,
+         force, timings, fallbacks, fallback_max_moved_layers, as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.errors import ErrorKind, PlannerError
     from planner.plan import make_plan
@@ -256,7 +265,14 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
     from planner.solve.space import Pins
     from planner.writer import check_target
 
-    pinned = Pins.parse(pin_pairs(pins))
+    pairs = pin_pairs(pins)
+    if dp_shard is not None:  # --dp-shard N is --pin dp_shard=N
+        if any(k.strip().replace("-", "_") == "dp_shard" for k in pairs):
+            from planner.errors import invalid
+
+            raise invalid("--dp-shard and --pin dp_shard= are the same choice; give it once")
+        pairs["dp_shard"] = str(dp_shard)
+    pinned = Pins.parse(pairs)
     headroom = MemoryHeadroom.parse(memory_headroom)
     plan_to_stdout = as_json or output == "-"
     if output == "-":

@@ -89,7 +89,8 @@ class Plan:
             cluster = (cluster_from_dict if pools is None else pool_cluster_from_dict)(
                 doc["inputs"]["cluster"]["ir"], "$.inputs.cluster.ir")
             config = ParallelConfig(**{k: p[k] for k in _CONFIG_KEYS},
-                                    etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"])
+                                    etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"],
+                                    dp_shard=int(p.get("dp_shard", 0)))
             layers = sorted(doc["layers"], key=lambda layer: layer["index"])
             placement = LayerPlacement(
                 tuple(int(layer["stage"]) for layer in layers),
@@ -130,6 +131,8 @@ class Plan:
         doc["inputs"]["cluster"]["ir"] = cluster_to_dict(self.cluster)
         for key in _CONFIG_KEYS:
             doc["parallelism"][key] = getattr(self.config, key)
+        if "dp_shard" in doc["parallelism"] or self.config.dp_shard:  # HSDP (planner.mesh)
+            doc["parallelism"]["dp_shard"] = self.config.dp_shard or self.config.dp
         if "etp" in doc["parallelism"] or self.config.etp:  # the expert mesh (planner.mesh)
             doc["parallelism"]["etp"] = self.mesh.expert_tp
             doc["parallelism"]["edp"] = self.mesh.expert_dp

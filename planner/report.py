@@ -43,13 +43,16 @@ def parallelism_dict(ev: Evaluation) -> dict[str, Any]:
     recompute = sorted({r.value for r, layer in zip(ev.placement.recompute, ev.model.layers)
                         if layer.kind.value == "block"})
     mesh = c.mesh
-    return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "ep": c.ep,
-            "etp": mesh.expert_tp, "edp": mesh.expert_dp, "sp": c.sp,
-            "zero_stage": c.zero_stage, "micro_batch": c.micro_batch,
-            "global_batch": c.global_batch, "seq_len": c.seq_len,
-            "num_micro_batches": c.num_micro_batches, "virtual_stages": c.virtual_stages,
-            "schedule": c.schedule, "dtype": c.dtype,
-            "recompute": recompute[0] if len(recompute) == 1 else "per-layer"}
+    out = {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "ep": c.ep,
+           "etp": mesh.expert_tp, "edp": mesh.expert_dp, "sp": c.sp,
+           "zero_stage": c.zero_stage, "micro_batch": c.micro_batch,
+           "global_batch": c.global_batch, "seq_len": c.seq_len,
+           "num_micro_batches": c.num_micro_batches, "virtual_stages": c.virtual_stages,
+           "schedule": c.schedule, "dtype": c.dtype,
+           "recompute": recompute[0] if len(recompute) == 1 else "per-layer"}
+    if c.dp_shard:  # hybrid sharding (planner.mesh): written only when used
+        out["dp_shard"] = c.dp_shard
+    return out
 
 
 def stages_list(ev: Evaluation) -> list[dict[str, Any]]:

@@ -220,7 +220,8 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         boundary_s = 2 * c.virtual_stages * one
     per_mb = zero >= 2 and n > 1 and not pp_keeps_unsharded(ctx)
     zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert = \
-        dp_collectives(zero, n, n_expert, ctx.links.dp, ctx.links.edp or ctx.links.dp, per_mb)
+        dp_collectives(zero, n, n_expert, ctx.links.dp, ctx.links.edp or ctx.links.dp, per_mb,
+                      mesh.replicas, ctx.links.replicate)
     return ConfigTerms(
         pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
         in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages),
@@ -238,10 +239,19 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
 
 
 def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Link,
-                   per_mb: bool) -> tuple[Affine, ...]:
+                   per_mb: bool, replicas: int = 1,
+                   replica_link: Link | None = None) -> tuple[Affine, ...]:
     """The data-parallel collectives of ZeRO stage ``zero`` over ``n`` dense ranks on ``link``
     and ``n_expert`` routed-expert ranks on ``expert_link``: per-micro-batch reduce (dense,
-    expert) and gather (dense, expert), once-per-step reduce and gather (dense, expert)."""
+    expert) and gather (dense, expert), once-per-step reduce and gather (dense, expert).
+
+    Hybrid sharding (``replicas`` > 1 shard groups of ``n`` ranks, HSDP): the gathers and
+    reduce-scatters stay inside the shard group; each rank's reduced 1/n of the gradient is
+    then all-reduced with the ranks holding the same shard in the other groups
+    (``replica_link``), per micro-batch where the reduce-scatter is (ZeRO-2/3), once per step
+    otherwise (PyTorch FSDP HYBRID_SHARD: reduce-scatter then all-reduce; torchtitan's
+    dp_replicate x dp_shard mesh; Megatron-Core's distributed-optimizer instances reduce
+    inside an instance and all-reduce across instances)."""
     def coll(fn, size: int) -> Affine:
         return Affine.of(fn, size, link) if size > 1 else NO_COMM
 
@@ -271,6 +281,13 @@ def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Li
         if not (zero == 2 and n > 1):
             red_expert = ecoll(comm.reduce_scatter_s, n_expert)
         gat_dense, gat_expert = coll(comm.all_gather_s, n), ecoll(comm.all_gather_s, n_expert)
+    if replicas > 1 and replica_link is not None:
+        across = Affine.of(comm.all_reduce_s, replicas, replica_link)
+        across = Affine(across.slope_s_per_byte / n, across.intercept_s)  # 1/n of the bytes
+        if per_mb:
+            zr_dense = zr_dense + across
+        else:
+            red_dense = red_dense + across
     return zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert
 
 
@@ -316,6 +333,8 @@ def _layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
         return LayoutView(c.tp, c.micro_batch, ctx.shard, ctx.links.tp, mesh.shard_degree,
                           ctx.links.dp)
     t = layout.tensor_degree(c.tp, c.dp, ctx.cluster.gpus_per_node)
+    if mesh.replicas > 1:  # a per-layer layout refolds tp x dp: not with hybrid sharding
+        return None
     if t is None or (c.tp * c.dp) % t or (c.micro_batch * t) % c.tp:
         return None
     if t > c.tp and c.cp > 1:

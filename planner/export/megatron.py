@@ -190,6 +190,8 @@ def export(plan: Plan) -> ExportResult:
     zero = p["zero_stage"]
     if zero >= 1:
         args.append(("--use-distributed-optimizer",))
+    if p.get("dp_shard"):  # hybrid sharding: dp / dp_shard distributed-optimizer instances
+        args.append(("--num-distributed-optimizer-instances", p["dp"] // p["dp_shard"]))
     if runtime["overlap_grad_reduce"]:
         args.append(("--overlap-grad-reduce",))
         if zero >= 1 and runtime["overlap_param_gather"]:

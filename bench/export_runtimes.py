@@ -207,14 +207,15 @@ TORCHTITAN_022_ENV = "SHARDPLAN_TORCHTITAN_022_PATH"  # a folder with torchtitan
 
 
 def run_worker(runtime: str, cases: list[dict], timeout_s: float = 600,
-               python: str | None = None, path_first: str | None = None) -> list[dict]:
+               python: str | None = None, path_first: str | None = None,
+               env: dict[str, str] | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "cases.json"
         path.write_text(json.dumps(cases))
         paths = ([path_first] if path_first else []) + [str(ROOT), os.environ.get("PYTHONPATH",
                                                                                   "")]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p),
-               "DS_BUILD_OPS": "0"}
+               "DS_BUILD_OPS": "0", **(env or {})}
         done = subprocess.run([python or sys.executable, "-m", "bench.export_runtimes", "--worker",
                                runtime, str(path)], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=timeout_s)
@@ -364,15 +365,22 @@ def main(argv: list[str] | None = None) -> int:
         (Path(path).parent / "result.json").write_text(json.dumps(results))
         return 0
     cases = run_cases(corpus(), megatron_python=args.megatron_python)
-    if args.json:
+    return report(cases, args.json, "with the plan's degrees and batch sizes")
+
+
+def report(cases: list[Case], as_json: bool, what: str) -> int:
+    """Print the cases (a table and a count, or JSON); exit code 0 when every one is ok."""
+    if as_json:
         print(json.dumps([asdict(c) | {"ok": c.ok} for c in cases], indent=2))
     else:
+        width = max(len(c.plan) for c in cases) if cases else 0
         for c in cases:
-            status = "ok" if c.ok else ("MISMATCH " + "; ".join(c.mismatches) if c.accepted
-                                        else "REJECTED " + c.message[:200])
-            print(f"{c.label:18} {c.plan:22} {c.parser:32} {status}")
+            status = ("ok" + (f" ({c.message})" if c.message else "")) if c.ok else (
+                "MISMATCH " + "; ".join(c.mismatches) if c.accepted
+                else "REJECTED " + c.message[:300])
+            print(f"{c.label:18} {c.plan:{width}} {c.parser:32} {status}")
         good = sum(c.ok for c in cases)
-        print(f"{good} of {len(cases)} exports accepted with the plan's degrees and batch sizes")
+        print(f"{good} of {len(cases)} exports accepted {what}")
     return 0 if all(c.ok for c in cases) else 1
 
 

@@ -32,7 +32,8 @@ RUNTIMES = ("sglang", "trtllm", "vllm")
 BOUNDS = {
     "decode_hbm_efficiency": (0.55, 0.90),  # STREAM-like kernels reach 80-90 % of HBM peak
     "prefill_efficiency": (0.6, 1.3),  # x the training GEMM/attention efficiency (<= ~90 % peak)
-    "step_overhead_s": (0.0, 0.01),  # scheduler + sampling per iteration: 0-10 ms
+    # scheduler + input preparation + sampling per iteration: 0-10 ms
+    **{f"step_overhead_s.{r}": (0.0, 0.01) for r in RUNTIMES},
     **{f"prefill_queue_fraction.{r}": (0.0, 1.0) for r in RUNTIMES},
     **{f"prefill_interference.{r}": (0.0, 1.0) for r in RUNTIMES},
 }
@@ -44,7 +45,8 @@ MISSING_PENALTY = math.log(10.0)  # an entry predicted not to fit counts as a 10
 # throughput (offline runs) and TPOT; the prefill queueing fraction, which only moves TTFT, on
 # TTFT alone, with the cost constants held.
 STAGES = (
-    (("decode_hbm_efficiency", "prefill_efficiency", "step_overhead_s",
+    (("decode_hbm_efficiency", "prefill_efficiency",
+      *(f"step_overhead_s.{r}" for r in RUNTIMES),
       *(f"prefill_interference.{r}" for r in RUNTIMES)),
      ("output_tokens_per_s_per_gpu", "tpot_ms")),
     (tuple(f"prefill_queue_fraction.{r}" for r in RUNTIMES), ("ttft_ms",)),

@@ -94,6 +94,30 @@ def _by_regime(rows, metric):
     return dict(sorted(groups.items()))
 
 
+def residual_groups(rows: list[Row]) -> dict[tuple, dict[str, list[float]]]:
+    """Signed errors by (runtime, model, regime, concurrency band)."""
+    groups: dict = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        c = r.case
+        conc = c.workload.concurrency
+        band = "offline" if conc is None else ("<= 64" if conc <= 64 else "> 64")
+        for metric in METRICS:
+            e = r.error(metric)
+            if e is not None:
+                groups[(c.runtime, c.model.name, c.regime, band)][metric].append(e)
+    return dict(sorted(groups.items()))
+
+
+def residual_table(rows: list[Row]) -> str:
+    lines = ["| runtime | model | regime | concurrency | entries | tok/s/GPU median | TTFT "
+             "median | TPOT median |", "|---|---|---|---|---|---|---|---|"]
+    for (rt, fam, regime, band), errors in residual_groups(rows).items():
+        n = max(len(v) for v in errors.values())
+        cells = [_pct(statistics.median(errors[m])) if errors.get(m) else "-" for m in METRICS]
+        lines.append(f"| {rt} | {fam} | {regime} | {band} | {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def rank_groups(rows: list[Row]) -> dict[tuple, list[Row]]:
     groups = defaultdict(list)
     for r in rows:
@@ -269,6 +293,7 @@ def main(argv=None) -> int:
     text = DOC.read_text() if DOC.exists() else "# Inference planning\n"
     text = write_section(text, "summary", summary_table(s))
     text = write_section(text, "entries", entries_table(rows))
+    text = write_section(text, "residuals", residual_table(rows))
     text = write_section(text, "ranking", rank_table(s))
     if not args.no_search:
         text = write_section(text, "search", times_table(search_times(rows)))

@@ -254,8 +254,60 @@ def _worker_torchtitan_022(cases: list[dict]) -> list[dict]:
     return out
 
 
+def _worker_vllm(cases: list[dict]) -> list[dict]:
+    """vLLM's own ``vllm serve`` path on its CPU platform (VLLM_TARGET_DEVICE=cpu, offline):
+    the serve parser (``make_arg_parser`` over a ``FlexibleArgumentParser``), then
+    ``AsyncEngineArgs.from_cli_args`` and ``create_engine_config``, which validates the
+    parallel layout against the model's config.json (heads, layers, experts) and the
+    platform. Each case: the words after ``vllm serve MODEL``, the model's HF config and the
+    GPUs the plan gives the engine."""
+    import contextlib
+    import importlib.metadata
+    import io
+    import logging
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    logging.disable(logging.WARNING)
+    out = []
+    for case in cases:
+        said = io.StringIO()
+        with tempfile.TemporaryDirectory() as folder:
+            (Path(folder) / "config.json").write_text(json.dumps(case["config"]))
+            try:
+                with contextlib.redirect_stderr(said), contextlib.redirect_stdout(said):
+                    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+                    args = parser.parse_args([folder, *case["args"], "--skip-tokenizer-init"])
+                    args.model = args.model_tag  # as `vllm serve` does
+                    engine = AsyncEngineArgs.from_cli_args(args)
+                    config = engine.create_engine_config()
+                par, model = config.parallel_config, config.model_config
+                ep = par.tensor_parallel_size * par.data_parallel_size \
+                    if par.enable_expert_parallel else 1
+                out.append({"accepted": True, "derived": {
+                    "tp": par.tensor_parallel_size, "pp": par.pipeline_parallel_size,
+                    "dp": par.data_parallel_size, "ep": ep,
+                    "gpus": par.world_size * par.data_parallel_size,
+                    "seq_len": model.max_model_len, "dtype": str(model.dtype),
+                    "max_num_seqs": config.scheduler_config.max_num_seqs,
+                    "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+                    "kv_cache_dtype": config.cache_config.cache_dtype,
+                    "kv_role": (config.kv_transfer_config.kv_role
+                                if config.kv_transfer_config else None),
+                    "chunked_prefill": bool(config.scheduler_config.enable_chunked_prefill),
+                    "use_mla": bool(model.use_mla)}})
+            except BaseException as error:
+                out.append({"accepted": False, "message": f"{type(error).__name__}: {error} "
+                                                          f"{said.getvalue()[-800:]}".strip()})
+    out.append({"version": importlib.metadata.version("vllm")})
+    return out
+
+
 WORKERS = {"deepspeed": _worker_deepspeed, "torchtitan": _worker_torchtitan,
-           "megatron": _worker_megatron, "torchtitan-0.2.2": _worker_torchtitan_022}
+           "megatron": _worker_megatron, "torchtitan-0.2.2": _worker_torchtitan_022,
+           "vllm": _worker_vllm}
 
 
 

@@ -42,7 +42,8 @@ from planner.hardware import GIB  # noqa: E402
 from planner.solve.headroom import DEFAULT_HEADROOM, NO_HEADROOM  # noqa: E402
 from planner.solve.search import (SearchOptions, SolverRecord, search,  # noqa: E402
                                   uniform_placement)
-from planner.solve.space import enumerate_configs  # noqa: E402
+from planner.profiles import profile as runtime_profile  # noqa: E402
+from planner.solve.space import Pins, enumerate_configs  # noqa: E402
 
 DOC = ROOT / "docs" / "solver.md"
 
@@ -103,9 +104,11 @@ class Row:
 def best_uniform(model, cluster, global_batch, seq_len, runtime,
                  limit_bytes: float) -> tuple[Evaluation | None, int]:
     best, n = None, 0
-    for config in enumerate_configs(model, cluster, global_batch, seq_len, "bf16"):
+    prof = runtime_profile(runtime.profile)  # the space the search has: what the runtime runs
+    for config in enumerate_configs(model, cluster, global_batch, seq_len, "bf16", Pins(), prof):
         n += 1
-        ev = uniform_placement(model, cluster, config, runtime, memory_limit_bytes=limit_bytes)
+        ev = uniform_placement(model, cluster, config, runtime, Pins().block_options(config, prof),
+                               memory_limit_bytes=limit_bytes)
         if ev is not None and (best is None or ev.step_time_s < best.step_time_s):
             best = ev
     return best, n
@@ -141,6 +144,8 @@ def describe(ev: Evaluation) -> str:
     if c.virtual_stages > 1:
         text += f" v{c.virtual_stages}"
     text += f" z{c.zero_stage}" + (" sp" if c.sp else "")
+    if c.dp_shard:
+        text += f" hsdp{c.dp_shard}"  # hybrid sharding: shard group of dp_shard dp ranks
     return text
 
 
@@ -249,9 +254,10 @@ def render(rows: list[Row]) -> str:
             "## Against the best uniform plan",
             "",
             "Uniform: Megatron-LM's even split and one recomputation option for every block, the",
-            "best over every configuration of the same space (tp, pp, dp, cp, micro-batch, virtual",
-            "stages, ZeRO, sequence parallelism, recomputation), by brute force. Gain: uniform",
-            "step time / plan step time - 1.",
+            "best over every configuration of the same space (what the Megatron profile runs: tp,",
+            "pp, dp, cp, micro-batch, virtual stages incl. unequal chunks, ZeRO 0/1 and their",
+            "hybrid sharding, sequence parallelism, recomputation), within the same memory limit,",
+            "by brute force. Gain: uniform step time / plan step time - 1.",
             "",
             "| model | GPUs | configurations | brute force s | best uniform | recompute | step s | "
             "MFU | plan step s | gain |",

@@ -5,20 +5,23 @@ import click
 
 from cli import signals
 from cli.app import emit_json, emit_text
-from cli.moe_options import moe_option, moe_options_from
+from cli.moe_options import moe_option, moe_options_from, with_mtp_from
 from cli.params import FiniteFloat, pin_pairs
 from planner.config import ParallelConfig, resolve_dp
+from planner.hardware import MultiPoolCluster
 from planner.strategy import LayerOption, Recompute, default_placement
 
 
-def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None):
+def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None,
+          multi_pool: bool = False):
     from clusters import load_cluster
     from models import load_model
 
     ctx = click.get_current_context(silent=True)
     importer = ctx.meta.get("shardplan.importer", "config") if ctx is not None else "config"
     graph = load_model(model, seq_len=seq_len, importer=importer)
-    return graph, (load_cluster(cluster, nodes=nodes) if cluster is not None else None)
+    return graph, (load_cluster(cluster, nodes=nodes, multi_pool=multi_pool)
+                   if cluster is not None else None)
 
 
 def _store_importer(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -68,6 +71,13 @@ calibration_option = click.option(
     help="Calibration profile from `shardplan calibrate` (default: the shipped constants).")
 
 
+dp_shard_option = click.option(
+    "--dp-shard", type=click.IntRange(min=1), default=None, metavar="N",
+    help="Hybrid sharding (HSDP): shard ZeRO / FSDP states over groups of N data-parallel "
+         "ranks, replicated over dp / N groups (default: over all of dp; `plan` searches "
+         "node-aligned groups where the runtime runs HSDP).")
+
+
 # --time-limit: a day is beyond any plan search; the bound keeps deadlines finite.
 MAX_TIME_LIMIT_S = 86_400.0
 
@@ -104,6 +114,7 @@ def time_limit_slack_s(limit_s: float) -> float:
               help="Sequence parallelism (default: on when tp > 1).")
 @click.option("--virtual-stages", type=click.IntRange(min=1), default=1, show_default=True,
               help="Interleaved 1F1B model chunks per pipeline rank.")
+@dp_shard_option
 @dtype_option
 @attention_option
 @runtime_option
@@ -111,14 +122,15 @@ def time_limit_slack_s(limit_s: float) -> float:
 @moe_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
-             zero_stage, recompute, sp, virtual_stages, dtype, attention_kernel, runtime,
-             calibration, as_json, **moe):
+             zero_stage, recompute, sp, virtual_stages, dp_shard, dtype, attention_kernel,
+             runtime, calibration, as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
     from planner.calibration.session import prediction_intervals, runtime_setup
     from planner.cost.model import evaluate as run
     from planner.report import evaluation_dict
 
     graph, hw = _load(model, cluster, nodes, seq_len)
+    graph = with_mtp_from(moe, graph)
     setup = runtime_setup(hw, runtime, dtype, attention_kernel, calibration,
                           moe=moe_options_from(moe))
     hw = setup.cluster
@@ -128,7 +140,7 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp or 0, global_batch=global_batch,
         seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
         zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
-        dtype=dtype)
+        dtype=dtype, dp_shard=0 if dp_shard in (None, dp) else dp_shard)
     options = setup.options
     config.validate(graph, hw)
     placement = default_placement(graph, config, LayerOption(Recompute(recompute)))
@@ -220,7 +232,9 @@ def clusters_command(as_json):
               help="Also report this many runners-up.")
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: tp, pp, dp, cp, ep, etp, sp, zero, micro_batch, "
-                   "virtual_stages, recompute, layouts (mesh or per-layer). Repeatable.")
+                   "virtual_stages, recompute, layouts (mesh or per-layer), offload (none or "
+                   "optimizer: host memory, needs a cluster host: section). Repeatable.")
+@dp_shard_option
 @click.option("--memory-headroom", default="5%", show_default=True, metavar="H",
               help="GPU memory the search keeps free of the plan: a fraction (0.05 or 5%) or "
                    "an amount (4GiB); 0 plans to the last byte. Recorded in the plan.")
@@ -233,18 +247,32 @@ def clusters_command(as_json):
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--timings", is_flag=True,
               help="Record the solve's wall-clock time in the plan (it then differs run to run).")
+@click.option("--fallbacks", type=click.IntRange(min=0, max=3), default=0, show_default=True,
+              help="Also store the re-plans for the K most likely failure classes (1: one GPU, "
+                   "2: + one node, 3: + one leaf switch); `check` validates them.")
+@click.option("--fallback-max-moved-layers", type=click.IntRange(min=0), default=None,
+              help="Churn budget of the fallbacks: layers that may change stage (default any).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
-         top_k, pins, memory_headroom, attention_kernel, runtime, calibration, output, force,
-         timings, as_json, **moe):
+         top_k, pins, dp_shard, memory_headroom, attention_kernel, runtime, calibration, output,
+         force, timings, fallbacks, fallback_max_moved_layers, as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
-    from planner.plan import dumps, make_plan, write_plan
+    from planner.errors import ErrorKind, PlannerError
+    from planner.plan import make_plan
+    from planner.report import rounded
     from planner.solve.headroom import MemoryHeadroom
     from planner.solve.search import SearchOptions, search
     from planner.solve.space import Pins
     from planner.writer import check_target
 
-    pinned = Pins.parse(pin_pairs(pins))
+    pairs = pin_pairs(pins)
+    if dp_shard is not None:  # --dp-shard N is --pin dp_shard=N
+        if any(k.strip().replace("-", "_") == "dp_shard" for k in pairs):
+            from planner.errors import invalid
+
+            raise invalid("--dp-shard and --pin dp_shard= are the same choice; give it once")
+        pairs["dp_shard"] = str(dp_shard)
+    pinned = Pins.parse(pairs)
     headroom = MemoryHeadroom.parse(memory_headroom)
     plan_to_stdout = as_json or output == "-"
     if output == "-":
@@ -254,13 +282,28 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
     with signals.deadline(time_limit, time_limit_slack_s(time_limit)):
         from planner.calibration.session import prediction_intervals, runtime_setup
 
-        graph, hw = _load(model, cluster, nodes, seq_len)
-        setup = runtime_setup(hw, runtime, dtype, attention_kernel, calibration,
-                              moe=moe_options_from(moe))
-        hw = setup.cluster
+        graph, hw = _load(model, cluster, nodes, seq_len, multi_pool=True)
+        graph = with_mtp_from(moe, graph)
+        pools = hw if isinstance(hw, MultiPoolCluster) else None
+        setup = runtime_setup(hw if pools is None else hw.pools[0].as_cluster(), runtime, dtype,
+                              attention_kernel, calibration, moe=moe_options_from(moe))
+        hw = setup.cluster if pools is None else pools
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options,
                                 memory_headroom=headroom)
+        if pools is not None and fallbacks:
+            raise PlannerError(ErrorKind.INVALID_INPUT, "--fallbacks: plans across pools have "
+                               "no fallbacks yet", ("plan without --fallbacks",))
+        if pools is not None:  # a plan across pools (planner/hetero/planning.py)
+            from planner.hetero.planning import plan_across_pools
+
+            doc, pool_result = plan_across_pools(
+                graph, pools, global_batch, dtype, pinned, options,
+                setup.calibration.constants if setup.calibration else None,
+                model_spec=model, cluster_spec=cluster, timings=timings)
+            _finish_plan(doc, output, force, plan_to_stdout, as_json,
+                         pool_result.record["solve_time_s"])
+            return
         from cli.render import search_progress
 
         with search_progress(enabled=True) as progress:
@@ -272,6 +315,21 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
     doc = make_plan(result.best, model_spec=model, cluster_spec=cluster, nodes=nodes,
                     solver=solver, alternatives=result.alternatives, pins=pinned.as_dict())
     doc["predicted"].update(prediction_intervals(result.best, setup.calibration))
+    if fallbacks:  # re-plans for the likeliest failures (planner/hetero/fallbacks.py)
+        from planner.hetero.fallbacks import compute_fallbacks
+
+        b = result.best
+        doc["fallbacks"] = rounded(compute_fallbacks(
+            b.model, b.cluster, b.config, b.placement, b.options, fallbacks,
+            max_moved_layers=fallback_max_moved_layers))
+    _finish_plan(doc, output, force, plan_to_stdout, as_json, result.record.solve_time_s)
+
+
+def _finish_plan(doc: dict, output, force: bool, plan_to_stdout: bool, as_json: bool,
+                 solve_time_s: float) -> None:
+    """Write the plan file, print it (JSON) or summarise it (people)."""
+    from planner.plan import dumps, write_plan
+
     if output is not None:
         write_plan(doc, output, force=force, critical=signals.deferred,
                    on_commit=signals.finish)
@@ -280,4 +338,4 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
     if not as_json:
         from cli.render import print_plan
 
-        print_plan(doc, written_to=output, solve_time_s=result.record.solve_time_s)
+        print_plan(doc, written_to=output, solve_time_s=solve_time_s)

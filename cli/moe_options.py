@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from cli.params import FiniteFloat
-from planner.moe import DISPATCHERS, MoeOptions
+from planner.moe import DEFAULT_A2A_OVERLAP, DISPATCHERS, MoeOptions
 
 _OPTIONS = (
     click.option("--moe-imbalance", type=FiniteFloat(1.0, 64.0), default=1.0, show_default=True,
@@ -21,9 +21,13 @@ _OPTIONS = (
                  show_default=True,
                  help="Token dispatch: one flat all-to-all, or deepep (hierarchical: each "
                       "token crosses the network once per remote NVLink domain)."),
-    click.option("--moe-a2a-overlap", type=FiniteFloat(0.0, 1.0), default=0.0,
+    click.option("--moe-a2a-overlap", type=FiniteFloat(0.0, 1.0), default=DEFAULT_A2A_OVERLAP,
                  show_default=True,
-                 help="Fraction of the dispatch/combine time hidden behind compute."),
+                 help="Fraction of the dispatch/combine time hidden behind compute (the "
+                      "default is fitted on measured MoE runs)."),
+    click.option("--mtp-layers", type=click.IntRange(0, 8), default=0, show_default=True,
+                 help="Multi-token prediction modules on the last pipeline stage (DeepSeek-V3; "
+                      "Megatron --mtp-num-layers): each one more block and loss head."),
 )
 
 
@@ -31,6 +35,12 @@ def moe_option(func):
     for option in reversed(_OPTIONS):
         func = option(func)
     return func
+
+
+def with_mtp_from(kwargs: dict, graph):
+    """Pop ``--mtp-layers`` and append that many MTP modules to ``graph`` (models/mtp.py)."""
+    from models.mtp import with_mtp
+    return with_mtp(graph, kwargs.pop("mtp_layers"))
 
 
 def moe_options_from(kwargs: dict) -> MoeOptions:

@@ -96,7 +96,7 @@ def check(plan_path, model, cluster, nodes, allow_stale, memory_confidence, cali
     if cluster is not None:
         from clusters import load_cluster
 
-        given_cluster = load_cluster(cluster, nodes=nodes)
+        given_cluster = load_cluster(cluster, nodes=nodes, multi_pool=plan.across_pools)
     elif nodes is not None:
         from clusters.schema import with_nodes
 

@@ -58,16 +58,22 @@ def print_model(summary: dict[str, Any]) -> None:
 
 
 def memory_table(stages: list[dict[str, Any]], capacity_gib: float, title: str) -> Table:
-    table = Table(title=title, caption=f"GiB per GPU; use = share of {capacity_gib:g} GiB; "
-                  "s/mb = seconds per micro-batch")
-    for column in ("stage", "layers", "params", "grads", "optim", "activ", "other", "total",
-                   "use", "s/mb"):
+    pools = any("pool" in stage for stage in stages)  # a plan across pools (schema_version 2)
+    caption = ("GiB per GPU; use = share of the stage's pool's GPU memory" if pools else
+               f"GiB per GPU; use = share of {capacity_gib:g} GiB")
+    table = Table(title=title, caption=caption + "; s/mb = seconds per micro-batch")
+    for column in ("stage",) + (("pool", "ranks") if pools else ()) + (
+            "layers", "params", "grads", "optim", "activ", "other", "total", "use", "s/mb"):
         table.add_column(column, justify="right", no_wrap=True)
     for stage in stages:
         mem = stage["memory_gib"]
-        share = mem["total"] / capacity_gib
+        share = mem["total"] / stage.get("capacity_gib", capacity_gib)
         colour = "green" if share <= 1 else "red"
-        table.add_row(str(stage["index"]), str(stage["num_layers"]),
+        where = ()
+        if pools:
+            first, size = stage["first_rank"], stage.get("num_gpus")
+            where = (stage["pool"], str(first) if size is None else f"{first}-{first + size - 1}")
+        table.add_row(str(stage["index"]), *where, str(stage["num_layers"]),
                       *(f"{mem[k]:.1f}" for k in ("params", "grads", "optimizer", "activations",
                                                   "other", "total")),
                       styled(f"{share:.0%}", colour), f"{stage['time_s']:.3f}")
@@ -90,10 +96,14 @@ def print_evaluation(result: dict[str, Any]) -> None:
     time.add_row(styled("step", "bold"), styled(f"{pred['step_time_s']:.4f}", "bold"))
     console.print(time)
     verdict = ("fits", "green") if pred["fits"] else ("does NOT fit", "red")
+    of = (" of its pool's GPU" if "pools" in c else f" of {c['gpu_memory_gib']:g} GiB")
     console.print(line(
         f"{pred['tokens_per_s']:,.0f} tokens/s, {pred['model_tflops_per_gpu']:.1f} model "
-        f"TFLOP/s per GPU (MFU {pred['mfu']:.1%}), peak {pred['peak_memory_gib']:.2f} GiB of "
-        f"{c['gpu_memory_gib']:g} GiB: ", verdict))
+        f"TFLOP/s per GPU (MFU {pred['mfu']:.1%}), peak {pred['peak_memory_gib']:.2f} GiB{of}: ",
+        verdict))
+    if "pools" in c:
+        console.print(line("GPUs used: " + ", ".join(
+            f"{x['name']} {x['gpus_used']} of {x['num_gpus']} {x['gpu']}" for x in c["pools"])))
     band_s, band_gib = pred.get("step_time_s_interval"), pred.get("peak_memory_gib_interval")
     if band_s and band_gib:
         console.print(line(

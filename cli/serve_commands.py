@@ -48,6 +48,10 @@ def _common(f):
                      show_default=True, help="Weight / GEMM precision."),
         click.option("--kv-dtype", type=click.Choice(KV_DTYPES), default=None,
                      help="KV-cache precision (default bf16)."),
+        click.option("--speculative", default=None, metavar="mtp:N[:ACCEPT]",
+                     help="Speculative decoding with the model's multi-token-prediction module: "
+                          "N draft tokens per step, each accepted with probability ACCEPT "
+                          "(default 0.85, DeepSeek-V3 report)."),
         click.option("--runtime", "runtime_name", type=click.Choice(sorted(RUNTIMES)),
                      default=DEFAULT_RUNTIME, show_default=True, help="Serving runtime."),
         click.option("--workload", type=click.Choice(WORKLOADS), default="serve", hidden=True),
@@ -60,14 +64,16 @@ def _common(f):
 
 
 def _inputs(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms, tpot_ms, mode,
-            dtype, kv_dtype):
+            dtype, kv_dtype, speculative=None):
     from clusters import load_cluster
     from models import load_model
-    from planner.serve.workload import ServingWorkload
+    from planner.serve.workload import ServingWorkload, parse_speculative
 
+    draft, acceptance = parse_speculative(speculative)
     workload = ServingWorkload(isl=isl, osl=osl, concurrency=concurrency,
                                request_rate_per_s=request_rate, ttft_ms=ttft_ms, tpot_ms=tpot_ms,
-                               mode=mode, dtype=dtype, kv_dtype=kv_dtype)
+                               mode=mode, dtype=dtype, kv_dtype=kv_dtype, draft_tokens=draft,
+                               acceptance=acceptance)
     return load_model(model), load_cluster(cluster, nodes=nodes), workload
 
 
@@ -103,7 +109,8 @@ def _degree(name: str, default=None, help_text: str = ""):
               help="Disaggregated: data-parallel attention on decode workers.")
 @_degree("--prefill-batch", 1, "Disaggregated: prompts a prefill worker batches.")
 def serve_evaluate(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms, tpot_ms,
-                   mode, dtype, kv_dtype, runtime_name, workload, as_json, tp, pp, ep,
+                   mode, dtype, kv_dtype, speculative, runtime_name, workload, as_json, tp, pp,
+                   ep,
                    attention_dp, replicas, batch, max_num_tokens, prefill_workers,
                    decode_workers, prefill_tp, prefill_pp, prefill_ep, prefill_attention_dp,
                    decode_tp, decode_pp, decode_ep, decode_attention_dp, prefill_batch):
@@ -116,7 +123,7 @@ def serve_evaluate(model, cluster, nodes, isl, osl, concurrency, request_rate, t
 
     rt = runtime(runtime_name)
     graph, hw, wl = _inputs(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms,
-                            tpot_ms, mode, dtype, kv_dtype)
+                            tpot_ms, mode, dtype, kv_dtype, speculative)
     caps = dict(batch=batch or rt.max_batch, max_num_tokens=max_num_tokens or rt.max_num_tokens)
     if prefill_workers is not None or decode_workers is not None or mode == "disaggregated":
         if prefill_workers is None or decode_workers is None:
@@ -168,7 +175,8 @@ def _worker(tp, pp, ep, attention_dp):
 @click.option("--timings", is_flag=True,
               help="Record the search's wall-clock time in the plan.")
 def serve_plan(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms, tpot_ms,
-               mode, dtype, kv_dtype, runtime_name, workload, as_json, top_k, output, force,
+               mode, dtype, kv_dtype, speculative, runtime_name, workload, as_json, top_k,
+               output, force,
                timings):
     """Search the serving deployment with the most output tokens/s per GPU under the latency
     targets (without targets or load: the Pareto frontier)."""
@@ -186,7 +194,7 @@ def serve_plan(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_
     if output is not None:
         check_target(output, force=force)  # refused now, not after the search
     graph, hw, wl = _inputs(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms,
-                            tpot_ms, mode, dtype, kv_dtype)
+                            tpot_ms, mode, dtype, kv_dtype, speculative)
     result = search_serving(graph, hw, wl, runtime_name, top_k=top_k)
     if result.best is None:
         raise no_plan_error(wl)
@@ -216,7 +224,8 @@ def print_serving(doc: dict, written_to: str | None = None,
     w = inf["workload"]
     console.print(line((doc["model"]["name"], "bold"), f" on {doc['cluster']['name']} "
                        f"({doc['cluster']['gpu']}), {inf['runtime']}, {w['mode']}, isl "
-                       f"{w['isl']} / osl {w['osl']}, {w['dtype']} weights, {w['kv_dtype']} KV"),
+                       f"{w['isl']} / osl {w['osl']}, {w['dtype']} weights, {w['kv_dtype']} KV"
+                       + _speculative_note(w)),
                   soft_wrap=True)
     table = Table(title="Workers")
     for column in ("role", "workers", "tp", "pp", "ep", "attn dp", "GPUs", "batch",
@@ -255,6 +264,14 @@ def print_serving(doc: dict, written_to: str | None = None,
         console.print(line(f"searched in {solve_time_s:.2f} s"))
     if written_to:
         console.print(line("plan written to ", written_to), soft_wrap=True)
+
+
+def _speculative_note(w: dict) -> str:
+    spec = w.get("speculative")
+    if not spec:
+        return ""
+    return (f", MTP speculative decoding: {spec['draft_tokens']} draft token(s), acceptance "
+            f"{spec['acceptance']:g}")
 
 
 def _label(d: dict) -> str:

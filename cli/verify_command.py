@@ -97,9 +97,12 @@ def _require_torch() -> None:
               show_default=True, help="Seconds before the distributed run is stopped.")
 @click.option("--max-processes", type=click.IntRange(min=1, max=256), default=16,
               show_default=True, help="Refuse plans needing more CPU processes than this.")
+@click.option("--slow", "slow", multiple=True, metavar="RANK:FACTOR",
+              help="Inject a straggler: RANK's compute takes FACTOR times as long (it sleeps); "
+                   "losses and held bytes must not change. Repeatable.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON document on stdout instead of tables.")
-def verify(plan_file, steps, seed, lr, rtol, timeout_s, max_processes, as_json):
+def verify(plan_file, steps, seed, lr, rtol, timeout_s, max_processes, slow, as_json):
     """Run a plan on CPU processes (PyTorch, gloo) and check it against the planner.
 
     Starts one process per GPU of the plan, applies its tensor, pipeline and data parallelism
@@ -111,8 +114,11 @@ def verify(plan_file, steps, seed, lr, rtol, timeout_s, max_processes, as_json):
     check_memory(plan_file)
     from planner.runtime.torch_exec import verify_plan
 
+    from cli.replan_command import parse_slow
+
     report = verify_plan(plan_file, steps=steps, seed=seed, lr=lr, rtol=rtol,
-                         timeout_s=timeout_s, max_processes=max_processes)
+                         timeout_s=timeout_s, max_processes=max_processes,
+                         slow=parse_slow(slow))
     document = report.to_dict()
     if as_json:
         emit_json(document)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 from planner.errors import ErrorKind, PlannerError, invalid
 from planner.safe_input import control_character
-from planner.hardware import Cluster, Gpu, NetworkTier
+from planner.hardware import Cluster, Gpu, HostMemory, NetworkTier
 
 SCHEMA_VERSION = 1
 
@@ -55,7 +55,10 @@ PEAK_TFLOPS_KEYS = ("bf16", "fp16", "fp8", "fp4", "tf32", "fp32")
 CLUSTER_REQUIRED = ("shardplan_cluster", "name", "gpu", "gpus_per_node", "num_nodes", "tiers")
 CLUSTER_OPTIONAL = ("gpu_overrides", "nics_per_node", "scalable_unit_nodes",
                     "spine_oversubscription", "spine_latency_us", "intra_node_topology",
-                    "description", "source")
+                    "host", "description", "source")
+HOST_REQUIRED = ("memory_gib_per_gpu", "link_gbytes_per_s", "memory_bandwidth_gbytes_per_s_per_gpu",
+                 "cpu_cores_per_gpu", "core_gflops")
+HOST_OPTIONAL = ("link_efficiency", "memory_efficiency", "link", "source")
 TIER_REQUIRED = ("name", "bandwidth_gbytes_per_s", "latency_us")
 TIER_OPTIONAL = ("efficiency",)
 INTRA_NODE_TOPOLOGIES = ("switch", "full_mesh")
@@ -302,12 +305,36 @@ def fabric_from_mapping(data: dict[str, Any], where: str, gpu_presets: Mapping[s
     if topology == "full_mesh" and gpus_per_node < 2:
         raise _fail(where, at("intra_node_topology"), "full_mesh needs at least 2 GPUs per node")
     tiers = _tiers(data["tiers"], where, prefix)
+    host = _host(data["host"], where, at("host")) if "host" in data else None
     description = text(data.get("description", ""), where, at("description"), allow_empty=True)
     source = text(data.get("source", ""), where, at("source"), allow_empty=True)
     return Cluster(name=name, gpu=gpu, gpus_per_node=gpus_per_node, num_nodes=num_nodes,
                    tiers=tiers, nics_per_node=nics, source=source, description=description,
                    scalable_unit_nodes=su_nodes, spine_oversubscription=oversub,
-                   spine_latency_us=spine_latency, intra_node_topology=topology)
+                   spine_latency_us=spine_latency, intra_node_topology=topology, cpu_memory=host)
+
+
+def _host(value: Any, where: str, path: str) -> HostMemory:
+    """The ``host:`` section: per-GPU host memory, link and cores (ZeRO-Offload options)."""
+    check_keys(value, where, path, HOST_REQUIRED, HOST_OPTIONAL)
+    at = lambda key: _join(path, key)  # noqa: E731
+
+    def rate(key: str, maximum: float = MAX_BANDWIDTH_GBYTES_PER_S) -> float:
+        return number(value[key], where, at(key), minimum=MIN_RATE, maximum=maximum,
+                      allow_min=True)
+
+    def share(key: str) -> float:
+        return number(value.get(key, 0.8), where, at(key), minimum=0.0, maximum=1.0)
+
+    text(value.get("source", ""), where, at("source"), allow_empty=True)
+    return HostMemory(memory_gib=rate("memory_gib_per_gpu", MAX_MEMORY_GIB),
+                      link_gbytes_per_s=rate("link_gbytes_per_s"),
+                      memory_bandwidth_gbytes_per_s=rate("memory_bandwidth_gbytes_per_s_per_gpu"),
+                      cpu_cores=rate("cpu_cores_per_gpu", MAX_GPUS_PER_NODE * 1024),
+                      core_gflops=rate("core_gflops", MAX_TFLOPS),
+                      link_efficiency=share("link_efficiency"),
+                      memory_efficiency=share("memory_efficiency"),
+                      link=text(value.get("link", ""), where, at("link"), allow_empty=True))
 
 
 def _tiers(value: Any, where: str, prefix: str = "") -> tuple[NetworkTier, ...]:

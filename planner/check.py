@@ -70,12 +70,21 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                                              f"the one the plan was made for (content hash "
                                              f"differs): re-plan, or pass --allow-stale to check "
                                              f"the old plan against it"))
-    capacity = cluster.memory_bytes_per_gpu
     problems += plan_problems(plan, model, cluster)
     options = plan.runtime
     if runtime is not None:
         prof, options = runtime_options(plan, runtime, calibration)
         problems += runtime_problems(plan, prof)
+    if plan.document.get("fallbacks") and not plan.across_pools:  # planner/hetero/fallbacks.py
+        from planner.hetero.fallbacks import fallback_problems
+
+        problems += [Problem("fallback", f"the fallback for a {kind} failure no longer holds: "
+                                         f"{message}")
+                     for kind, message in fallback_problems(plan, cluster)]
+    if plan.across_pools:  # each stage against its pool's GPU (planner/hetero/check.py)
+        return _check_across_pools(plan, model, cluster, checks, problems, allow_stale,
+                                   plan_path, memory_confidence, options)
+    capacity = cluster.memory_bytes_per_gpu
     stages: tuple[StageCheck, ...] = ()
     remedies: tuple[Remedy, ...] = ()
     if not any(p.code in ("placement", "layers", "stages") for p in problems):
@@ -121,6 +130,26 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                        tuple(problems), stages, remedies, capacity / GIB,
                        dict(doc["parallelism"]), memory_confidence=memory_confidence,
                        runtime=options.profile)
+
+
+def _check_across_pools(plan: Plan, model, cluster, checks, problems: list[Problem],
+                        allow_stale: bool, plan_path, memory_confidence: float,
+                        options) -> CheckReport:
+    """No error band across pools (every calibration run used one GPU type): the prediction."""
+    from planner.hetero.check import pool_stage_checks
+
+    stages: tuple[StageCheck, ...] = ()
+    if not any(p.code in ("placement", "layers", "stages", "degrees") for p in problems):
+        try:
+            _, stages, over = pool_stage_checks(plan, model, cluster, options)
+            problems += over
+        except PlannerError as error:
+            problems.append(Problem("config", error.message))
+    capacity = min(p.gpu.memory_gib for p in cluster.pools) if hasattr(cluster, "pools") \
+        else cluster.gpu.memory_gib
+    return CheckReport(None if plan_path is None else os.fspath(plan_path), checks, allow_stale,
+                       tuple(problems), stages, (), capacity, dict(plan.document["parallelism"]),
+                       memory_confidence=memory_confidence, runtime=options.profile)
 
 
 def memory_verdict(ev, confidence: float, calibration: str | None = None

@@ -52,10 +52,14 @@ def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
         if len(set(sizes)) > 1:
             bad(f"interleaved chunks of unequal size ({min(sizes)} to {max(sizes)} blocks): "
                 "its interleaving needs equal chunks")
-    dp_shard = getattr(c, "dp_shard", 0)
-    if dp_shard and dp_shard < c.dp * c.cp and not prof.hsdp:
-        bad(f"hybrid sharding (shard group {dp_shard} of {c.dp * c.cp} data-parallel ranks): "
-            "it shards over all of them")
+    if c.dp_shard:
+        ranks = c.tp * c.cp * c.dp_shard
+        if not prof.allows_hsdp(c.zero_stage, ranks, plan.cluster.gpus_per_node):
+            how = (f"{prof.hsdp_name}, with ZeRO {', '.join(map(str, prof.hsdp_stages))}"
+                   + (", one node per shard group" if prof.hsdp_shard == "node" else "")
+                   if prof.hsdp else "none")
+            bad(f"hybrid sharding of ZeRO-{c.zero_stage} over groups of {c.dp_shard} of the "
+                f"{c.dp} data-parallel ranks ({ranks} GPUs): its hybrid sharding is {how}")
     planner_policies = {p.planner for p in prof.recompute}
     if "every-nth" in planner_policies:
         planner_policies |= {"none", "full"}
@@ -95,8 +99,15 @@ def runtime_options(plan: Plan, runtime: str, calibration: str | None = None
     from planner.calibration.session import runtime_setup
 
     prof = profile(runtime)
-    setup = runtime_setup(plan.cluster, runtime, plan.config.dtype,
-                          plan.runtime.attention_kernel, calibration, moe=plan.runtime.moe)
+    pools = plan.cluster if plan.across_pools else None
+    setup = runtime_setup(plan.cluster if pools is None else pools.pools[0].as_cluster(),
+                          runtime, plan.config.dtype, plan.runtime.attention_kernel, calibration,
+                          moe=plan.runtime.moe)
     options: RuntimeOptions = replace(setup.options, dropout=plan.runtime.dropout)
+    if pools is not None:  # each pool's generation's efficiencies (planner/hetero/plan_file.py)
+        from planner.hetero.plan_file import pool_options
+
+        options = pool_options(options, pools,
+                               setup.calibration.constants if setup.calibration else None)
     return prof, options
 

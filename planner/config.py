@@ -14,7 +14,7 @@ whose message spells the arithmetic out (torchtitan's ``ParallelDims`` style).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from planner.errors import invalid
@@ -44,11 +44,15 @@ class ParallelConfig:
     micro_batch: int = 1
     virtual_stages: int = 1
     dtype: str = "bf16"
+    # HSDP: dp ranks of one ZeRO / FSDP shard group, replicated over dp / dp_shard groups;
+    # 0 = the whole dp (plain ZeRO / FSDP). Normalised: dp_shard == dp is written as 0.
+    dp_shard: int = 0
 
     @cached_property  # read in every cost term; the dataclass is frozen, so computed once
     def mesh(self) -> Mesh:
         """The device mesh (degrees, rank order, group strides): :class:`planner.mesh.Mesh`."""
-        return Mesh(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp)
+        return Mesh(pp=self.pp, dp=self.dp, cp=self.cp, tp=self.tp, ep=self.ep, etp=self.etp,
+                    dp_shard=self.dp_shard)
 
     @property
     def workload(self) -> TrainingWorkload:
@@ -75,6 +79,18 @@ class ParallelConfig:
                 raise invalid(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
         if not isinstance(self.etp, int) or isinstance(self.etp, bool) or self.etp < 0:
             raise invalid(f"--etp must be a positive integer, got {self.etp!r}")
+        if not isinstance(self.dp_shard, int) or isinstance(self.dp_shard, bool) or \
+                self.dp_shard < 0:
+            raise invalid(f"--dp-shard must be a positive integer, got {self.dp_shard!r}")
+        if self.dp_shard:
+            if self.dp_shard >= self.dp or self.dp % self.dp_shard:
+                raise invalid(f"--dp-shard {self.dp_shard} must be a proper divisor of dp "
+                              f"{self.dp} (the shard group is dp_shard of the dp ranks, "
+                              f"replicated dp / dp_shard times)",
+                              "leave --dp-shard out (or give dp) to shard over all of dp")
+            if self.zero_stage == 0:
+                raise invalid(f"--dp-shard {self.dp_shard} needs ZeRO >= 1: ZeRO-0 shards "
+                              "nothing", "use --zero 1, 2 or 3 with hybrid sharding")
         if self.zero_stage not in ZERO_STAGES:
             raise invalid(f"--zero must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
         if self.dtype not in DTYPES:
@@ -211,6 +227,17 @@ class RuntimeOptions:
     matmul_efficiency: float | None = None
     attention_efficiency: float | None = None
     moe: MoeOptions = MoeOptions()  # routing and token dispatch of MoE layers (planner/moe.py)
+    # on a multi-pool cluster, each pool's generation: (pool, matmul_efficiency,
+    # attention_efficiency), replacing the two above on that pool (planner/hetero/terms.py)
+    pool_efficiency: tuple[tuple[str, float | None, float | None], ...] = ()
+
+    def for_pool(self, pool: str) -> "RuntimeOptions":
+        """The options a stage on ``pool`` runs with (its generation's efficiencies)."""
+        for name, matmul, attention in self.pool_efficiency:
+            if name == pool:
+                return replace(self, matmul_efficiency=matmul, attention_efficiency=attention,
+                               pool_efficiency=())
+        return self
 
     @property
     def state_bytes(self) -> StateBytes:

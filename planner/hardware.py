@@ -81,6 +81,38 @@ class NetworkTier:
 
 
 @dataclass(frozen=True)
+class HostMemory:
+    """The host side of one GPU: its share of the node's CPU memory, memory bandwidth and
+    cores, and its link to the host (PCIe, NVLink-C2C), all per GPU (the node's figure divided
+    by its GPUs). What ZeRO-Offload-style optimizer offload (planner/cost/offload.py) reads."""
+
+    memory_gib: float  # host memory per GPU
+    link_gbytes_per_s: float  # GPU <-> host, per direction
+    memory_bandwidth_gbytes_per_s: float  # host DRAM bandwidth per GPU
+    cpu_cores: float  # host cores per GPU
+    core_gflops: float  # FP32 FLOP/s of one core (vector units at base clock)
+    link_efficiency: float = 0.8  # achieved share of the link for large pinned copies
+    memory_efficiency: float = 0.8  # achieved share of the DRAM bandwidth (STREAM-like)
+    link: str = ""  # PCIe Gen5 x16, NVLink-C2C, ...
+
+    @property
+    def capacity_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+    @property
+    def link_bytes_per_s(self) -> float:
+        return self.link_gbytes_per_s * self.link_efficiency * GB
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_gbytes_per_s * self.memory_efficiency * GB
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.cpu_cores * self.core_gflops * 1e9
+
+
+@dataclass(frozen=True)
 class Cluster:
     """A homogeneous pool: ``num_nodes`` nodes of ``gpus_per_node`` identical GPUs.
 
@@ -108,6 +140,9 @@ class Cluster:
     # bandwidth to any peer) or "full_mesh" (AMD Infinity Fabric: the tier-0 bandwidth is split
     # over gpus_per_node - 1 point-to-point links).
     intra_node_topology: str = "switch"
+    # The host memory, link and cores of each GPU (the cluster file's host: section; None:
+    # not described, no offload options). Named for its memory: "host" reads as a machine name.
+    cpu_memory: HostMemory | None = None
 
     def __hash__(self) -> int:
         return hash((self.name, self.gpu, self.gpus_per_node, self.num_nodes, self.tiers,

@@ -23,6 +23,10 @@ class LayerKind(str, Enum):
     EMBEDDING = "embedding"  # token (+ position / type) embeddings, embedding norm
     BLOCK = "block"  # a transformer block: attention + MLP/MoE + norms
     HEAD = "head"  # final norm + output projection (LM head, pooler, classifier)
+    # multi-token prediction (DeepSeek-V3 §2.2, Megatron --mtp-num-layers): one more transformer
+    # block after the head, on the last pipeline stage, fed the main model's hidden state and
+    # the next token's embedding through a 2h -> h projection; a HEAD layer follows it
+    MTP = "mtp"
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,39 @@ class Mlp:
     shared_ffn_hidden: int = 0
 
     @property
+    def num_mtp(self) -> int:
+        """Multi-token prediction modules after the head (models/mtp.py)."""
+        return sum(1 for layer in self.layers if layer.kind is LayerKind.MTP)
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
+
+
+@dataclass(frozen=True)
+class Conv:
+    """One convolution of a layer, per sample. It runs as an implicit GEMM of
+    ``M = out_pixels`` (x the micro-batch), ``N = out_channels / groups``,
+    ``K = in_channels / groups x kernel`` per group (NVIDIA Deep Learning Performance guide,
+    "Convolutional Layers": forward propagation as GEMM, M = N·P·Q, N = K, K = C·R·S), whose
+    FLOPs are ``2·K·C_in·C_out·H_out·W_out / groups`` per sample."""
+
+    in_channels: int
+    out_channels: int
+    kernel: int  # kernel elements (kh x kw, kd x kh x kw)
+    in_pixels: int  # input spatial elements per sample (H_in x W_in)
+    out_pixels: int  # output spatial elements per sample (H_out x W_out)
+    groups: int = 1
+
+    @property
+    def flops(self) -> float:
+        """Forward FLOPs per sample."""
+        return 2.0 * self.kernel * self.in_channels * self.out_channels * self.out_pixels \
+            / self.groups
+
+    @property
+    def weights(self) -> int:
+        return self.out_channels * self.in_channels // self.groups * self.kernel
 
 
 @dataclass(frozen=True)
@@ -100,13 +135,18 @@ class Layer:
     # Norm layers in the block (2 for pre-LN blocks, 4 for gemma2's sandwich norms); they set
     # the memory-bound traffic and the stored norm inputs in the cost model.
     num_norms: int = 2
+    # Tokens per sequence this layer runs on when they are not the workload's sequence length
+    # (0): a vision encoder in front of a language model runs on the image's patch tokens.
+    seq_len: int = 0
+    # Convolutions (ResNet / UNet blocks, a patch-embedding stem), in execution order.
+    convs: tuple[Conv, ...] = ()
 
     @property
     def signature(self) -> tuple:
         """Everything but the name: equal signatures mean identical cost."""
         return (self.kind, self.hidden, self.params, self.active_params, self.tied_params,
                 self.tp_replicated_params, self.expert_params, self.attention, self.mlp,
-                self.vocab, self.num_norms)
+                self.vocab, self.num_norms, self.seq_len, self.convs)
 
 
 @dataclass(frozen=True)
@@ -142,6 +182,11 @@ class ModelGraph:
     @property
     def num_blocks(self) -> int:
         return sum(1 for layer in self.layers if layer.kind is LayerKind.BLOCK)
+
+    @property
+    def num_mtp(self) -> int:
+        """Multi-token prediction modules after the head (models/mtp.py)."""
+        return sum(1 for layer in self.layers if layer.kind is LayerKind.MTP)
 
     @property
     def is_moe(self) -> bool:

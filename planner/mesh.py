@@ -8,7 +8,11 @@ Layout (Megatron-LM order, TP innermost): dimensions ``pp, dp, cp, tp`` from out
 innermost, so the global rank is ``((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank``.
 TP groups are contiguous ranks (inside an NVLink domain when tp <= GPUs per node), CP groups have
 stride tp, DP groups stride tp x cp, PP neighbours stride tp x cp x dp. ZeRO shards dense states
-over the dp x cp ranks (stride tp).
+over the dp x cp ranks (stride tp); with hybrid sharding (HSDP, ``dp_shard`` < dp) over the
+``dp_shard x cp`` ranks of consecutive dp indices (a contiguous block of dp_shard x cp x tp
+ranks, stride tp), replicated over the ``dp / dp_shard`` such blocks (the replicate group,
+stride dp_shard x cp x tp): torchtitan's ``dp_replicate x dp_shard`` mesh, PyTorch FSDP's
+HYBRID_SHARD, Megatron's distributed-optimizer instances, DeepSpeed MiCS.
 
 Expert layers fold the same ``tp x cp x dp`` ranks of a pipeline stage into their own mesh
 ``etp x ep x edp`` (Megatron-Core MoE parallel folding, expert rank order ``tp-ep-dp-pp``;
@@ -34,6 +38,7 @@ class Mesh:
     tp: int = 1
     ep: int = 1  # expert parallel degree (adds no ranks: folded into tp x cp x dp)
     etp: int = 0  # expert tensor parallel degree; 0 = tp (Megatron-Core's default)
+    dp_shard: int = 0  # dp ranks of one ZeRO / FSDP shard group; 0 = all of dp (no HSDP)
 
     @property
     def num_gpus(self) -> int:
@@ -50,6 +55,8 @@ class Mesh:
         etp x ep."""
         if dim == "shard":
             return self.tp
+        if dim == "replicate":
+            return self.tp * self.cp * self.shard_group
         if dim == "etp":
             return 1
         if dim == "ep":
@@ -64,9 +71,20 @@ class Mesh:
 
     # -- group sizes the cost model reads --------------------------------------------------
     @property
+    def shard_group(self) -> int:
+        """dp ranks of one shard group (``dp_shard``, all of dp when 0)."""
+        return self.dp_shard or self.dp
+
+    @property
+    def replicas(self) -> int:
+        """Shard groups holding the same states (HSDP's replicate degree; 1 without HSDP)."""
+        return self.dp // self.shard_group
+
+    @property
     def shard_degree(self) -> int:
-        """Ranks sharing the ZeRO states of dense parameters (Megatron shards over dp x cp)."""
-        return self.dp * self.cp
+        """Ranks sharing the ZeRO states of dense parameters (Megatron shards over dp x cp;
+        with HSDP over dp_shard x cp)."""
+        return self.shard_group * self.cp
 
     @property
     def stage_size(self) -> int:
@@ -129,5 +147,7 @@ class Mesh:
         """'64 GPUs = dp 8 x tp 4 x pp 2 x cp 1' (plus the expert mesh when experts are split)."""
         experts = (f", experts etp {self.expert_tp} x ep {self.ep} x edp {self.expert_dp}"
                    if self.ep > 1 or self.expert_tp != self.tp else "")
-        return (f"{self.num_gpus} GPUs = dp {self.dp} x tp {self.tp} x pp {self.pp} x cp {self.cp}"
-                + experts)
+        hsdp = (f" (HSDP: shard {self.shard_group} x replicate {self.replicas})"
+                if self.replicas > 1 else "")
+        return (f"{self.num_gpus} GPUs = dp {self.dp}{hsdp} x tp {self.tp} x pp {self.pp} x cp "
+                f"{self.cp}" + experts)

@@ -25,6 +25,7 @@ from planner.ir import ModelGraph
 from planner.report import evaluation_dict, rounded
 
 SCHEMA_VERSION = 1
+POOL_SCHEMA_VERSION = 2  # a plan across pools (planner/hetero/plan_file.py)
 KIND = "shardplan-plan"
 
 
@@ -63,10 +64,14 @@ def content_hash(value: Any) -> str:
 
 
 def layers_list(ev: Evaluation) -> list[dict[str, Any]]:
-    return [{"index": i, "name": layer.name, "kind": layer.kind.value,
-             "stage": ev.placement.stage[i], "recompute": ev.placement.options[i].recompute.value,
-             "layout": ev.placement.options[i].layout.value, "params": layer.params}
-            for i, layer in enumerate(ev.model.layers)]
+    out = [{"index": i, "name": layer.name, "kind": layer.kind.value,
+            "stage": ev.placement.stage[i], "recompute": ev.placement.options[i].recompute.value,
+            "layout": ev.placement.options[i].layout.value, "params": layer.params}
+           for i, layer in enumerate(ev.model.layers)]
+    for entry, option in zip(out, ev.placement.options):
+        if option.offload:  # only then: plans without offload keep their bytes
+            entry["offload"] = True
+    return out
 
 
 def alternative_dict(ev: Evaluation, best: Evaluation) -> dict[str, Any]:
@@ -92,14 +97,24 @@ def inputs_dict(ev: Evaluation, model_spec: str, cluster_spec: str, nodes: int |
 def make_plan(best: Evaluation, *, model_spec: str, cluster_spec: str, nodes: int | None = None,
               solver: dict | None = None, alternatives: list[Evaluation] = (),
               pins: dict | None = None) -> dict[str, Any]:
-    doc = evaluation_dict(best)
+    return plan_document(evaluation_dict(best), best, SCHEMA_VERSION,
+                         inputs_dict(best, model_spec, cluster_spec, nodes), solver,
+                         [alternative_dict(a, best) for a in alternatives], pins)
+
+
+def plan_document(body: dict[str, Any], best, version: int, inputs: dict[str, Any],
+                  solver: dict | None, alternatives: list[dict], pins: dict | None
+                  ) -> dict[str, Any]:
+    """The plan file around an evaluation's ``body`` (one pool: planner.report; across pools:
+    planner/hetero/plan_file.py): envelope, inputs, layers, solver, runners-up, pins, IRs."""
+    doc = dict(body)
     doc.update({
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": version,
         "kind": KIND,
-        "inputs": inputs_dict(best, model_spec, cluster_spec, nodes),
+        "inputs": inputs,
         "layers": layers_list(best),
         "solver": solver or {"status": "EVALUATED"},
-        "alternatives": [alternative_dict(a, best) for a in alternatives],
+        "alternatives": alternatives,
         "pins": pins or {},
     })
     doc = rounded(doc)

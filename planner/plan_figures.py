@@ -7,7 +7,9 @@ same deterministic output for the same plan (no dates in the SVG, fixed ids).
 * timeline: :func:`planner.schedule.plan_timeline` per pipeline rank: forward, recompute,
   backward, exposed communication (hatched, at the end of each operation), idle (the bubble),
   then the step's exposed data-parallel sync and the optimizer step;
-* memory: the recorded per-stage categories stacked against the GPU's capacity;
+* memory: the recorded per-stage categories stacked against the GPU's capacity, with the
+  plan's error band (``predicted.peak_memory_gib_interval``, the calibration's band of the
+  peak: :func:`memory_band`) on each stage's total;
 * placement: one column per layer: its stage (colour) and recomputation (marker).
 """
 from __future__ import annotations
@@ -19,7 +21,7 @@ from planner.errors import invalid
 
 COLOURS = {"forward": "#4C72B0", "backward": "#DD8452", "recompute": "#8172B3",
            "comm": "#C44E52", "idle": "#E4E4E4", "dp_sync": "#937860", "optimizer": "#55A868",
-           "capacity": "#C44E52"}
+           "capacity": "#C44E52", "band": "#17BECF"}
 MEMORY = (("params", "#4C72B0"), ("grads", "#DD8452"), ("optimizer", "#55A868"),
           ("activations", "#DA8BC3"), ("other", "#8C8C8C"))
 RECOMPUTE_MARKERS = {"none": "o", "selective": "s", "full": "D"}
@@ -90,6 +92,20 @@ def draw_timeline(ax, plan: Any, timeline) -> None:
         ncol=7, frameon=False)
 
 
+def memory_band(doc: dict[str, Any]) -> list[tuple[float, float]] | None:
+    """Each stage's total memory band [low, high] in GiB: the plan's band of the peak
+    (``predicted.peak_memory_gib_interval``) as the same relative error on every stage (the
+    calibration's band is a relative error of the prediction, planner.calibration.bands);
+    None when the plan records no band."""
+    predicted = doc["predicted"]
+    interval, peak = predicted.get("peak_memory_gib_interval"), predicted["peak_memory_gib"]
+    if not interval or peak <= 0:
+        return None
+    low, high = interval[0] / peak, interval[1] / peak
+    return [(s["memory_gib"]["total"] * low, s["memory_gib"]["total"] * high)
+            for s in doc["stages"]]
+
+
 def draw_memory(ax, plan: Any) -> None:
     doc = plan.document
     stages = doc["stages"]
@@ -100,15 +116,34 @@ def draw_memory(ax, plan: Any) -> None:
         values = [s["memory_gib"][key] for s in stages]
         ax.bar(xs, values, bottom=bottom, color=colour, label=key, width=0.6)
         bottom = [b + v for b, v in zip(bottom, values)]
-    ax.axhline(capacity, color=COLOURS["capacity"], linestyle="--", linewidth=1.5,
-               label=f"capacity {capacity:g} GiB")
-    for x, total in zip(xs, bottom):
-        ax.text(x, total, f"{total:.1f}", ha="center", va="bottom", fontsize=8)
+    if all("capacity_gib" in s for s in stages):  # across pools: each stage's pool's GPU
+        caps = [s["capacity_gib"] for s in stages]
+        ax.hlines(caps, [x - 0.4 for x in xs], [x + 0.4 for x in xs], color=COLOURS["capacity"],
+                  linestyle="--", linewidth=1.5, label="capacity of the stage's pool")
+        labels = [f"stage {s['index']}\n{s['pool']}" for s in stages]
+        capacity = max(caps)
+    else:
+        ax.axhline(capacity, color=COLOURS["capacity"], linestyle="--", linewidth=1.5,
+                   label=f"capacity {capacity:g} GiB")
+        labels = [f"stage {x}" for x in xs]
+    band = memory_band(doc)
+    top = list(bottom)
+    if band is not None:
+        coverage = doc["predicted"].get("interval_coverage", 0.8)
+        ax.errorbar(xs, bottom, yerr=[[t - lo for t, (lo, _) in zip(bottom, band)],
+                                      [hi - t for t, (_, hi) in zip(bottom, band)]],
+                    fmt="none", ecolor=COLOURS["band"], elinewidth=3, capsize=10,
+                    capthick=3, label=f"{coverage:.0%} error band")
+        top = [max(t, hi) for t, (_, hi) in zip(bottom, band)]
+    for x, total, y in zip(xs, bottom, top):
+        ax.annotate(f"{total:.1f}", (x, y), xytext=(0, 3), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=8)
     ax.set_xticks(xs)
-    ax.set_xticklabels([f"stage {x}" for x in xs])
+    ax.set_xticklabels(labels)
     ax.set_ylabel("GiB per GPU")
-    ax.set_ylim(0, max(capacity, max(bottom, default=0)) * 1.15)
-    ax.set_title("Memory per stage and category")
+    ax.set_ylim(0, max(capacity, max(top, default=0)) * 1.15)
+    ax.set_title("Memory per stage and category"
+                 + (" (bars: the error band of each stage's total)" if band else ""))
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
 
 
@@ -169,8 +204,9 @@ def combined(plan: Any, timeline=None):
     return fig
 
 
-def image_bytes(fig, fmt: str) -> bytes:
-    """PNG or SVG bytes of a figure, deterministic (no dates, fixed SVG ids)."""
+def image_bytes(fig, fmt: str, id_prefix: str = "i") -> bytes:
+    """PNG or SVG bytes of a figure, deterministic (no dates, fixed SVG ids numbered after
+    ``id_prefix``: give each SVG of one page its own, or their ids collide)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.backends.backend_svg import FigureCanvasSVG
 
@@ -180,20 +216,20 @@ def image_bytes(fig, fmt: str) -> bytes:
             FigureCanvasAgg(fig).print_png(buffer, metadata={"Software": None})
         elif fmt == "svg":
             FigureCanvasSVG(fig).print_svg(buffer, metadata={"Date": None, "Creator": None})
-            return _stable_ids(buffer.getvalue().decode("utf-8")).encode("utf-8")
+            return _stable_ids(buffer.getvalue().decode("utf-8"), id_prefix).encode("utf-8")
         else:
             raise ValueError(f"no image format {fmt!r}")
     return buffer.getvalue()
 
 
-def _stable_ids(svg: str) -> str:
+def _stable_ids(svg: str, prefix: str = "i") -> str:
     """Renumber the SVG's element ids in order of appearance: matplotlib derives some (clip
     paths) from object reprs that hold memory addresses, so they change between runs."""
     import re
 
     mapping: dict[str, str] = {}
     for name in re.findall(r'\sid="([^"]+)"', svg):
-        mapping.setdefault(name, f"i{len(mapping)}")
+        mapping.setdefault(name, f"{prefix}{len(mapping)}")
     if not mapping:
         return svg
     pattern = re.compile(r'(\sid="|#)(' + "|".join(re.escape(k) for k in sorted(

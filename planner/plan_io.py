@@ -23,7 +23,9 @@ from typing import Any
 
 from planner.errors import invalid
 from planner.safe_input import control_character, parse_json, read_text
-from planner.plan import KIND, SCHEMA_VERSION
+from planner.plan import KIND, POOL_SCHEMA_VERSION, SCHEMA_VERSION
+
+READABLE_VERSIONS = (SCHEMA_VERSION, POOL_SCHEMA_VERSION)
 
 MAX_PLAN_BYTES = 64 * 2**20  # a 400-layer plan with runners-up is well under 1 MiB
 MAX_REPORTED_ERRORS = 10
@@ -133,9 +135,10 @@ def validate_plan(doc: Any, where: str = "plan") -> dict[str, Any]:
         raise invalid(f"{where}: not a shardplan plan (kind is {kind!r}, expected {KIND!r})",
                       "plan files are written by `shardplan plan -o FILE`")
     version = doc.get("schema_version")
-    if isinstance(version, bool) or version != SCHEMA_VERSION:
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise invalid(f"{where}: plan schema_version {version!r} is not supported; this "
-                      f"shardplan reads schema_version {SCHEMA_VERSION}",
+                      f"shardplan reads schema_version {SCHEMA_VERSION} (one pool) and "
+                      f"{POOL_SCHEMA_VERSION} (across pools)",
                       "re-create the plan with this shardplan (`shardplan plan ... -o FILE`), or "
                       "use the shardplan version that wrote it",
                       expected=SCHEMA_VERSION, found=version)

@@ -3,7 +3,8 @@
 Consumes a :class:`~planner.plan_types.Plan`; produces the page's text (inline SVG figures
 from :mod:`planner.plan_figures`, inline CSS, no script, no external resource) or image bytes.
 Every string from the plan is HTML-escaped. Sections: the headline numbers, the pipeline
-schedule as a timeline, memory per stage and category against capacity, per-layer placement
+schedule as a timeline, memory per stage and category against capacity (with the plan's
+error band, figure and table), per-layer placement
 (stage, recomputation, layout) with a per-stage table, the runners-up and what each gives up
 against the plan, and the solver record.
 """
@@ -13,7 +14,7 @@ import html
 import re
 from typing import Any
 
-from planner.plan_figures import combined, image_bytes, panel
+from planner.plan_figures import combined, image_bytes, memory_band, panel
 
 CSS = """
 body{font-family:system-ui,-apple-system,'Segoe UI',sans-serif;margin:24px auto;max-width:1140px;
@@ -31,8 +32,10 @@ def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def _svg(fig) -> str:
-    text = image_bytes(fig, "svg").decode("utf-8")
+def _svg(fig, name: str) -> str:
+    """The figure as inline SVG whose element ids start with ``name`` (unique on the page:
+    markers and clip paths are referenced by id)."""
+    text = image_bytes(fig, "svg", f"{name}-").decode("utf-8")
     text = re.sub(r"^<\?xml[^>]*>\s*", "", text)
     return re.sub(r"<!DOCTYPE[^>]*>\s*", "", text)
 
@@ -68,6 +71,32 @@ def _stage_rows(plan: Any) -> list[list[Any]]:
                      counts["full"], ", ".join(layouts), f"{stage['memory_gib']['total']:.2f}",
                      f"{stage['time_s']:.4f}"])
     return rows
+
+
+def _memory_table(doc: dict[str, Any]) -> str:
+    """Memory per stage and category, with each stage's error band where the plan has one."""
+    band = memory_band(doc)
+    capacity = doc["cluster"]["gpu_memory_gib"]
+    keys = ("params", "grads", "optimizer", "activations", "other", "total")
+    header = ["stage", *keys]
+    if band is not None:
+        coverage = doc["predicted"].get("interval_coverage", 0.8)
+        header += [f"{coverage:.0%} band low", "high", "fits at high"]
+    rows = []
+    for i, stage in enumerate(doc["stages"]):
+        row = [stage["index"], *(f"{stage['memory_gib'][k]:.2f}" for k in keys)]
+        if band is not None:
+            low, high = band[i]
+            fits = high <= stage.get("capacity_gib", capacity)  # its pool's GPU across pools
+            row += [f"{low:.2f}", f"{high:.2f}", "yes" if fits else "no"]
+        rows.append(row)
+    low_peak, high_peak = doc["predicted"].get("peak_memory_gib_interval") or (0.0, 0.0)
+    note = ("" if band is None else
+            f"<p class='sub'>The band is the calibration's {_e(f'{coverage:.0%}')} error band "
+            f"of the peak ({_e(f'{low_peak:.1f}')} - {_e(f'{high_peak:.1f}')} GiB), the same "
+            f"relative "
+            f"error on every stage; capacity {_e(f'{capacity:g}')} GiB.</p>")
+    return _table(header, rows) + note
 
 
 def _alternatives(doc: dict[str, Any]) -> str:
@@ -111,14 +140,16 @@ def page(plan: Any) -> str:
     pred, p, c = doc["predicted"], doc["parallelism"], doc["cluster"]
     timeline = plan_timeline(plan)
     with _rc():
-        figures = {name: _svg(panel(plan, name, timeline))
+        figures = {name: _svg(panel(plan, name, timeline), name)
                    for name in ("timeline", "memory", "placement")}
     fits = ("<b class='fit'>fits</b>" if pred["fits"] else "<b class='nofit'>does NOT fit</b>")
     kpis = "".join(f"<div>{label}<b>{value}</b></div>" for label, value in (
         ("step time", f"{pred['step_time_s']:.3f} s"),
         ("throughput", f"{pred['tokens_per_s']:,.0f} tokens/s"),
         ("MFU", f"{pred['mfu']:.1%}"),
-        ("peak memory", f"{pred['peak_memory_gib']:.1f} of {c['gpu_memory_gib']:g} GiB"),
+        ("peak memory", f"{pred['peak_memory_gib']:.1f} of {c['gpu_memory_gib']:g} GiB"
+         + (" (band {:.1f}-{:.1f})".format(*pred["peak_memory_gib_interval"])
+            if pred.get("peak_memory_gib_interval") else "")),
         ("bubble", f"{pred['time_breakdown_s']['bubble']:.3f} s")))
     bubbles = ", ".join(f"rank {r}: {timeline.bubble_s(r):.3f} s" for r in range(timeline.pp))
     title = f"{doc['model']['name']} on {c['name']}"
@@ -137,6 +168,7 @@ per-layer forward, backward, recompute and exposed-communication terms; idle tim
 <figure id="timeline">{figures['timeline']}</figure>
 <h2>Memory per stage</h2>
 <figure id="memory">{figures['memory']}</figure>
+<div id="memory-table">{_memory_table(doc)}</div>
 <h2>Per-layer placement</h2>
 <figure id="placement">{figures['placement']}</figure>
 {_table(["stage", "first .. last layer", "count", "recompute none", "selective", "full", "layout",

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions
 from planner.errors import invalid
-from planner.hardware import Cluster
+from planner.hardware import Cluster, MultiPoolCluster
 from planner.ir import ModelGraph
 from planner.mesh import Mesh
 from planner.moe import MoeOptions
@@ -38,17 +38,24 @@ _RUNTIME_KEYS = ("runtime", "attention_kernel", "dropout", "overlap_grad_reduce"
                  # runtime profile and calibrated behaviour (planner/profiles.py, calibration)
                  "profile", "allocator_overhead", "comm_slowdown", "micro_batch_overhead_s",
                  "block_overhead_s", "elementwise_factor", "fp8_gemm_factor", "fp8_saved_inputs",
-                 "matmul_efficiency", "attention_efficiency")
+                 "matmul_efficiency", "attention_efficiency", "pool_efficiency")
 
 
 @dataclass(frozen=True, eq=False)
 class Plan:
     model: ModelGraph
-    cluster: Cluster
+    cluster: Cluster | MultiPoolCluster
     config: ParallelConfig
     placement: LayerPlacement
     runtime: RuntimeOptions
     document: Mapping[str, Any]  # the document as read (read-only); see to_dict
+    # a plan across pools (schema_version 2, planner/hetero/plan_file.py): the pool of every
+    # stage, and ``cluster`` is a MultiPoolCluster; None on one pool
+    stage_pools: tuple[str, ...] | None = None
+
+    @property
+    def across_pools(self) -> bool:
+        return self.stage_pools is not None
 
     # -- views -----------------------------------------------------------------------------
     @property
@@ -73,22 +80,29 @@ class Plan:
     def from_dict(doc: Mapping[str, Any]) -> "Plan":
         """Decode a plan document (schema-validated, or at least with the keys read here);
         raises PlannerError (INVALID_INPUT) naming what is missing or wrong."""
-        from planner.serialize import cluster_from_dict, model_from_dict
+        from planner.serialize import cluster_from_dict, model_from_dict, pool_cluster_from_dict
 
         try:
             model = model_from_dict(doc["inputs"]["model"]["ir"], "$.inputs.model.ir")
-            cluster = cluster_from_dict(doc["inputs"]["cluster"]["ir"], "$.inputs.cluster.ir")
             p = doc["parallelism"]
+            pools = tuple(p["stage_pools"]) if "stage_pools" in p else None
+            cluster = (cluster_from_dict if pools is None else pool_cluster_from_dict)(
+                doc["inputs"]["cluster"]["ir"], "$.inputs.cluster.ir")
             config = ParallelConfig(**{k: p[k] for k in _CONFIG_KEYS},
-                                    etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"])
+                                    etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"],
+                                    dp_shard=int(p.get("dp_shard", 0)))
             layers = sorted(doc["layers"], key=lambda layer: layer["index"])
             placement = LayerPlacement(
                 tuple(int(layer["stage"]) for layer in layers),
                 tuple(LayerOption(Recompute(layer["recompute"]),
-                                  Layout(layer.get("layout", Layout.MESH.value)))
+                                  Layout(layer.get("layout", Layout.MESH.value)),
+                                  bool(layer.get("offload", False)))
                       for layer in layers))
             r = doc["runtime"]
-            runtime = RuntimeOptions(**{k: r[k] for k in _RUNTIME_KEYS if k in r},
+            runtime = RuntimeOptions(**{k: r[k] for k in _RUNTIME_KEYS
+                                        if k in r and k != "pool_efficiency"},
+                                     pool_efficiency=tuple(tuple(x) for x in
+                                                           r.get("pool_efficiency", ())),
                                      moe=MoeOptions(**r["moe"]) if "moe" in r else MoeOptions())
         except (KeyError, TypeError, ValueError) as error:
             raise invalid(f"plan document: missing or invalid {error} (inputs.model.ir, "
@@ -98,7 +112,7 @@ class Plan:
             raise invalid(f"$.runtime.runtime: unknown runtime {runtime.runtime!r}; this "
                           f"shardplan knows {', '.join(sorted(RUNTIME_STATE_BYTES))}")
         return Plan(model, cluster, config, placement, runtime,
-                    MappingProxyType(copy.deepcopy(dict(doc))))
+                    MappingProxyType(copy.deepcopy(dict(doc))), pools)
 
     @staticmethod
     def load(path: str | os.PathLike) -> "Plan":
@@ -117,13 +131,21 @@ class Plan:
         doc["inputs"]["cluster"]["ir"] = cluster_to_dict(self.cluster)
         for key in _CONFIG_KEYS:
             doc["parallelism"][key] = getattr(self.config, key)
+        if "dp_shard" in doc["parallelism"] or self.config.dp_shard:  # HSDP (planner.mesh)
+            doc["parallelism"]["dp_shard"] = self.config.dp_shard or self.config.dp
         if "etp" in doc["parallelism"] or self.config.etp:  # the expert mesh (planner.mesh)
             doc["parallelism"]["etp"] = self.mesh.expert_tp
             doc["parallelism"]["edp"] = self.mesh.expert_dp
         for key in _RUNTIME_KEYS:
             value = getattr(self.runtime, key)
-            if key in doc["runtime"] or value != getattr(RuntimeOptions(), key):
+            if key == "pool_efficiency":
+                value = [list(row) for row in value]
+                if value or key in doc["runtime"]:
+                    doc["runtime"][key] = value
+            elif key in doc["runtime"] or value != getattr(RuntimeOptions(), key):
                 doc["runtime"][key] = value
+        if self.stage_pools is not None:
+            doc["parallelism"]["stage_pools"] = list(self.stage_pools)
         if "moe" in doc["runtime"] or self.runtime.moe != MoeOptions():
             doc["runtime"]["moe"] = asdict(self.runtime.moe)
         ordered = sorted(doc["layers"], key=lambda layer: layer["index"])
@@ -132,6 +154,8 @@ class Plan:
             entry["recompute"] = option.recompute.value
             if "layout" in entry or option.layout is not Layout.MESH:
                 entry["layout"] = option.layout.value
+            if "offload" in entry or option.offload:
+                entry["offload"] = option.offload
         return doc
 
     # -- the cost model on this plan -------------------------------------------------------
@@ -143,10 +167,31 @@ class Plan:
         return replace(self, config=replace(self.config, **config),
                        runtime=replace(self.runtime, **runtime))
 
-    def evaluate(self, *, model: ModelGraph | None = None, cluster: Cluster | None = None):
+    def evaluate(self, *, model: ModelGraph | None = None, cluster: Cluster | None = None,
+                 options: RuntimeOptions | None = None):
         """The current cost model's :class:`~planner.cost.model.Evaluation` of this plan (the
-        embedded model and cluster unless others are given)."""
+        embedded model, cluster and runtime options unless others are given); across pools,
+        the :class:`~planner.hetero.evaluate.HeteroEvaluation`."""
         from planner.cost.model import evaluate
 
+        options = options or self.runtime
+        if self.stage_pools is not None:
+            from planner.hetero.evaluate import hetero_evaluate
+            from planner.hetero.layout import StagePools
+
+            return hetero_evaluate(model or self.model, cluster or self.cluster, self.config,
+                                   StagePools(self.stage_pools), self.placement, options)
         return evaluate(model or self.model, cluster or self.cluster, self.config,
-                        self.placement, self.runtime)
+                        self.placement, options)
+
+    def stage_contexts(self, options: RuntimeOptions | None = None) -> list:
+        """The cost context of every pipeline stage (across pools: its pool's GPU and links)."""
+        options = options or self.runtime
+        if self.stage_pools is not None:
+            from planner.hetero.terms import stage_contexts
+
+            return stage_contexts(self.model, self.cluster, self.config, self.stage_pools,
+                                  options)
+        from planner.cost.context import make_context
+
+        return [make_context(self.model, self.cluster, self.config, options)] * self.config.pp

@@ -42,12 +42,16 @@ def structure_problems(doc: dict[str, Any], model: ModelGraph, cluster: Cluster)
     p = doc["parallelism"]
     tp, pp, dp, cp = p["tp"], p["pp"], p["dp"], p["cp"]
     product = tp * pp * dp * cp
-    if product != cluster.num_gpus:
+    if "stage_pools" in p:  # a plan across pools: idle GPUs allowed, each stage on one pool
+        from planner.hetero.check import pool_structure_problems
+
+        out += pool_structure_problems(doc, cluster)
+    elif product != cluster.num_gpus:
         out.append(Problem("degrees", f"degrees multiply to {product} GPUs (tp {tp} x cp {cp} x "
                                       f"dp {dp} x pp {pp}) but the cluster has "
                                       f"{cluster.num_gpus} ({cluster.num_nodes} nodes x "
                                       f"{cluster.gpus_per_node})"))
-    if doc["cluster"]["num_gpus"] != product:
+    if "stage_pools" not in p and doc["cluster"]["num_gpus"] != product:
         out.append(Problem("degrees", f"cluster.num_gpus says {doc['cluster']['num_gpus']} but "
                                       f"the degrees multiply to {product}"))
     mb, gb = p["micro_batch"], p["global_batch"]

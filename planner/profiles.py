@@ -12,7 +12,9 @@ layout and overlap behaviour from here. Four profiles:
   ``--pipeline-model-parallel-layout``), recompute ``--recompute-granularity selective``
   (``--recompute-modules core_attn`` by default) or ``full`` (``--recompute-method
   uniform|block``, ``--recompute-num-layers``), ``--tp-comm-overlap`` (Transformer Engine
-  userbuffers), ``--overlap-grad-reduce`` / ``--overlap-param-gather``
+  userbuffers), ``--overlap-grad-reduce`` / ``--overlap-param-gather``, hybrid sharding of the
+  distributed optimizer with ``--num-distributed-optimizer-instances`` (each instance shards
+  over dp / instances ranks, instances all-reduce their gradient shards)
   (NVIDIA/Megatron-LM ``megatron/training/arguments.py`` and ``examples/``).
 * ``torchtitan``: FSDP2 (``fully_shard``, ``data_parallel_shard_degree``; HSDP with
   ``data_parallel_replicate_degree``; ``fsdp_reshard_after_forward`` default/always/never),
@@ -26,7 +28,9 @@ layout and overlap behaviour from here. Four profiles:
   parameters; ``reshard_after_forward=never`` keeps them gathered between forward and
   backward (ZeRO-2-like traffic, ZeRO-3 state layout).
 * ``deepspeed``: DeepSpeed and Megatron-DeepSpeed: ``zero_optimization.stage`` 0-3,
-  ``overlap_comm``, AutoTP, PipelineModule (1F1B only, no interleaving), activation
+  ``overlap_comm``, AutoTP, PipelineModule (1F1B only, no interleaving), MiCS hybrid
+  sharding of ZeRO-3 (``zero_optimization.mics_shard_size``; ZeRO++'s hpZ secondary weight
+  partition, ``zero_hpz_partition_size``, is not modelled), activation
   checkpointing (``checkpoint_num_layers``), fp16 or the BF16_Optimizer (DeepSpeed config-json
   docs, deepspeed.ai/docs/config-json).
 * ``fsdp``: PyTorch FSDP1 as used by Composer / llm-foundry and fms-fsdp:
@@ -97,6 +101,18 @@ class RuntimeProfile:
     # --expert-tensor-parallel-size), "one-or-tp" (experts whole or split like the dense TP),
     # "one" (no expert tensor parallelism)
     expert_tp: str = "any"
+    # hybrid sharding (HSDP, --dp-shard N < dp): the ZeRO stages it runs it with, its spelling,
+    # and which shard groups: "any" divisor of dp, or "node" (one node's GPUs)
+    hsdp_stages: tuple[int, ...] = ()
+    hsdp_name: str = ""
+    hsdp_shard: str = "any"
+
+    def allows_hsdp(self, stage: int, shard_ranks: int, gpus_per_node: int) -> bool:
+        """The runtime shards ZeRO ``stage`` over groups of ``shard_ranks`` GPUs (each
+        holding tp x cp x dp_shard ranks) replicated across groups."""
+        if not self.hsdp or stage not in self.hsdp_stages:
+            return False
+        return self.hsdp_shard == "any" or shard_ranks == gpus_per_node
 
     @property
     def search_zero_stages(self) -> tuple[int, ...]:
@@ -149,7 +165,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
             0: "DDP (no --use-distributed-optimizer)", 1: "--use-distributed-optimizer",
             2: "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads",
             3: "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads_params"}),
-        hsdp=False, tp=True, sp="optional", cp=True, ep=True, pp=True,
+        hsdp=True, hsdp_stages=(1,),
+        hsdp_name="--num-distributed-optimizer-instances (dp / dp_shard)",
+        tp=True, sp="optional", cp=True, ep=True, pp=True,
         schedules=("1f1b", "interleaved-1f1b"), uneven_chunks=True,
         recompute=(_NONE,
                    RecomputePolicy("selective", "selective",
@@ -168,7 +186,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         frameworks=("torchtitan", "FSDP2", "AutoModel"),
         zero_stages=(3,),
         sharding_names=MappingProxyType({3: "fully_shard (data_parallel_shard_degree)"}),
-        hsdp=True, tp=True, sp="with-tp", cp=True, ep=True, pp=True,
+        hsdp=True, hsdp_stages=(3,),
+        hsdp_name="data_parallel_shard_degree x data_parallel_replicate_degree",
+        tp=True, sp="with-tp", cp=True, ep=True, pp=True,
         schedules=("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zbv", "dualpipe"),
         uneven_chunks=True,
         recompute=(_NONE,
@@ -202,7 +222,8 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
                                          1: "zero_optimization.stage 1",
                                          2: "zero_optimization.stage 2",
                                          3: "zero_optimization.stage 3"}),
-        hsdp=False, tp=True, sp="none", cp=False, ep=True, pp=True,
+        hsdp=True, hsdp_stages=(3,), hsdp_name="MiCS (zero_optimization.mics_shard_size)",
+        tp=True, sp="none", cp=False, ep=True, pp=True,
         schedules=("1f1b",), uneven_chunks=False,
         recompute=(_NONE,
                    RecomputePolicy("full", "full",
@@ -226,7 +247,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         frameworks=("Composer", "llm-foundry", "fms-fsdp", "metaseq", "PyTorch FSDP"),
         zero_stages=(0, 2, 3),
         sharding_names=MappingProxyType({0: "NO_SHARD", 2: "SHARD_GRAD_OP", 3: "FULL_SHARD"}),
-        hsdp=True, tp=False, sp="none", cp=False, ep=False, pp=False,
+        hsdp=True, hsdp_stages=(2, 3), hsdp_shard="node",
+        hsdp_name="sharding_strategy HYBRID_SHARD / _HYBRID_SHARD_ZERO2 (shard in a node)",
+        tp=False, sp="none", cp=False, ep=False, pp=False,
         schedules=("1f1b",), uneven_chunks=False,
         recompute=(_NONE,
                    RecomputePolicy("full", "full",

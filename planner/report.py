@@ -43,13 +43,16 @@ def parallelism_dict(ev: Evaluation) -> dict[str, Any]:
     recompute = sorted({r.value for r, layer in zip(ev.placement.recompute, ev.model.layers)
                         if layer.kind.value == "block"})
     mesh = c.mesh
-    return {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "ep": c.ep,
-            "etp": mesh.expert_tp, "edp": mesh.expert_dp, "sp": c.sp,
-            "zero_stage": c.zero_stage, "micro_batch": c.micro_batch,
-            "global_batch": c.global_batch, "seq_len": c.seq_len,
-            "num_micro_batches": c.num_micro_batches, "virtual_stages": c.virtual_stages,
-            "schedule": c.schedule, "dtype": c.dtype,
-            "recompute": recompute[0] if len(recompute) == 1 else "per-layer"}
+    out = {"dp": c.dp, "tp": c.tp, "pp": c.pp, "cp": c.cp, "ep": c.ep,
+           "etp": mesh.expert_tp, "edp": mesh.expert_dp, "sp": c.sp,
+           "zero_stage": c.zero_stage, "micro_batch": c.micro_batch,
+           "global_batch": c.global_batch, "seq_len": c.seq_len,
+           "num_micro_batches": c.num_micro_batches, "virtual_stages": c.virtual_stages,
+           "schedule": c.schedule, "dtype": c.dtype,
+           "recompute": recompute[0] if len(recompute) == 1 else "per-layer"}
+    if c.dp_shard:  # hybrid sharding (planner.mesh): written only when used
+        out["dp_shard"] = c.dp_shard
+    return out
 
 
 def stages_list(ev: Evaluation) -> list[dict[str, Any]]:
@@ -85,29 +88,33 @@ def predicted_dict(ev: Evaluation) -> dict[str, Any]:
     }
 
 
+def runtime_dict(o) -> dict[str, Any]:
+    """The RuntimeOptions a plan records: check and export rebuild the same options."""
+    return {"runtime": o.runtime, "attention_kernel": o.attention_kernel,
+            "dropout": o.dropout, "overlap_grad_reduce": o.overlap_grad_reduce,
+            "overlap_param_gather": o.overlap_param_gather,
+            "tp_comm_overlap": o.tp_comm_overlap,
+            # runtime profile and calibrated behaviour (planner/profiles.py,
+            # planner/calibration)
+            "profile": o.profile, "allocator_overhead": o.allocator_overhead,
+            "comm_slowdown": o.comm_slowdown,
+            "micro_batch_overhead_s": o.micro_batch_overhead_s,
+            "block_overhead_s": o.block_overhead_s,
+            "elementwise_factor": o.elementwise_factor,
+            "fp8_gemm_factor": o.fp8_gemm_factor,
+            "fp8_saved_inputs": o.fp8_saved_inputs,
+            "matmul_efficiency": o.matmul_efficiency,
+            "attention_efficiency": o.attention_efficiency,
+            "moe": {"imbalance": o.moe.imbalance, "capacity_factor": o.moe.capacity_factor,
+                    "dispatcher": o.moe.dispatcher, "a2a_overlap": o.moe.a2a_overlap}}
+
+
 def evaluation_dict(ev: Evaluation) -> dict[str, Any]:
-    o = ev.options
     return rounded({
         "model": model_dict(ev),
         "cluster": cluster_dict(ev),
         "parallelism": parallelism_dict(ev),
-        "runtime": {"runtime": o.runtime, "attention_kernel": o.attention_kernel,
-                    "dropout": o.dropout, "overlap_grad_reduce": o.overlap_grad_reduce,
-                    "overlap_param_gather": o.overlap_param_gather,
-                    "tp_comm_overlap": o.tp_comm_overlap,
-                    # runtime profile and calibrated behaviour (planner/profiles.py,
-                    # planner/calibration): check and export rebuild the same options
-                    "profile": o.profile, "allocator_overhead": o.allocator_overhead,
-                    "comm_slowdown": o.comm_slowdown,
-                    "micro_batch_overhead_s": o.micro_batch_overhead_s,
-                    "block_overhead_s": o.block_overhead_s,
-                    "elementwise_factor": o.elementwise_factor,
-                    "fp8_gemm_factor": o.fp8_gemm_factor,
-                    "fp8_saved_inputs": o.fp8_saved_inputs,
-                    "matmul_efficiency": o.matmul_efficiency,
-                    "attention_efficiency": o.attention_efficiency,
-                    "moe": {"imbalance": o.moe.imbalance, "capacity_factor": o.moe.capacity_factor,
-                            "dispatcher": o.moe.dispatcher, "a2a_overlap": o.moe.a2a_overlap}},
+        "runtime": runtime_dict(ev.options),
         "stages": stages_list(ev),
         "predicted": predicted_dict(ev),
     })

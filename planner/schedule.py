@@ -144,8 +144,14 @@ def chunk_times(plan: Any) -> list[list[ChunkTimes]]:
     from planner.cost.context import make_context
     from planner.cost.terms import layer_terms
 
-    ctx = make_context(plan.model, plan.cluster, plan.config, plan.runtime)
     pp, v = plan.config.pp, plan.config.virtual_stages
+    if getattr(plan, "across_pools", False):  # each stage costed on its pool's GPU and links
+        from planner.hetero.terms import stage_contexts
+
+        contexts = stage_contexts(plan.model, plan.cluster, plan.config, plan.stage_pools,
+                                  plan.runtime)
+    else:
+        contexts = [make_context(plan.model, plan.cluster, plan.config, plan.runtime)] * pp
     stages = list(plan.placement.stage)
     sums = [[[0.0, 0.0, 0.0, 0.0] for _ in range(v)] for _ in range(pp)]
     # chunks are runs of equal stage: the k-th run is chunk k // pp of rank k % pp
@@ -155,7 +161,7 @@ def chunk_times(plan: Any) -> list[list[ChunkTimes]]:
             run += 1
             previous = stages[i]
         rank, chunk = stages[i], (run // pp if v > 1 else 0)
-        t = layer_terms(ctx, layer, plan.placement.options[i])
+        t = layer_terms(contexts[rank], layer, plan.placement.options[i])
         cell = sums[rank][chunk]
         cell[0] += t.fwd_s
         cell[1] += t.bwd_s

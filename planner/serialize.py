@@ -22,7 +22,7 @@ from types import MappingProxyType, NoneType, UnionType
 from typing import Any, Mapping
 
 from planner.errors import invalid
-from planner.hardware import Cluster, Gpu, NetworkTier
+from planner.hardware import Cluster, Gpu, MultiPoolCluster, NetworkTier, Pool
 from planner.ir import Attention, Layer, Mlp, ModelGraph
 
 # Fields that must be at least 1 (the cost model divides by them); every other number >= 0.
@@ -33,6 +33,7 @@ _POSITIVE = {
                 "q_lora_rank", "kv_lora_rank"},
     Mlp: {"ffn_hidden", "num_experts", "top_k"},
     Cluster: {"gpus_per_node", "num_nodes", "scalable_unit_nodes", "spine_oversubscription"},
+    Pool: {"gpus_per_node", "num_nodes", "scalable_unit_nodes", "spine_oversubscription"},
     Gpu: {"memory_gib", "hbm_bandwidth_gbytes_per_s", "num_sms", "matmul_efficiency"},
     NetworkTier: {"domain_gpus", "bandwidth_gbytes_per_s", "efficiency"},
 }
@@ -72,6 +73,11 @@ def model_from_dict(data: Any, where: str = "$") -> ModelGraph:
 def cluster_from_dict(data: Any, where: str = "$") -> Cluster:
     """The Cluster ``data`` describes (the inverse of :func:`cluster_to_dict`)."""
     return _decode(Cluster, data, where)
+
+
+def pool_cluster_from_dict(data: Any, where: str = "$") -> MultiPoolCluster:
+    """The MultiPoolCluster ``data`` describes (a plan across pools, planner/hetero/plan_file.py)."""
+    return _decode(MultiPoolCluster, data, where)
 
 
 def _type_name(value: Any) -> str:

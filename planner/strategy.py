@@ -39,31 +39,43 @@ class Layout(str, Enum):
     TP_HALF = "tp/2"  # half the mesh's tensor degree, twice its data degree
     TP_DOUBLE = "tp*2"  # twice the tensor degree (two mesh TP groups), half the data degree
     REPLICATED = "tp=1"  # no tensor parallelism: every rank of the stage data-parallel
+    # The widest tensor group inside one NVLink domain: tp x k ranks, k the largest divisor of
+    # dp with tp x k <= the GPUs of a node (a vocab-parallel LM head over the whole node while
+    # the blocks run data-parallel).
+    NODE = "tp=node"
 
-    def tensor_degree(self, tp: int, dp: int) -> int | None:
-        """This layout's tensor degree under a mesh ``tp x dp``; None where it does not exist
-        (or would repeat another layout's degree)."""
+    def tensor_degree(self, tp: int, dp: int, node: int = 0) -> int | None:
+        """This layout's tensor degree under a mesh ``tp x dp`` on nodes of ``node`` GPUs (0:
+        unknown, no NODE layout); None where it does not exist (or would repeat another
+        layout's degree)."""
         if self is Layout.MESH:
             return tp
         if self is Layout.TP_HALF:
             return tp // 2 if tp % 2 == 0 and tp > 2 else None
         if self is Layout.TP_DOUBLE:
             return 2 * tp if dp % 2 == 0 else None
+        if self is Layout.NODE:
+            k = max((k for k in range(1, dp + 1) if dp % k == 0 and tp * k <= node), default=1)
+            return tp * k if k > 2 else None  # k = 1, 2: the mesh's or tp*2's degree
         return 1 if tp > 1 else None
 
 
 @dataclass(frozen=True)
 class LayerOption:
-    """How one layer runs: its layout and its recomputation."""
+    """How one layer runs: its layout, its recomputation, and whether its optimizer states and
+    fp32 master weights live in host memory (ZeRO-Offload, planner/cost/offload.py)."""
 
     recompute: Recompute = Recompute.NONE
     layout: Layout = Layout.MESH
+    offload: bool = False
 
     @property
     def name(self) -> str:
-        """Short stable name (CP-SAT variable names, messages): 'full', 'mesh/full' later."""
-        return self.recompute.value if self.layout is Layout.MESH else \
+        """Short stable name (CP-SAT variable names, messages): 'full', 'tp=1/full',
+        'full+offload'."""
+        name = self.recompute.value if self.layout is Layout.MESH else \
             f"{self.layout.value}/{self.recompute.value}"
+        return name + "+offload" if self.offload else name
 
     @property
     def memory_rank(self) -> int:
@@ -80,10 +92,13 @@ PER_LAYER_LAYOUTS = tuple(Layout)  # the solver picks a layout per block class
 
 
 def block_options(recompute: Iterable[Recompute] = RECOMPUTE_POLICIES,
-                  layouts: Iterable[Layout] = LAYOUTS) -> tuple[LayerOption, ...]:
-    """The per-block choices the solver, the oracle and the bounds enumerate (layout-major)."""
-    recompute = tuple(recompute)
-    return tuple(LayerOption(r, lay) for lay in layouts for r in recompute)
+                  layouts: Iterable[Layout] = LAYOUTS,
+                  offload: Iterable[bool] = (False,)) -> tuple[LayerOption, ...]:
+    """The per-block choices the solver, the oracle and the bounds enumerate (offload-, then
+    layout-major: the options without offload first)."""
+    recompute, layouts = tuple(recompute), tuple(layouts)
+    return tuple(LayerOption(r, lay, off) for off in offload for lay in layouts
+                 for r in recompute)
 
 
 BLOCK_OPTIONS = block_options()
@@ -96,14 +111,26 @@ def layouts_for(config) -> tuple[Layout, ...]:
     return LAYOUTS
 
 
-def per_layer_layouts(config) -> tuple[Layout, ...]:
+def per_layer_layouts(config, node: int = 0) -> tuple[Layout, ...]:
     """The layouts a block may take with per-layer layouts on (``--pin layouts=per-layer``):
-    those whose tensor degree exists under ``config``'s tp x dp (None: every layout). Whether a
-    given layer can take one (heads, FFN width, MoE) is planner.cost.terms.option_valid."""
+    those whose tensor degree exists under ``config``'s tp x dp on nodes of ``node`` GPUs
+    (config None: every layout; node 0: as if the stage were one node, the cost terms then
+    drop a NODE layout the real node size does not give). Whether a given layer can take one
+    (heads, FFN width, vocabulary, MoE) is planner.cost.terms.option_valid."""
     if config is None:
         return PER_LAYER_LAYOUTS
+    node = node or config.tp * config.dp
     return tuple(lay for lay in PER_LAYER_LAYOUTS
-                 if lay.tensor_degree(config.tp, config.dp) is not None)
+                 if lay.tensor_degree(config.tp, config.dp, node) is not None)
+
+
+def edge_options(block_opts: Iterable[LayerOption]) -> tuple[LayerOption, ...]:
+    """The options of the embedding and the head: every layout (and offload choice) the
+    blocks may take, never recomputed (NO_OPTION first)."""
+    block_opts = tuple(block_opts)
+    layouts = dict.fromkeys([Layout.MESH] + [o.layout for o in block_opts])
+    offload = dict.fromkeys([False] + [o.offload for o in block_opts])
+    return tuple(LayerOption(Recompute.NONE, lay, off) for off in offload for lay in layouts)
 
 
 def block_options_for(config, recompute: Iterable[Recompute] = RECOMPUTE_POLICIES

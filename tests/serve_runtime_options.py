@@ -8,19 +8,23 @@ argument definitions (names checked by hand against the sources below; no code c
 * vLLM: docs.vllm.ai "Engine Arguments" / ``vllm/engine/arg_utils.py`` (``vllm serve``):
   parallel sizes, ``--max-num-seqs``, ``--max-num-batched-tokens``, ``--max-model-len``,
   ``--gpu-memory-utilization``, ``--kv-cache-dtype {auto,fp8,fp8_e5m2,fp8_e4m3}``,
-  ``--block-size``, ``--quantization``, ``--kv-transfer-config`` (JSON).
+  ``--block-size``, ``--quantization``, ``--kv-transfer-config`` (JSON), ``--speculative-config``
+  (JSON; docs.vllm.ai "MTP (Multi-Token Prediction)").
 * SGLang: docs.sglang.io "Server Arguments" / ``sglang/srt/server_args.py``
   (``python -m sglang.launch_server``): ``--tp-size``, ``--pp-size``, ``--dp-size``,
   ``--ep-size``, ``--enable-dp-attention``, ``--max-running-requests``,
   ``--chunked-prefill-size``, ``--context-length``, ``--mem-fraction-static``,
   ``--kv-cache-dtype {auto,fp8_e5m2,fp8_e4m3}``, ``--quantization``,
-  ``--disaggregation-mode {null,prefill,decode}``.
+  ``--disaggregation-mode {null,prefill,decode}``, ``--speculative-algorithm``,
+  ``--speculative-num-steps``, ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``
+  (docs.sglang.io "Speculative Decoding").
 * TensorRT-LLM: nvidia.github.io/TensorRT-LLM "trtllm-serve" (``--tp_size``, ``--pp_size``,
   ``--ep_size``, ``--max_batch_size``, ``--max_num_tokens``, ``--max_seq_len``,
   ``--kv_cache_free_gpu_memory_fraction``, ``--extra_llm_api_options``, ``--backend``) and the
   LLM API fields of the options YAML (``enable_attention_dp``, ``enable_chunked_prefill``,
   ``kv_cache_config.{dtype,free_gpu_memory_fraction}``, ``cuda_graph_config.{max_batch_size,
-  enable_padding}``) as in TensorRT-LLM's ``examples/serve`` configs.
+  enable_padding}``, ``speculative_config.{decoding_type,num_nextn_predict_layers}``) as in
+  TensorRT-LLM's ``examples/serve`` configs and ``MTPDecodingConfig``.
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ VLLM = {
     "--kv-cache-dtype": (str, ("auto", "fp8", "fp8_e5m2", "fp8_e4m3")),
     "--enable-chunked-prefill": (FLAG, None), "--block-size": (int, (8, 16, 32)),
     "--quantization": (str, ("fp8", "modelopt", "modelopt_fp4", "awq", "gptq")),
-    "--kv-transfer-config": (json.loads, None),
+    "--kv-transfer-config": (json.loads, None), "--speculative-config": (json.loads, None),
 }
 SGLANG = {
     "--model-path": (str, None), "--tp-size": (int, None), "--pp-size": (int, None),
@@ -47,6 +51,9 @@ SGLANG = {
     "--kv-cache-dtype": (str, ("auto", "fp8_e5m2", "fp8_e4m3")),
     "--quantization": (str, ("fp8", "modelopt_fp4", "awq", "gptq")),
     "--disaggregation-mode": (str, ("null", "prefill", "decode")),
+    "--speculative-algorithm": (str, ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")),
+    "--speculative-num-steps": (int, None), "--speculative-eagle-topk": (int, None),
+    "--speculative-num-draft-tokens": (int, None),
 }
 TRTLLM = {
     "--backend": (str, ("pytorch", "tensorrt", "_autodeploy")), "--tp_size": (int, None),
@@ -58,6 +65,7 @@ TRTLLM_YAML = {
     "enable_attention_dp": bool, "enable_chunked_prefill": bool,
     "kv_cache_config": {"dtype": ("auto", "fp8"), "free_gpu_memory_fraction": float},
     "cuda_graph_config": {"max_batch_size": int, "enable_padding": bool},
+    "speculative_config": {"decoding_type": ("MTP",), "num_nextn_predict_layers": int},
 }
 
 

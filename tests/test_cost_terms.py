@@ -22,13 +22,14 @@ from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.context import make_context
 from planner.cost.model import evaluate
 from planner.cost.terms import SOLVER_CONFIG_TERMS, SOLVER_LAYER_TERMS, LayerTerms
-from planner.hardware import GIB, Cluster
+from planner.hardware import GIB, Cluster, HostMemory
 from planner.ir import ModelGraph
 from planner.solve.bounds import memory_lower_bound, time_lower_bound
 from planner.solve.costs import stage_problem
 from planner.solve.inner import solve_stages
 from planner.solve.search import uniform_placement
 from planner.solve.space import enumerate_configs
+from planner.strategy import BLOCK_OPTIONS, block_options
 
 REL = 1e-6
 TINY = load_cluster("tiny")  # 2 nodes x 4 GPUs, NVLink inside a node, Ethernet across
@@ -48,10 +49,10 @@ def with_memory(cluster: Cluster, memory_gib: float) -> Cluster:
     return replace(cluster, gpu=replace(cluster.gpu, memory_gib=memory_gib))
 
 
-def solve_and_evaluate(model, cluster, config, runtime, drop=frozenset()):
+def solve_and_evaluate(model, cluster, config, runtime, drop=frozenset(), options=BLOCK_OPTIONS):
     """(ILP objective s, evaluate() of the ILP's placement) for one configuration, or None."""
     ctx = make_context(model, cluster, config, runtime)
-    problem = stage_problem(ctx)
+    problem = stage_problem(ctx, options)
     hint = uniform_placement(model, cluster, config, runtime)
     result = solve_stages(problem, hint=hint.placement if hint else None, drop_terms=drop,
                           deterministic_time=2.0)
@@ -109,6 +110,7 @@ class Case:
     cluster: Cluster = TINY
     runtime: RuntimeOptions = RuntimeOptions(overlap_grad_reduce=False,
                                              overlap_param_gather=False)
+    options: tuple = BLOCK_OPTIONS
 
 
 DENSE = native(4, tied_embeddings=True)
@@ -147,6 +149,14 @@ CASES = [
     Case("zero1-slowdown", DENSE, ParallelConfig(tp=2, pp=2, dp=2, global_batch=16, seq_len=128,
                                                  sp=True, zero_stage=1, micro_batch=1),
          runtime=RuntimeOptions(comm_slowdown=0.3, tp_comm_overlap=0.5)),
+    # optimizer offload (planner/cost/offload.py) with less room on the host than any layer's
+    # states need: when GPU memory binds, the ILP must not offload (the host binds)
+    Case("offload-host-binds", DENSE, ParallelConfig(tp=1, pp=1, dp=8, global_batch=128,
+                                                     seq_len=128, zero_stage=0, micro_batch=2),
+         cluster=replace(TINY, cpu_memory=HostMemory(memory_gib=3e5 / GIB, link_gbytes_per_s=25,
+                                               memory_bandwidth_gbytes_per_s=50, cpu_cores=8,
+                                               core_gflops=50)),
+         options=block_options(offload=(False, True))),
 ]
 
 
@@ -155,7 +165,7 @@ def variants(case: Case):
     optimum needs (so memory binds and recomputation is worth choosing)."""
     ample = with_memory(case.cluster, 64.0)
     yield ample
-    out = solve_and_evaluate(case.model, ample, case.config, case.runtime)
+    out = solve_and_evaluate(case.model, ample, case.config, case.runtime, options=case.options)
     assert out is not None
     peak = out[1].peak_memory_bytes
     yield with_memory(case.cluster, (peak - max(peak * 1e-4, 4096)) / GIB)
@@ -168,7 +178,8 @@ def prepared():
 
 def test_every_case_agrees_without_mutation(prepared):
     for case, cluster in prepared:
-        out = solve_and_evaluate(case.model, cluster, case.config, case.runtime)
+        out = solve_and_evaluate(case.model, cluster, case.config, case.runtime,
+                                 options=case.options)
         assert out is not None, case.name
         result, ev = out
         assert ev.fits and relative(result.objective_s, ev.step_time_s) <= REL, case.name
@@ -184,7 +195,7 @@ def test_dropping_a_term_breaks_the_agreement(prepared, term):
     seen = []
     for case, cluster in prepared:
         out = solve_and_evaluate(case.model, cluster, case.config, case.runtime,
-                                 frozenset({term}))
+                                 frozenset({term}), case.options)
         if out is None:
             continue
         result, ev = out

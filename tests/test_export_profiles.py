@@ -135,6 +135,14 @@ def test_torchtitan_every_nth_and_op_recompute():
     assert "activation_checkpoint:selective" in export_plan(op, "torchtitan").text
     text = export_plan(op, "torchtitan", "0.2.2")
     assert text.warnings == () and 'selective_ac_option = "op"' in text.text
+    # per-op SAC on some blocks only: SAC on all (never more memory), named as a difference
+    some = _mixed("torchtitan", ["op"] * 18 + ["none"] * 6)
+    for version, form in (("0.3", "activation_checkpoint:selective"),
+                          ("0.2.2", 'selective_ac_option = "op"')):
+        result = export_plan(some, "torchtitan", version)
+        assert form in result.text
+        assert any("op on 18 of 24 blocks" in w and "all 24 blocks" in w
+                   for w in result.warnings)
 
 
 def test_deepspeed_recompute_and_pipeline_are_exact_notes():

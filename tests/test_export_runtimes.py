@@ -125,3 +125,49 @@ def test_torchtitan_022_refuses_unknown_keys():
     results = run_worker("torchtitan-0.2.2", [{"text": t, "world": 8} for t in (bad, text)],
                          path_first=os.environ[TORCHTITAN_022_ENV])
     assert [r["accepted"] for r in results[:2]] == [False, True]
+
+
+# -- vLLM: its real serve parser and engine config, a manual step (bench/export_vllm.py) -----
+
+VLLM_PYTHON = "SHARDPLAN_VLLM_PYTHON"  # a Python with vllm installed (docs/exports.md)
+
+
+def test_vllm_check_uses_each_models_own_config():
+    from bench.export_vllm import hf_config
+
+    llama = hf_config(corpus_plan("interleaved-v5"))  # an HF config.json path
+    assert llama["architectures"] == ["LlamaForCausalLM"] and llama["num_hidden_layers"] == 80
+    mixtral = hf_config(corpus_plan("mixtral-ep"))
+    assert mixtral["num_local_experts"] == 8
+    # a native preset: a Llama-style config of the plan's own shape
+    doc = corpus_plan("zero1-tp2-pp2")
+    native = hf_config(doc)
+    block = next(x for x in doc["inputs"]["model"]["ir"]["layers"] if x["kind"] == "block")
+    assert native["num_attention_heads"] == block["attention"]["num_heads"] == 16
+    assert native["num_hidden_layers"] == doc["model"]["num_layers"] == 24
+    assert native["max_position_embeddings"] >= doc["parallelism"]["seq_len"]
+
+
+def test_vllm_serving_facts_are_the_plans_workers():
+    from bench.export_vllm import _serve_lines, _serving_facts, serving_plans
+    from planner.export.serving import worker_specs
+
+    doc = serving_plans()["deepseek-disaggregated"]
+    specs = worker_specs(doc, "vllm")
+    lines = _serve_lines(export_plan(doc, "vllm").text)
+    assert len(lines) == len(specs) == 2
+    prefill, decode = (_serving_facts(s) for s in specs)
+    assert (prefill["tp"], prefill["ep"], prefill["kv_role"]) == (8, 8, "kv_producer")
+    assert (decode["dp"], decode["ep"], decode["kv_role"]) == (16, 16, "kv_consumer")
+    assert "--data-parallel-size" in lines[1] and "--enable-expert-parallel" in lines[1]
+
+
+@pytest.mark.skipif(not os.environ.get(VLLM_PYTHON), reason=f"{VLLM_PYTHON} names no Python "
+                    "with vllm (vLLM pulls its own CUDA torch; docs/exports.md's manual step)")
+def test_vllm_accepts_every_export_as_planned():
+    from bench.export_vllm import run
+
+    found = run(os.environ[VLLM_PYTHON])
+    assert len(found) == 15 + 5
+    assert [c for c in found if not c.ok] == []
+    assert all("(real)" in c.parser for c in found)

@@ -20,7 +20,7 @@ from planner.strategy import LayerOption, LayerPlacement, Layout, Recompute
 from planner.topology import group_link
 
 
-def vlm(vision=2, text=2, hv=256, ht=512, vocab=32000):
+def vlm(vision=2, text=2, hv=256, ht=512, vocab=32000, tied=False, hidden_embedding=None):
     """A vision encoder (narrow, non-causal) in front of a wider decoder: two block classes."""
     def block(h, heads, causal):
         return BlockShape(hidden=h, attention=Attention(heads, heads, h // heads, h // heads,
@@ -28,8 +28,9 @@ def vlm(vision=2, text=2, hv=256, ht=512, vocab=32000):
                           mlp=Mlp(4 * h, gated=False), norm_bias=True)
     blocks = [(f"vision.{i}", block(hv, 4, False)) for i in range(vision)] + \
         [(f"text.{i}", block(ht, 8, True)) for i in range(text)]
-    return assemble(name="vlm", family="test", embedding=EmbeddingShape(vocab, hv),
-                    blocks=blocks, head=HeadShape(vocab, ht), default_seq_len=256,
+    return assemble(name="vlm", family="test",
+                    embedding=EmbeddingShape(vocab, hidden_embedding or hv),
+                    blocks=blocks, head=HeadShape(vocab, ht, tied=tied), default_seq_len=256,
                     max_seq_len=None, source="test")
 
 
@@ -51,6 +52,46 @@ def test_layout_degrees():
     assert Layout.TP_HALF.tensor_degree(4, 2) == 2 and Layout.TP_HALF.tensor_degree(2, 2) is None
     assert Layout.TP_DOUBLE.tensor_degree(4, 2) == 8 and Layout.TP_DOUBLE.tensor_degree(4, 3) is None
     assert Layout.REPLICATED.tensor_degree(4, 2) == 1 and Layout.REPLICATED.tensor_degree(1, 8) is None
+
+
+def test_node_layout_is_the_widest_group_inside_a_node():
+    # tp 1 x dp 8 on nodes of 8: the whole node; of 4: four ranks; tp 2 x dp 8 on 8: 8
+    assert Layout.NODE.tensor_degree(1, 8, 8) == 8 and Layout.NODE.tensor_degree(1, 8, 4) == 4
+    assert Layout.NODE.tensor_degree(2, 8, 8) == 8
+    # where it would repeat the mesh's or tp*2's degree it does not exist
+    assert Layout.NODE.tensor_degree(1, 8, 2) is None and Layout.NODE.tensor_degree(4, 4, 8) is None
+    assert Layout.NODE.tensor_degree(1, 8) is None  # node size unknown
+
+
+def test_tied_table_is_one_copy_on_one_stage(tiny):
+    """With one pipeline stage the tied embedding and LM head read one table: the head holds
+    no second copy; with two stages the last one keeps its own (Megatron-LM)."""
+    model = vlm(tied=True, hidden_embedding=512, hv=512)
+    head = model.layers[-1]
+    assert head.tied_params == 32000 * 512
+    one = layer_terms(make_context(model, tiny, config(model, tiny)), head, LayerOption())
+    two = layer_terms(make_context(model, tiny, config(model, tiny, pp=2, dp=2)), head,
+                      LayerOption())
+    assert one.dense_params == head.params / 2 + head.tp_replicated_params / 2
+    assert two.dense_params == pytest.approx(
+        (head.params + head.tied_params - head.tp_replicated_params) / 2
+        + head.tp_replicated_params)
+
+
+def test_layer_sequence_length_sets_its_tokens(tiny):
+    """A vision encoder runs on its image tokens: a block with seq_len 64 costs what the same
+    block costs in a 64-token workload."""
+    from dataclasses import replace
+
+    model = vlm()
+    block = model.layers[1]
+    short = replace(block, seq_len=64)
+    c256, c64 = config(model, tiny), config(model, tiny, seq_len=64)
+    a = layer_terms(make_context(model, tiny, c256), short, LayerOption())
+    b = layer_terms(make_context(model, tiny, c64), block, LayerOption())
+    assert a.fwd_s == b.fwd_s and a.act_stored_bytes == b.act_stored_bytes
+    assert a.comm_s == b.comm_s and a.fwd_s < layer_terms(make_context(model, tiny, c256), block,
+                                                           LayerOption()).fwd_s
 
 
 def test_views_keep_the_stage_batch(tiny):
@@ -89,7 +130,13 @@ def test_layout_changes_terms_as_the_factoring_says(tiny):
     # replicated: the whole weight on every GPU (states sharded over all 8 ranks by ZeRO-1)
     assert rep.dense_params == block.params and mesh.dense_params < block.params
     assert rep.comm_s == 0.0 and mesh.comm_s > 0.0  # no tensor-parallel all-reduce
-    assert not option_valid(ctx, model.layers[0], LayerOption(layout=Layout.REPLICATED))
+    # the embedding and head take layouts too (a vocab-parallel or a replicated table), never
+    # recomputed, and only where the vocabulary divides the tensor degree
+    assert option_valid(ctx, model.layers[0], LayerOption(layout=Layout.REPLICATED))
+    assert not option_valid(ctx, model.layers[0], LayerOption(Recompute.FULL, Layout.REPLICATED))
+    odd = vlm(vocab=32001)
+    assert not option_valid(make_context(odd, tiny, config(odd, tiny)), odd.layers[-1],
+                            LayerOption(layout=Layout.TP_DOUBLE))
 
 
 def test_evaluate_charges_resharding_between_classes(tiny):
@@ -114,9 +161,13 @@ PER_LAYER = Pins(layouts="per-layer")
     Pins(layouts="per-layer", tp=2, pp=1, micro_batch=2),
     Pins(layouts="per-layer", tp=2, pp=2, micro_batch=2, zero=1),
     Pins(layouts="per-layer", tp=4, pp=2, micro_batch=4, recompute=Recompute.NONE),
+    Pins(layouts="per-layer", tp=1, pp=1, micro_batch=1, recompute=Recompute.NONE),
 ])
-def test_solver_matches_brute_force_with_layouts(tiny, pins):
-    model = vlm()
+@pytest.mark.parametrize("tied", [False, True])
+def test_solver_matches_brute_force_with_layouts(tiny, pins, tied):
+    """Block classes, the embedding and the head each pick a layout (a tied table: the
+    embedding and head the same one); the solver's optimum is the oracle's."""
+    model = vlm(tied=True, hidden_embedding=512) if tied else vlm()
     oracle = brute_force(model, tiny, 16, 256, pins=pins, budget=2_000_000)
     found = search(model, tiny, 16, 256, pins=pins, options=SearchOptions(time_limit_s=60))
     assert found.record.status == "OPTIMAL"
@@ -125,7 +176,7 @@ def test_solver_matches_brute_force_with_layouts(tiny, pins):
 
 def test_per_layer_beats_uniform_on_a_non_uniform_model(tiny):
     """tp=4 over 2 nodes of 4: the 32k-vocabulary head keeps the mesh's vocab-parallel layout
-    while the narrow blocks run data-parallel (no per-block all-reduces): better than every
+    while the embedding and the narrow blocks run data-parallel (no per-block all-reduces): better than every
     uniform plan of the same pins."""
     model = vlm()
     pins = dict(tp=4, pp=2, micro_batch=4, recompute=Recompute.NONE)
@@ -133,8 +184,10 @@ def test_per_layer_beats_uniform_on_a_non_uniform_model(tiny):
     layered = search(model, tiny, 16, 256, pins=Pins(layouts="per-layer", **pins))
     assert layered.best.step_time_s < uniform.best.step_time_s * 0.99
     options = layered.best.placement.options
-    assert options[0].layout is Layout.MESH and options[-1].layout is Layout.MESH
-    assert {o.layout for o in options[1:-1]} == {Layout.REPLICATED}
+    # the head stays vocab-parallel (its 32k-row GEMM and logits split 4 ways); the embedding
+    # (a lookup: replicated, it needs no all-reduce of its output) and the blocks do not
+    assert options[-1].layout is Layout.MESH
+    assert {o.layout for o in options[:-1]} == {Layout.REPLICATED}
 
 
 def test_cli_plan_with_per_layer_layouts_checks_back(tmp_path, capsys):
@@ -160,7 +213,7 @@ def test_cli_plan_with_per_layer_layouts_checks_back(tmp_path, capsys):
     doc = json.loads(plan.read_text())
     assert doc == json.loads(out)
     layouts = [layer["layout"] for layer in _layers(doc)]
-    assert layouts[0] == layouts[-1] == "mesh" and set(layouts[1:-1]) - {"mesh"}
+    assert set(layouts) - {"mesh"}  # some layers (the embedding too) leave the mesh layout
     assert doc["pins"]["layouts"] == "per-layer"
     with pytest.raises(SystemExit) as done:
         main(["check", str(plan)])

@@ -66,7 +66,7 @@ def test_megatron_capacity_and_overlap_flags():
     config = ParallelConfig(tp=2, pp=1, dp=8, ep=8, etp=2, sp=True, global_batch=64,
                             seq_len=4096, zero_stage=1)
     plan = moe_plan("qwen3-30b-a3b", "dgx-h100", 2, config,
-                    RuntimeOptions(moe=MoeOptions(capacity_factor=1.25, a2a_overlap=0.5)))
+                    RuntimeOptions(moe=MoeOptions(capacity_factor=1.25, a2a_overlap=0.9)))
     result = export_plan(plan, "megatron")
     f = flags(result.text)
     assert f["--expert-tensor-parallel-size"] == "2" and f["--expert-model-parallel-size"] == "8"
@@ -77,6 +77,9 @@ def test_megatron_capacity_and_overlap_flags():
     assert f["--moe-token-dispatcher-type"] == "alltoall"
     assert any("expert all-to-all" in n and "--overlap-moe-expert-parallel-comm" in n
                for n in result.notes)  # the flag is exact: a note, not a difference
+    # the default overlap (fitted: what runtimes hide without the flag) exports no flag
+    plain = moe_plan("qwen3-30b-a3b", "dgx-h100", 2, config, RuntimeOptions())
+    assert "--overlap-moe-expert-parallel-comm" not in flags(export_plan(plain, "megatron").text)
 
 
 @pytest.mark.skipif(tomllib is None, reason="tomllib needs Python 3.11")

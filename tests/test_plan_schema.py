@@ -13,7 +13,7 @@ from models import list_presets, load_model
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import Cluster, Gpu, NetworkTier
 from planner.ir import Attention, Layer, Mlp, ModelGraph
-from planner.plan import SCHEMA_VERSION, content_hash, dumps
+from planner.plan import POOL_SCHEMA_VERSION, SCHEMA_VERSION, content_hash, dumps
 from planner.plan_io import load_plan, plan_schema, validate_plan
 from planner.serialize import cluster_from_dict, cluster_to_dict, model_from_dict, model_to_dict
 from conftest import MIXTRAL, build_plan, edited, run_cli, write
@@ -42,7 +42,8 @@ def test_schema_is_valid_draft_2020_12():
     schema = plan_schema()
     Draft202012Validator.check_schema(schema)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["properties"]["schema_version"] == {"const": SCHEMA_VERSION}
+    # 1: one pool; 2: across pools (parallelism.stage_pools, tests/test_hetero_plan_file.py)
+    assert schema["properties"]["schema_version"]["enum"] == [SCHEMA_VERSION, POOL_SCHEMA_VERSION]
 
 
 def test_searched_plans_validate_and_round_trip(searched):
@@ -161,11 +162,14 @@ def test_schema_errors_name_the_json_path():
 
 
 def test_other_schema_version_is_refused_with_the_expected_one():
-    doc = edited(build_plan(), lambda d: d.update(schema_version=2))
+    doc = edited(build_plan(), lambda d: d.update(schema_version=3))
     with pytest.raises(PlannerError) as error:
         validate_plan(doc)
-    assert "schema_version 2 is not supported" in error.value.message
+    assert "schema_version 3 is not supported" in error.value.message
     assert f"reads schema_version {SCHEMA_VERSION}" in error.value.message
+    # a one-pool plan relabelled 2 lacks the pool fields version 2 requires
+    with pytest.raises(PlannerError, match="'stage_pools' is a required property"):
+        validate_plan(edited(build_plan(), lambda d: d.update(schema_version=2)))
     doc = edited(doc, lambda d: d.update(kind="something-else"))
     with pytest.raises(PlannerError, match="not a shardplan plan"):
         validate_plan(doc)

@@ -93,6 +93,9 @@ def test_page_is_self_contained_and_escaped(hostile_plan):
         block = re.search(rf'<figure id="{figure}">(.*?)</figure>', text, re.S).group(1)
         ET.fromstring(block)  # one well-formed inline SVG each
     assert page(hostile_plan) == text  # deterministic
+    # the figures reference markers and clip paths by id: one page, no id twice
+    ids = re.findall(r'\sid="([^"]+)"', text)
+    assert len(ids) == len(set(ids)) and any(i.startswith("placement-") for i in ids)
 
 
 def test_svg_image_is_deterministic_xml(hostile_plan):
@@ -148,6 +151,57 @@ def test_memory_bars_scale_with_the_plan():
         return int(np.argmax(rows > 40)) if (rows > 40).any() else image.size[1]
 
     assert top_row(over) < top_row(doc)
+
+
+def _with_band(doc: dict) -> dict:
+    """The plan as `shardplan plan` writes it: with the calibration's error bands."""
+    from planner.calibration.session import prediction_intervals
+    from planner.calibration.store import shipped
+
+    doc = copy.deepcopy(doc)
+    doc["predicted"].update(prediction_intervals(Plan.from_dict(doc).evaluate(), shipped()))
+    assert doc["predicted"]["peak_memory_gib_interval"]
+    return doc
+
+
+def test_memory_band_in_figure_and_table():
+    from planner.plan_figures import memory_band
+
+    doc = _with_band(build_plan(model="gpt3-1.3b", cluster="dgx-a100-80g", global_batch=64,
+                                tp=2, pp=2))
+    low, high = doc["predicted"]["peak_memory_gib_interval"]
+    peak = doc["predicted"]["peak_memory_gib"]
+    band = memory_band(doc)
+    # the band of the peak stage is the plan's interval; the others the same relative error
+    totals = [s["memory_gib"]["total"] for s in doc["stages"]]
+    top = totals.index(max(totals))
+    assert band[top] == pytest.approx((low, high), rel=1e-4)
+    for (lo, hi), total in zip(band, totals):
+        assert lo < total < hi and lo / total == pytest.approx(low / peak)
+    # PNG: the band's error bars are drawn (a legend swatch only without a band)
+    with_band = _count(_pixels(render(Plan.from_dict(doc), "png")), COLOURS["band"])
+    plain = dict(doc, predicted={k: v for k, v in doc["predicted"].items()
+                                 if k != "peak_memory_gib_interval"})
+    without = _count(_pixels(render(Plan.from_dict(plain), "png")), COLOURS["band"])
+    assert without == 0 and with_band > 100
+    # HTML: the memory table lists each stage's band and whether its high end fits
+    text = page(Plan.from_dict(doc))
+    table = re.search(r'<div id="memory-table">(.*?)</div>', text, re.S).group(1)
+    root = ET.fromstring(f"<root>{table}</root>")
+    rows = [[td.text for td in tr] for tr in root.iter("tr")]
+    assert rows[0][-3:] == ["80% band low", "high", "fits at high"]
+    for row, (lo, hi) in zip(rows[1:], band):
+        assert float(row[-3]) == pytest.approx(lo, abs=0.006)
+        assert float(row[-2]) == pytest.approx(hi, abs=0.006)
+        assert row[-1] == ("yes" if hi <= doc["cluster"]["gpu_memory_gib"] else "no")
+    assert f"band {low:.1f}-{high:.1f}" in text
+    # a stage whose high end passes the capacity says so
+    tight = copy.deepcopy(doc)
+    tight["cluster"]["gpu_memory_gib"] = (totals[top] + band[top][1]) / 2
+    assert "<td>no</td>" in re.search(r'<div id="memory-table">(.*?)</div>',
+                                      page(Plan.from_dict(tight)), re.S).group(1)
+    # no band recorded: no band columns
+    assert "band low" not in page(Plan.from_dict(plain))
 
 
 # -- commands --------------------------------------------------------------------------------

@@ -42,13 +42,14 @@ def test_best_configuration_ranking(summary):
 
 def test_calibrated_constants_within_physical_bounds():
     from planner.serve.runtime import CALIBRATED
-    bounds = {"decode_hbm_efficiency": (0.55, 0.90), "prefill_efficiency": (0.6, 1.3),
-              "step_overhead_s": (0.0, 0.01)}
+    bounds = {"decode_hbm_efficiency": (0.55, 0.90), "prefill_efficiency": (0.6, 1.3)}
     for name, (lo, hi) in bounds.items():
         assert lo <= CALIBRATED[name] <= hi
-    for name in ("prefill_queue_fraction", "prefill_interference"):
+    per_runtime = {"step_overhead_s": (0.0, 0.01), "prefill_queue_fraction": (0.0, 1.0),
+                   "prefill_interference": (0.0, 1.0)}
+    for name, (lo, hi) in per_runtime.items():
         assert set(CALIBRATED[name]) == {"vllm", "sglang", "trtllm"}
-        assert all(0.0 <= v <= 1.0 for v in CALIBRATED[name].values())
+        assert all(lo <= v <= hi for v in CALIBRATED[name].values())
 
 
 def test_every_entry_goes_through_the_same_rules():

@@ -126,3 +126,26 @@ def test_serving_exports_refuse_training_plans(tmp_path):
     for fmt in ("sglang", "trtllm"):
         with pytest.raises(PlannerError):
             export_plan(doc, fmt)
+
+
+def test_mtp_speculative_decoding_in_every_export():
+    wl = ServingWorkload(isl=1024, osl=1024, concurrency=64, mode="disaggregated", dtype="fp8",
+                         kv_dtype="fp8", draft_tokens=2)
+    cfg = ServingConfig("disaggregated", prefill=WorkerConfig(tp=8), decode=WorkerConfig(tp=8),
+                        prefill_workers=1, decode_workers=1, batch=64)
+    doc = _plan("deepseek-v3", "dgx-h200", wl, cfg, nodes=2)
+    prefill, decode = (ref.parser(ref.VLLM, "vllm", 3).parse_args(c)
+                       for c in _commands(export_plan(doc, "vllm").text, "vllm serve"))
+    assert prefill.speculative_config is None  # prefill workers do not decode
+    assert decode.speculative_config == {"method": "mtp", "num_speculative_tokens": 2}
+    sg = [ref.parser(ref.SGLANG, "sglang", 0).parse_args(c[3:])
+          for c in _commands(export_plan(doc, "sglang").text, "python -m sglang")]
+    assert sg[0].speculative_algorithm is None
+    assert (sg[1].speculative_algorithm, sg[1].speculative_num_steps,
+            sg[1].speculative_eagle_topk, sg[1].speculative_num_draft_tokens) == ("EAGLE", 2, 1, 3)
+    workers = yaml.safe_load(export_plan(doc, "trtllm").text)["trtllm_workers"]
+    for w in workers:
+        _check_yaml(w["extra_llm_api_options"], ref.TRTLLM_YAML)
+    assert "speculative_config" not in workers[0]["extra_llm_api_options"]
+    assert workers[1]["extra_llm_api_options"]["speculative_config"] == {
+        "decoding_type": "MTP", "num_nextn_predict_layers": 2}

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from .ir import (GEMM_KINDS, Op, OpGraph, OpKind, Param, TensorMeta, attention_shardable,
-                 elementwise_shardable, gemm_flops, linear_shardable)
+                 conv_attrs, elementwise_shardable, gemm_flops, linear_shardable)
 
 # ATen op names (overload packet names) by kind.
 VIEW_OPS = frozenset({
@@ -239,11 +239,9 @@ class _Lowering:
         elif name in CONV_OPS and out is not None and op.params:
             w = self.graph.params[op.params[0]]
             op.kind = OpKind.CONV
-            per_out = 1
-            for d in w.shape[1:]:
-                per_out *= d
-            op.flops = 2.0 * out.numel * per_out
-            op.attrs = {"out_channels": w.shape[0], "kernel_elems": per_out}
+            op.attrs = conv_attrs(op.inputs[0] if op.inputs else None, w.shape, out,
+                                  "transpose" in name)
+            op.flops = op.attrs.pop("flops")
             op.shardable = {"in0": ((0, "batch"),), op.params[0]: ((0, "channels"),)}
         elif name == "embedding" and op.params:
             op.kind = OpKind.EMBEDDING

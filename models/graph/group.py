@@ -35,7 +35,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from planner.errors import ErrorKind, PlannerError
-from planner.ir import Attention, Layer, LayerKind, Mlp, ModelGraph
+from planner.ir import Attention, Conv, Layer, LayerKind, Mlp, ModelGraph
 
 from .ir import Op, OpGraph, OpKind
 
@@ -72,15 +72,30 @@ class Unit:
     tied: list[str] = field(default_factory=list)  # parameters read but owned elsewhere
 
 
+# Module-list names that hold the blocks of a stage inside a numbered stage (transformers'
+# ResNet / ConvNeXt / Swin ``stages.2.layers.7``, diffusers' ``down_blocks.1.resnets.0``): the
+# block is the inner list's child. (T5's ``block.3.layer.0`` is a sub-layer, not listed.)
+NESTED_BLOCK_LISTS = frozenset({"layers", "blocks", "resnets", "attentions"})
+
+
 def block_root(scope: str) -> str | None:
-    """``model.layers.7.mlp.down_proj`` -> ``model.layers.7`` (first numeric segment)."""
+    """``model.layers.7.mlp.down_proj`` -> ``model.layers.7`` (first numeric segment; one level
+    deeper through a nested block list: ``encoder.stages.2.layers.7.shortcut`` ->
+    ``encoder.stages.2.layers.7``)."""
     if not scope:
         return None
     parts = scope.split(".")
     for i, part in enumerate(parts):
         if part.isdigit():
+            if i + 2 < len(parts) and parts[i + 1] in NESTED_BLOCK_LISTS and \
+                    parts[i + 2].isdigit():
+                return ".".join(parts[: i + 3])
             return ".".join(parts[: i + 1])
     return None
+
+
+def _container(root: str) -> str:
+    return root.rsplit(".", 1)[0]
 
 
 class Grouper:
@@ -144,6 +159,14 @@ class Grouper:
     def split_units(self) -> list[Unit]:
         roots = [block_root(self.op(n).scope) for n in self.order]
         param_roots = {r for n, r in zip(self.order, roots) if r and self.op(n).params}
+        # a lone numbered child after the last block list of two or more members (a
+        # classifier's nn.Sequential index) belongs to the head, not to the blocks
+        members = Counter(_container(r) for r in param_roots)
+        listed = [i for i, r in enumerate(roots) if r in param_roots and members[_container(r)] > 1]
+        if listed:
+            trailing = {r for i, r in enumerate(roots) if i > listed[-1] and r in param_roots
+                        and members[_container(r)] == 1}
+            param_roots -= trailing
         if not param_roots:  # no module lists: every top-level child with parameters
             roots = [self.op(n).scope.split(".")[0] if self.op(n).scope else None
                      for n in self.order]
@@ -340,12 +363,33 @@ class Grouper:
                 if self.op(n).kind == OpKind.CONV:
                     hidden_votes[self.op(n).attrs["out_channels"]] += 1
         hidden = hidden_votes.most_common(1)[0][0] if hidden_votes else self._norm_width(unit)
-        count = self.count(unit, roles)
+        count = self.count(unit, roles, conv_role="sharded")
         norms = self.block_norms(unit, hidden)
         layer = Layer(name=unit.name, kind=LayerKind.BLOCK, hidden=hidden, params=count[0],
                       active_params=count[3], tp_replicated_params=count[1],
-                      expert_params=count[2], attention=attention, mlp=mlp, num_norms=norms)
+                      expert_params=count[2], attention=attention, mlp=mlp, num_norms=norms,
+                      seq_len=self.block_seq_len(linears, roles), convs=self.convs(unit))
         return layer, roles
+
+    def convs(self, unit: Unit) -> tuple[Conv, ...]:
+        """The unit's convolutions in execution order, per sample (planner.ir.Conv)."""
+        out = []
+        for n in unit.ops:
+            op = self.op(n)
+            if op.kind == OpKind.CONV and "in_pixels" in op.attrs:
+                a = op.attrs
+                out.append(Conv(a["in_channels"], a["out_channels"], a["kernel"],
+                                a["in_pixels"], a["out_pixels"], a["groups"]))
+        return tuple(out)
+
+    def block_seq_len(self, linears: list[str], roles: dict[str, str]) -> int:
+        """Tokens per sample of a block whose projections run on another sequence than the
+        traced input's (a ViT's patches when the input is an image, a UNet's pixels); 0: the
+        workload's sequence."""
+        rows = [self.op(n).attrs["m"] for n in linears if roles.get(n) == "column"]
+        if not rows or rows[0] == self.g.tokens:
+            return 0
+        return max(rows[0] // max(self.g.batch, 1), 1)
 
     def upstream_inputs(self, linear: str, unit: str,
                         through: tuple[str, ...] = TRANSPARENT) -> list[str]:
@@ -440,8 +484,10 @@ class Grouper:
 
     # -- counting ------------------------------------------------------------------------
     def count(self, unit: Unit, roles: dict[str, str], lm_head: str | None = None,
-              token_table: str | None = None) -> tuple[int, int, int, int]:
-        """(params, tp_replicated, expert, active) of the parameters ``unit`` owns."""
+              token_table: str | None = None,
+              conv_role: str = "replicated") -> tuple[int, int, int, int]:
+        """(params, tp_replicated, expert, active) of the parameters ``unit`` owns; a block's
+        convolution weights are split over channel-parallel ranks (``conv_role``)."""
         role_of_param: dict[str, str] = {}
         experts = groups = 0
         # ops that compute with a parameter decide its role before ops that only view or
@@ -469,6 +515,9 @@ class Grouper:
             elif op.kind == OpKind.EMBEDDING:
                 role_of_param.setdefault(op.params[0], "sharded" if op.params[0] == token_table
                                          else "replicated")
+            elif op.kind == OpKind.CONV:
+                for p in op.params:
+                    role_of_param.setdefault(p, conv_role)
             else:
                 for p in op.params:
                     role_of_param.setdefault(p, "replicated")
@@ -510,7 +559,7 @@ class Grouper:
                                 if self.op(n).kind == OpKind.NORM and self.op(n).params})
         layer = Layer(name="embedding", kind=LayerKind.EMBEDDING, hidden=width or hidden,
                       params=total, active_params=total, tp_replicated_params=replicated,
-                      vocab=vocab, num_norms=norms)
+                      vocab=vocab, num_norms=norms, convs=self.convs(unit))
         return layer, table, vocab
 
     def head_layer(self, unit: Unit, hidden: int, vocab: int) -> Layer:

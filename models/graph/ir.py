@@ -79,6 +79,27 @@ class TensorMeta:
         return self.numel * DTYPE_BYTES.get(self.dtype, 4)
 
 
+def conv_attrs(x: TensorMeta | None, weight: tuple[int, ...], out: TensorMeta,
+               transposed: bool = False) -> dict:
+    """The attributes of a convolution op from its input, weight and output shapes (N, C, ...
+    layouts): FLOPs as ``2 x kernel x C_in/groups x C_out x output pixels`` per sample, and the
+    per-sample shape the cost model's implicit GEMM reads (``planner.ir.Conv``). A transposed
+    convolution runs as the data gradient of a convolution: M = its input pixels."""
+    kernel = math.prod(weight[2:])
+    batch = out.shape[0] if len(out.shape) > 2 else 1
+    out_ch = out.shape[1] if len(out.shape) > 1 else weight[0]
+    out_px = math.prod(out.shape[2:])
+    in_ch = x.shape[1] if x is not None and len(x.shape) > 1 else weight[1]
+    in_px = math.prod(x.shape[2:]) if x is not None and len(x.shape) > 2 else out_px
+    per_group_in = weight[0] if transposed else weight[1]
+    groups = max(in_ch // max(per_group_in, 1), 1)
+    rows = in_px if transposed else out_px
+    flops = 2.0 * batch * kernel * in_ch * out_ch * rows / groups
+    return {"out_channels": out_ch, "kernel_elems": math.prod(weight[1:]), "in_channels": in_ch,
+            "kernel": kernel, "in_pixels": in_px, "out_pixels": rows, "groups": groups,
+            "flops": flops}
+
+
 @dataclass(frozen=True)
 class Param:
     """A parameter tensor; ``aliases`` are other names of the same storage (tied weights)."""

@@ -28,7 +28,7 @@ from planner.errors import ErrorKind, PlannerError, invalid
 from planner.ir import ModelGraph
 
 from .group import group_layers
-from .ir import (Op, OpGraph, OpKind, Param, TensorMeta, attention_shardable,
+from .ir import (Op, OpGraph, OpKind, Param, TensorMeta, attention_shardable, conv_attrs,
                  elementwise_shardable, gemm_flops, linear_shardable)
 from .torch_import import require
 
@@ -327,12 +327,10 @@ class _Builder:
             self._attention(op, node, positions)
         elif t in ("Conv", "ConvTranspose") and out is not None and op.params:
             w = self.og.params[op.params[0]]
-            per_out = 1
-            for d in w.shape[1:]:
-                per_out *= d
             op.kind = OpKind.CONV
-            op.flops = 2.0 * out.numel * per_out
-            op.attrs = {"out_channels": w.shape[0], "kernel_elems": per_out}
+            op.attrs = conv_attrs(op.inputs[0] if op.inputs else None, w.shape, out,
+                                  t == "ConvTranspose")
+            op.flops = op.attrs.pop("flops")
             op.shardable = {"in0": ((0, "batch"),), op.params[0]: ((0, "channels"),)}
         elif t == "Gather" and positions and positions[0] and positions[0].startswith("p:"):
             table = self.og.params[positions[0][2:]]

@@ -85,6 +85,9 @@ class Gemm:
     k: int
     count: int = 1  # identical GEMMs (batched heads, local experts)
     grouped: bool = False  # one grouped-GEMM kernel over the local experts (MoE)
+    # HBM elements moved when they are not the operands' (an implicit-GEMM convolution reads
+    # its input once, not the im2col matrix): 0 = count x (m k + k n + m n)
+    io_elements: float = 0.0
 
     @property
     def flops(self) -> float:
@@ -162,14 +165,38 @@ def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0) -> fl
         eff *= fp8_factor
     compute = gemm.flops / (gpu.peak_flops(dtype) * eff)
     elem = GEMM_OPERAND_BYTES.get(dtype, 2)
-    traffic = elem * gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n)
+    traffic = elem * (gemm.io_elements or
+                      gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n))
     memory = traffic / hbm_bytes_per_s(gpu)
     return max(compute, memory) + KERNEL_LAUNCH_S
 
 
 def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
-    """Data gradient (M x N -> M x K) and weight gradient (K x M -> K x N)."""
-    return Gemm(g.m, g.k, g.n, g.count, g.grouped), Gemm(g.k, g.n, g.m, g.count, g.grouped)
+    """Data gradient (M x N -> M x K) and weight gradient (K x M -> K x N); a convolution's
+    move the same tensors (output gradient, weights, input) as its forward."""
+    return (Gemm(g.m, g.k, g.n, g.count, g.grouped, g.io_elements),
+            Gemm(g.k, g.n, g.m, g.count, g.grouped, g.io_elements))
+
+
+def conv_gemms(layer: Layer, shard: Shard) -> list[Gemm]:
+    """The implicit GEMMs of a layer's convolutions for one micro-batch on one GPU (NVIDIA Deep
+    Learning Performance guide, "Convolutional Layers": M = N·P·Q, N = C_out, K = C_in·R·S per
+    group; cuDNN's implicit-GEMM kernels tile that GEMM like cuBLAS, so the tile and wave model
+    above applies). Blocks split output channels over tensor parallelism (channel-parallel:
+    whole groups when they divide, else each group's channels); the stem never splits."""
+    tp = shard.tp if layer.kind is LayerKind.BLOCK else 1
+    out = []
+    for c in layer.convs:
+        if c.groups % tp == 0:
+            count, n = c.groups // tp, c.out_channels // c.groups
+        else:
+            count, n = c.groups, max(c.out_channels // c.groups // tp, 1)
+        m = shard.micro_batch * c.out_pixels
+        k = c.in_channels // c.groups * c.kernel
+        io = shard.micro_batch * (c.in_channels * c.in_pixels + c.out_channels * c.out_pixels
+                                  / tp) + c.weights / tp
+        out.append(Gemm(m, n, k, count, False, io))
+    return out
 
 
 def _attention_gemms(att: Attention, h: int, tokens: int, tp: int) -> list[Gemm]:
@@ -220,6 +247,8 @@ def _mlp_gemms(mlp: Mlp, h: int, tokens: int, shard: Shard) -> list[Gemm]:
 def layer_gemms(layer: Layer, shard: Shard) -> list[Gemm]:
     """Forward GEMMs of one layer on one GPU."""
     t = shard.tokens
+    if layer.convs:
+        return conv_gemms(layer, shard) + layer_gemms(replace(layer, convs=()), shard)
     if layer.kind is LayerKind.EMBEDDING:
         return []
     if layer.kind is LayerKind.HEAD:
@@ -227,6 +256,8 @@ def layer_gemms(layer: Layer, shard: Shard) -> list[Gemm]:
             return [Gemm(t, layer.hidden, layer.hidden)] if layer.params > layer.hidden * 4 else []
         return [Gemm(t, max(layer.vocab // shard.tp, 1), layer.hidden)]
     gemms: list[Gemm] = []
+    if layer.kind is LayerKind.MTP:  # eh_proj: [norm(h); norm(embedding)] (2h) -> h
+        gemms.append(Gemm(t, max(layer.hidden // shard.tp, 1), 2 * layer.hidden))
     if layer.attention is not None:
         gemms += _attention_gemms(layer.attention, layer.hidden, t, shard.tp)
     if layer.mlp is not None:
@@ -276,6 +307,10 @@ def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str) -
 def elementwise_bytes(layer: Layer, shard: Shard, options: RuntimeOptions) -> float:
     """HBM bytes moved by the memory-bound ops of one layer's forward pass (one micro-batch)."""
     t, h, tp = shard.tokens, layer.hidden, shard.tp
+    if layer.convs:
+        return conv_elementwise_bytes(layer, shard) + (
+            0.0 if layer.kind is LayerKind.BLOCK and layer.attention is None and
+            layer.mlp is None else elementwise_bytes(replace(layer, convs=()), shard, options))
     seq_split = tp if shard.sp else 1  # sequence parallelism shards the replicated region
     if layer.kind is LayerKind.EMBEDDING:
         return t * 4.0 * h / seq_split
@@ -303,6 +338,21 @@ def elementwise_bytes(layer: Layer, shard: Shard, options: RuntimeOptions) -> fl
         rope = att.rope_head_dim or att.head_dim
         per_token += 4.0 * (heads + max(att.num_kv_heads / tp, 1)) * rope  # rotary on q and k
     return t * per_token
+
+
+# Forward HBM bytes per 16-bit output element of a convolution's element-wise tail: batch
+# normalisation reads its input twice (statistics, then normalise) and writes once (6 B), the
+# activation reads and writes (4 B).
+CONV_TAIL_BYTES = 10.0
+
+
+def conv_elementwise_bytes(layer: Layer, shard: Shard) -> float:
+    """HBM bytes of the memory-bound ops after a layer's convolutions (one micro-batch): the
+    normalisation and activation of every convolution's output (split over channel-parallel
+    ranks in blocks), and the residual add of the last output (read two, write one)."""
+    tp = shard.tp if layer.kind is LayerKind.BLOCK else 1
+    outputs = [c.out_channels * c.out_pixels / tp for c in layer.convs]
+    return shard.micro_batch * (CONV_TAIL_BYTES * sum(outputs) + 6.0 * outputs[-1])
 
 
 def layer_compute(layer: Layer, shard: Shard, gpu: Gpu, options: RuntimeOptions) -> LayerCompute:
@@ -334,6 +384,9 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
     elementwise = elementwise_bytes(layer, shard, options) / hbm * elementwise_factor
     # ~10 element-wise kernels per block forward, twice that backward
     kernels = 10 if layer.kind is LayerKind.BLOCK else 2
+    if layer.convs:  # a convolution, its normalisation and its activation each
+        kernels = 3 * len(layer.convs) + (0 if layer.attention is None and layer.mlp is None
+                                          else kernels)
     fwd += elementwise + kernels * KERNEL_LAUNCH_S
     bwd += 2 * elementwise + 2 * kernels * KERNEL_LAUNCH_S
     core_fwd = core_bwd = core_flops = 0.0

@@ -37,6 +37,8 @@ class Links:
     ep_intra: Link | None = None
     ep_inter: Link | None = None
     ep_domains: int = 1
+    # HSDP: the replicate group (one rank of each shard group holding the same shard)
+    replicate: Link | None = None
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: contexts key the per-layer cost cache
@@ -83,4 +85,5 @@ def mesh_links(cluster: Cluster, mesh: Mesh) -> Links:
         ep_intra=group_link(cluster, per_domain, ep_stride),
         ep_inter=group_link(cluster, domains, ep_stride * per_domain),
         ep_domains=domains,
+        replicate=group_link(cluster, mesh.replicas, mesh.stride("replicate")),
     )

@@ -15,7 +15,7 @@ Pure functions over byte counts. Sources:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.config import StateBytes
 from planner.strategy import Recompute
@@ -99,6 +99,8 @@ def block_activation_bytes_per_token(layer: Layer, tp: int, sp: bool, seq_len: i
         replicated += 2 * h  # two 1-byte dropout masks
     if layer.attention is not None and layer.attention.cross_attention:
         replicated += ACT_BYTES * h  # input of the cross-attention query projection
+    if layer.kind is LayerKind.MTP:
+        replicated += 2 * ACT_BYTES * 2 * h  # the two normed inputs and the eh_proj input
     sharded = core = 0.0
     if layer.attention is not None:
         sharded, core = _attention_act_per_token(layer.attention, h, tp, seq_len, kernel, dropout)
@@ -160,6 +162,23 @@ def op_sac_saved_per_token(layer: Layer, tp: int, sp: bool) -> float:
     return saved + outputs / 2
 
 
+def conv_activation_bytes(layer: Layer, micro_batch: int, tp: int,
+                          recompute: Recompute) -> tuple[float, float]:
+    """(stored, working) bytes of a layer's convolutions for one micro-batch on one GPU: the
+    layer input (the first convolution's, kept for its weight gradient), then per convolution
+    its output (the normalisation's saved input, split over channel-parallel ranks) and the
+    activation's output (the next convolution's input, whole on every rank), 16-bit. Full
+    recomputation keeps the layer input only and rebuilds the rest while its backward runs.
+    (PyTorch autograd saves exactly these: conv input, batch-norm input, ReLU output.)"""
+    split = tp if layer.kind is LayerKind.BLOCK else 1
+    first = layer.convs[0]
+    block_input = ACT_BYTES * first.in_channels * first.in_pixels
+    inner = sum(ACT_BYTES * c.out_channels * c.out_pixels * (1 + 1 / split) for c in layer.convs)
+    if recompute is Recompute.FULL:
+        return micro_batch * block_input, micro_batch * inner
+    return micro_batch * (block_input + inner), 0.0
+
+
 def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int, cp: int,
                            sp: bool, recompute: Recompute, kernel: str,
                            dropout: bool, etp: int = 0, expert_load: float = 1.0,
@@ -170,6 +189,13 @@ def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int
     transient extra while the layer's backward runs (the recomputed activations under FULL).
     ``fp8_inputs``: the runtime keeps FP8 GEMM inputs (:func:`fp8_input_saving_per_token`).
     """
+    if layer.convs:
+        conv = conv_activation_bytes(layer, micro_batch, tp, recompute)
+        if layer.attention is None and layer.mlp is None:
+            return conv
+        rest = layer_activation_bytes(replace(layer, convs=()), micro_batch, seq_len, tp, cp, sp,
+                                      recompute, kernel, dropout, etp, expert_load, fp8_inputs)
+        return conv[0] + rest[0], max(conv[1], rest[1])
     tokens = micro_batch * seq_len / cp
     h = layer.hidden
     seq_split = tp if sp else 1

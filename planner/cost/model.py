@@ -17,8 +17,8 @@ from planner.strategy import LayerPlacement
 from planner.cost.compute import Shard, attention_core_flops, layer_gemms
 from planner.cost.context import make_context
 from planner.cost.terms import (LayerTerms, MemoryBreakdown, StepBreakdown,
-                                boundary_reshard_s, config_terms, layer_terms, stage_memory,
-                                stage_time, step_time)
+                                boundary_reshard_s, config_terms, layer_terms, stage_host_bytes,
+                                stage_memory, stage_time, step_time)
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.strategy import default_placement
@@ -32,6 +32,7 @@ class StageResult:
     time_s: float  # per micro-batch
     compute_s: float
     comm_s: float
+    host_bytes: float = 0.0  # offloaded optimizer states in host memory, per GPU
 
 
 @dataclass(frozen=True)
@@ -72,16 +73,19 @@ class Evaluation:
 
     @property
     def fits(self) -> bool:
-        return self.peak_memory_bytes <= self.cluster.memory_bytes_per_gpu
+        """GPU memory, and host memory of offloaded optimizer states (Cluster.cpu_memory)."""
+        host = self.cluster.cpu_memory.capacity_bytes if self.cluster.cpu_memory is not None else 0.0
+        return self.peak_memory_bytes <= self.cluster.memory_bytes_per_gpu and \
+            all(s.host_bytes <= host for s in self.stages if s.host_bytes)
 
 
 def model_flops_per_step(model: ModelGraph, config: ParallelConfig) -> float:
     """Training FLOPs of one step without recomputation: 3 x forward, GEMMs at tp = 1, the
     attention core counted causally halved whatever kernel runs it (PaLM App. B convention)."""
-    shard = Shard(1, config.seq_len)
     per_sequence = 0.0
     for cls in model.layer_classes():
         layer = cls.layer
+        shard = Shard(1, layer.seq_len or config.seq_len)  # a vision encoder: its image tokens
         flops = sum(g.flops for g in layer_gemms(layer, shard))
         if layer.attention is not None:
             flops += attention_core_flops(layer.attention, shard, "flash")
@@ -116,7 +120,8 @@ def evaluate(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
         StageResult(index=s, layers=tuple(stage_layers[s]),
                     memory=stage_memory(terms, s, stage_costs[s]), time_s=times[s],
                     compute_s=sum(x.compute_s for x in stage_costs[s]),
-                    comm_s=times[s] - sum(x.compute_s for x in stage_costs[s]))
+                    comm_s=times[s] - sum(x.compute_s for x in stage_costs[s]),
+                    host_bytes=stage_host_bytes(stage_costs[s]))
         for s in range(config.pp))
     breakdown = step_time(terms, stage_costs, times)
     m = config.num_micro_batches

@@ -53,10 +53,11 @@ DROPLESS_SYNC_S = 0.0
 
 
 # Grouped-GEMM kernels (Transformer Engine / cuBLASLt grouped GEMM, CUTLASS grouped) run one
-# launch over all local experts with per-expert problem sizes; they reach a fraction of the
+# launch over all local experts with per-expert problem sizes; they can reach less than the
 # dense cuBLAS efficiency of the same shapes (scheduling across ragged groups, no split-K,
 # per-expert quantisation in FP8). On top of the tile / wave model, which already charges small
-# per-expert row counts. Fitted by bench/moe_fit.py (grid 0.8 / 1.0: 0.8).
+# per-expert row counts. Fitted by bench/moe_fit.py (grid 0.8 / 1.0: 1.0, i.e. the tile model
+# alone).
 GROUPED_GEMM_EFFICIENCY = 0.8
 
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Sequence
 
-from planner.cost import comm, moe
+from planner.cost import comm, moe, offload
 from planner.cost.compute import KERNEL_LAUNCH_S, Shard, hbm_bytes_per_s, layer_compute
 from planner.cost.context import CostContext
 from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches,
@@ -127,6 +127,9 @@ class LayerTerms:
     dense_params: float  # held by one GPU before ZeRO sharding (volumes, reports)
     expert_params: float
     hw_flops: float  # executed, recomputation included
+    # host memory of offloaded optimizer states (LayerOption.offload; the stage's sum is
+    # bounded by the GPU's host share, ConfigTerms.host_capacity_bytes)
+    host_bytes: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -173,6 +176,7 @@ class ConfigTerms:
     embedding_sync_s: float  # tied embeddings: gradient all-reduce of first and last stage
     comm_slowdown: float = 0.0  # compute slowdown per second of overlapped NCCL traffic
     micro_batch_overhead_s: float = 0.0  # fixed host / launch seconds per micro-batch per stage
+    host_capacity_bytes: float = float("inf")  # host memory per GPU (Cluster.cpu_memory)
 
 
 
@@ -216,7 +220,8 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         boundary_s = 2 * c.virtual_stages * one
     per_mb = zero >= 2 and n > 1 and not pp_keeps_unsharded(ctx)
     zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert = \
-        dp_collectives(zero, n, n_expert, ctx.links.dp, ctx.links.edp or ctx.links.dp, per_mb)
+        dp_collectives(zero, n, n_expert, ctx.links.dp, ctx.links.edp or ctx.links.dp, per_mb,
+                      mesh.replicas, ctx.links.replicate)
     return ConfigTerms(
         pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
         in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages),
@@ -228,14 +233,25 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         dp_reduce_dense=red_dense, dp_reduce_expert=red_expert, dp_gather_dense=gat_dense,
         dp_gather_expert=gat_expert, overlap_grad_reduce=opts.overlap_grad_reduce,
         overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx),
-        comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s)
+        comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s,
+        host_capacity_bytes=(ctx.cluster.cpu_memory.capacity_bytes if ctx.cluster.cpu_memory is not None
+                             else float("inf")))
 
 
 def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Link,
-                   per_mb: bool) -> tuple[Affine, ...]:
+                   per_mb: bool, replicas: int = 1,
+                   replica_link: Link | None = None) -> tuple[Affine, ...]:
     """The data-parallel collectives of ZeRO stage ``zero`` over ``n`` dense ranks on ``link``
     and ``n_expert`` routed-expert ranks on ``expert_link``: per-micro-batch reduce (dense,
-    expert) and gather (dense, expert), once-per-step reduce and gather (dense, expert)."""
+    expert) and gather (dense, expert), once-per-step reduce and gather (dense, expert).
+
+    Hybrid sharding (``replicas`` > 1 shard groups of ``n`` ranks, HSDP): the gathers and
+    reduce-scatters stay inside the shard group; each rank's reduced 1/n of the gradient is
+    then all-reduced with the ranks holding the same shard in the other groups
+    (``replica_link``), per micro-batch where the reduce-scatter is (ZeRO-2/3), once per step
+    otherwise (PyTorch FSDP HYBRID_SHARD: reduce-scatter then all-reduce; torchtitan's
+    dp_replicate x dp_shard mesh; Megatron-Core's distributed-optimizer instances reduce
+    inside an instance and all-reduce across instances)."""
     def coll(fn, size: int) -> Affine:
         return Affine.of(fn, size, link) if size > 1 else NO_COMM
 
@@ -265,6 +281,13 @@ def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Li
         if not (zero == 2 and n > 1):
             red_expert = ecoll(comm.reduce_scatter_s, n_expert)
         gat_dense, gat_expert = coll(comm.all_gather_s, n), ecoll(comm.all_gather_s, n_expert)
+    if replicas > 1 and replica_link is not None:
+        across = Affine.of(comm.all_reduce_s, replicas, replica_link)
+        across = Affine(across.slope_s_per_byte / n, across.intercept_s)  # 1/n of the bytes
+        if per_mb:
+            zr_dense = zr_dense + across
+        else:
+            red_dense = red_dense + across
     return zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert
 
 
@@ -309,9 +332,13 @@ def _layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
     if layout is Layout.MESH:
         return LayoutView(c.tp, c.micro_batch, ctx.shard, ctx.links.tp, mesh.shard_degree,
                           ctx.links.dp)
-    t = layout.tensor_degree(c.tp, c.dp)
+    t = layout.tensor_degree(c.tp, c.dp, ctx.cluster.gpus_per_node)
+    if mesh.replicas > 1:  # a per-layer layout refolds tp x dp: not with hybrid sharding
+        return None
     if t is None or (c.tp * c.dp) % t or (c.micro_batch * t) % c.tp:
         return None
+    if t > c.tp and c.cp > 1:
+        return None  # the tp ranks after a TP group are its CP peers (another sequence chunk)
     mb = c.micro_batch * t // c.tp
     n = c.tp * c.dp // t * c.cp  # tensor groups per stage x CP ranks: the layer's data group
     shard = Shard(mb, c.seq_len, t, c.cp, c.ep, c.sp and t > 1, c.dtype)
@@ -321,19 +348,33 @@ def _layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
 
 def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
     """Whether ``option`` can run ``layer`` under this context: non-mesh layouts are for dense
-    blocks whose heads and FFN width divide the layout's tensor degree."""
+    blocks whose heads and FFN width divide the layout's tensor degree, and for the embedding
+    and head (never recomputed) whose vocabulary it divides (a vocab-parallel table); a tied
+    embedding on two pipeline stages keeps the mesh layout (its gradient all-reduce between
+    the first and last stage is the configuration's, ``embedding_sync_s``)."""
+    if option.offload and ctx.cluster.cpu_memory is None:
+        return False  # no host memory described (the cluster file's host: section)
     if option.layout is Layout.MESH:
         return True
     view = layout_view(ctx, option.layout)
-    if view is None or layer.kind is not LayerKind.BLOCK:
+    if view is None:
         return False
+    if option.layout is Layout.NODE and layer.kind is LayerKind.BLOCK:
+        return False  # a node-wide vocab-parallel table; blocks take the mesh's degree or less
+    if layer.kind is not LayerKind.BLOCK:
+        if option.recompute is not Recompute.NONE:
+            return False
+        if ctx.model.tied_embeddings and ctx.config.pp > 1:
+            return False
+        return not layer.vocab or layer.vocab % view.tp == 0
     if layer.mlp is not None and (layer.mlp.is_moe or layer.mlp.ffn_hidden % view.tp):
         return False
     att = layer.attention
     return att is None or att.num_heads % view.tp == 0
 
 
-def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout) -> float:
+def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout,
+              seq_len: int = 0) -> float:
     """Seconds per micro-batch (forward + backward) to move the activation from a layer of
     layout ``before`` to the next layer, of layout ``after``.
 
@@ -345,7 +386,8 @@ def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout) -> f
     parallelism each rank's shard changes from (batch/k, seq) to (batch, seq/k): an all-to-all,
     forward and backward. These are the resharding collectives of the sharding-spec changes
     S(batch) -> R and S(seq) -> S(batch) (Alpa, Zheng et al. OSDI 2022, §4.1 and Table 2;
-    GSPMD, Xu et al. 2021; the edge costs of OpenXLA's auto-sharding pass)."""
+    GSPMD, Xu et al. 2021; the edge costs of OpenXLA's auto-sharding pass). ``seq_len``: the
+    later layer's tokens per sequence when they are not the workload's (a vision encoder)."""
     if before is after:
         return 0.0
     a, b = layout_view(ctx, before), layout_view(ctx, after)
@@ -354,7 +396,8 @@ def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout) -> f
     small, big = (a, b) if a.tp < b.tp else (b, a)
     k = big.tp // small.tp
     link = group_link(ctx.cluster, k, small.tp)  # k ranks, one from each merging group
-    gathered = big.shard.tokens * hidden * ACT_BYTES  # one merged group's activation
+    tokens = big.shard.tokens if not seq_len else big.micro_batch * seq_len // big.shard.cp
+    gathered = tokens * hidden * ACT_BYTES  # one merged group's activation
     if small.shard.sp or big.shard.sp:
         return 2 * comm.all_to_all_s(gathered / big.tp, k, link)
     return comm.all_gather_s(gathered, k, link)
@@ -369,7 +412,7 @@ def boundary_reshard_s(ctx: CostContext, layers: Sequence[Layer],
     for i in range(1, len(layers)):
         if options[i].layout is not options[i - 1].layout:
             out[stage[i]] += reshard_s(ctx, layers[i].hidden, options[i - 1].layout,
-                                       options[i].layout)
+                                       options[i].layout, layers[i].seq_len)
     return out
 
 
@@ -393,9 +436,26 @@ def _tp_syncs(layer: Layer) -> tuple[int, int]:
     if layer.kind is LayerKind.BLOCK:
         n = 2 + (1 if layer.attention is not None and layer.attention.cross_attention else 0)
         return n, n
+    if layer.kind is LayerKind.MTP:  # its block, plus the eh_proj output gathered
+        return 3, 3
     if layer.kind is LayerKind.EMBEDDING:
         return 1, 0  # vocab-parallel embedding: all-reduce (reduce-scatter with SP) of the output
     return (1 if layer.vocab else 0), 1  # LM head: gather input (SP), reduce input gradient
+
+
+def conv_tp_s(layer: Layer, micro_batch: int, tp: int, link: Link) -> tuple[float, float]:
+    """(forward, backward) seconds of a convolutional block's channel-parallel collectives:
+    each convolution computes its share of the output channels from the whole input, so the
+    forward all-gathers every output and the backward all-reduces every input gradient (each
+    rank's weight shard contributes a partial sum), as a column-parallel linear without a
+    row-parallel partner (Megatron-LM §3)."""
+    if tp <= 1:
+        return 0.0, 0.0
+    fwd = sum(comm.all_gather_s(micro_batch * c.out_channels * c.out_pixels * ACT_BYTES, tp,
+                                link) for c in layer.convs)
+    bwd = sum(comm.all_reduce_s(micro_batch * c.in_channels * c.in_pixels * ACT_BYTES, tp, link)
+              for c in layer.convs)
+    return fwd, bwd
 
 
 def layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTerms:
@@ -419,6 +479,13 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         raise ValueError(f"layout {option.layout.value} does not divide the mesh "
                          f"tp={c.tp} dp={c.dp} micro_batch={c.micro_batch}")
     shard, tp, sp = view.shard, view.tp, view.shard.sp
+    seq_len = layer.seq_len or c.seq_len  # a vision encoder runs on its image tokens
+    if seq_len != shard.seq_len:
+        shard = replace(shard, seq_len=seq_len)
+    if layer.tied_params and c.pp == 1:
+        # one stage holds the embedding and the head: one tensor, one copy (the head's copy
+        # of a tied table exists on the last of several stages only)
+        layer = replace(layer, tied_params=0)
     recompute = option.recompute
     compute = layer_compute(layer, shard, ctx.cluster.gpu, opts)
     tokens = shard.tokens
@@ -429,7 +496,11 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     if tp > 1 and not sp and layer.kind is LayerKind.HEAD:
         fwd_syncs = 0  # without SP the head's input is already replicated
     tp_fwd = fwd_syncs * one
-    tp_total = tp_fwd + bwd_syncs * one + (tp_fwd if recompute is Recompute.FULL else 0.0)
+    tp_bwd = bwd_syncs * one
+    if layer.convs and layer.kind is LayerKind.BLOCK and layer.attention is None \
+            and layer.mlp is None:
+        tp_fwd, tp_bwd = conv_tp_s(layer, view.micro_batch, tp, view.tp_link)
+    tp_total = tp_fwd + tp_bwd + (tp_fwd if recompute is Recompute.FULL else 0.0)
     # the hidden share still slows the GEMMs it overlaps (NCCL takes SMs). Runtimes hide TP
     # collectives by splitting SP's all-gather / reduce-scatter into the GEMMs (Megatron's
     # --tp-comm-overlap needs --sequence-parallel; torchtitan's async TP): none without SP
@@ -460,7 +531,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         gpu_s = compute.fwd_s + compute.bwd_s + compute.recompute_s(recompute) + tp_comm + other
         passes, launches = moe.host_passes(recompute.value)
         other += moe.host_floor_s(gpu_s, passes, launches * KERNEL_LAUNCH_S)
-    stored, working = layer_activation_bytes(layer, view.micro_batch, c.seq_len, tp, c.cp, sp,
+    stored, working = layer_activation_bytes(layer, view.micro_batch, seq_len, tp, c.cp, sp,
                                              recompute, opts.attention_kernel, opts.dropout,
                                              mesh.expert_tp, opts.moe.load_factor,
                                              opts.fp8_saved_inputs and c.dtype == "fp8")
@@ -495,6 +566,14 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
                    + t.zero_gather_expert.slope_s_per_byte * w_expert)  # forward + backward
     zero_traffic = zero_reduce + zero_gather
     owned = dense / (n if zero >= 1 else 1) + expert / (n_expert if zero >= 1 else 1)
+    optimizer_bytes = dense_states.optimizer + expert_states.optimizer
+    optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / hbm_bytes_per_s(ctx.cluster.gpu)
+    host_bytes = 0.0
+    if option.offload:  # ZeRO-Offload: states on the host, Adam on its cores
+        host_bytes = offload.host_bytes(owned, optimizer_bytes)
+        optimizer_bytes = 0.0
+        optimizer_s = offload.offload_step_s(owned, state.grad_reduce_bytes, state.weights,
+                                             OPTIMIZER_BYTES_PER_PARAM, ctx.cluster.cpu_memory)
     # host time of a block that the GPU does not hide: per pass (forward, backward, recomputed
     # forward) one block's launches, hooks and checkpointing bookkeeping (calibrated per runtime)
     host = opts.block_overhead_s if layer.kind is LayerKind.BLOCK else 0.0
@@ -505,7 +584,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         comm_s=tp_comm + other, act_stored_bytes=stored, act_working_bytes=working,
         params_bytes=dense_states.params + expert_states.params,
         grads_bytes=dense_states.grads + expert_states.grads,
-        optimizer_bytes=dense_states.optimizer + expert_states.optimizer,
+        optimizer_bytes=optimizer_bytes,
         gather_buffer_bytes=2 * (dense + expert) * state.weights if zero >= 3 and not keep
         else 0.0,
         zero_traffic_s=zero_traffic, zero_fwd_traffic_s=zero_gather / 2,
@@ -514,9 +593,9 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
                      + t.dp_reduce_expert.slope_s_per_byte * grad_expert),
         dp_gather_s=(t.dp_gather_dense.slope_s_per_byte * w_dense
                      + t.dp_gather_expert.slope_s_per_byte * w_expert),
-        optimizer_s=owned * OPTIMIZER_BYTES_PER_PARAM / hbm_bytes_per_s(ctx.cluster.gpu),
-        dense_params=dense, expert_params=expert,
-        hw_flops=3 * compute.fwd_flops + compute.recompute_flops(recompute))
+        optimizer_s=optimizer_s, dense_params=dense, expert_params=expert,
+        hw_flops=3 * compute.fwd_flops + compute.recompute_flops(recompute),
+        host_bytes=host_bytes)
 
 
 # -- stage and step formulas over terms (what evaluate() reports) ----------------------------
@@ -572,6 +651,17 @@ def stage_memory(t: ConfigTerms, stage: int, layers: Sequence[LayerTerms]) -> Me
     reserve = t.reserve_bytes + t.allocator_overhead * (activations + buffers)
     return MemoryBreakdown(sum(x.params_bytes for x in layers), sum(x.grads_bytes for x in layers),
                            sum(x.optimizer_bytes for x in layers), activations, buffers, reserve)
+
+
+def stage_host_bytes(layers: Sequence[LayerTerms]) -> float:
+    """Host bytes per GPU of a stage's offloaded optimizer states."""
+    return sum(x.host_bytes for x in layers)
+
+
+def stage_fits(t: ConfigTerms, stage: int, layers: Sequence[LayerTerms]) -> bool:
+    """The stage fits its GPU's memory and its share of host memory."""
+    return (stage_memory(t, stage, layers).total <= t.capacity_bytes
+            and stage_host_bytes(layers) <= t.host_capacity_bytes)
 
 
 def stage_time(t: ConfigTerms, layers: Sequence[LayerTerms]) -> float:

@@ -57,13 +57,25 @@ def export_plan(plan: Plan | Mapping[str, Any], fmt: str,
         return export_serving(plan, fmt, target_version)
     _refuse_malformed(plan)
     if entry.resolve is not None:
-        return _layouts_warning(plan, entry.run(plan, entry.resolve(target_version)))
+        return _pools(plan, _layouts_warning(plan, entry.run(plan, entry.resolve(target_version))))
     if target_version is not None:
         raise invalid(f"the {fmt} export has one form and takes no --target-version",
                       "formats with versions: " + ", ".join(
                           f"{f.name} ({', '.join(f.versions)})" for f in FORMATS.values()
                           if f.versions))
-    return _layouts_warning(plan, entry.run(plan))
+    return _pools(plan, _layouts_warning(plan, entry.run(plan)))
+
+
+def _pools(plan: Plan, result: ExportResult) -> ExportResult:
+    """A plan across pools: the node order that runs each stage on its pool
+    (planner/hetero/launch.py)."""
+    if not plan.across_pools or result.format == "json":
+        return result
+    from planner.hetero.launch import launch_notes
+
+    notes, warnings = launch_notes(dict(plan.document))
+    return replace(result, notes=result.notes + tuple(notes),
+                   warnings=result.warnings + tuple(warnings))
 
 
 def _layouts_warning(plan: Plan, result: ExportResult) -> ExportResult:
@@ -76,6 +88,14 @@ def _layouts_warning(plan: Plan, result: ExportResult) -> ExportResult:
         layout = layer.get("layout", "mesh")
         if layout != "mesh":
             off.setdefault(layout, []).append(layer["name"])
+    host = [layer["name"] for layer in plan.document.get("layers", []) if layer.get("offload")]
+    if host:
+        result = replace(result, warnings=(*result.warnings, (
+            f"offload: the plan keeps the optimizer states of {len(host)} layers ({host[0]} .. "
+            f"{host[-1]}) in host memory; {result.format} has no per-layer optimizer offload "
+            f"(DeepSpeed's offload_optimizer and FSDP2's CPUOffloadPolicy take all parameters, "
+            f"Megatron-Core's --optimizer-cpu-offload a fraction of them), so this file keeps "
+            f"them on the GPUs (the plan's memory prediction does not apply)")))
     if not off:
         return result
     what = "; ".join(f"{layout}: {len(names)} layers ({names[0]} .. {names[-1]})"

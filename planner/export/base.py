@@ -113,11 +113,12 @@ def memory_note(plan: Plan, **changes: Any) -> str:
     except (PlannerError, KeyError, ValueError, TypeError):
         return ""
     peak = ev.peak_memory_bytes / GIB
-    capacity = ev.cluster.gpu.memory_gib
     was = plan.document["predicted"]["peak_memory_gib"]
     verdict = "fits" if ev.fits else "does NOT fit"
+    of = ("each stage's pool's GPU memory" if plan.across_pools
+          else f"{ev.cluster.gpu.memory_gib:g} GiB")
     return (f" (the cost model predicts {peak:.1f} GiB peak per GPU instead of the plan's "
-            f"{was:.1f}, of {capacity:g} GiB: {verdict})")
+            f"{was:.1f}, of {of}: {verdict})")
 
 
 def world(doc: dict[str, Any]) -> str:
@@ -127,7 +128,23 @@ def world(doc: dict[str, Any]) -> str:
             + (f", ep {p['ep']}" if p["ep"] > 1 else ""))
 
 
+def launch_size(doc: dict[str, Any]) -> tuple[int, int]:
+    """(processes per node, nodes) of the job's torchrun launch. Across pools: the nodes the
+    plan uses, with the first stage's pool's GPUs per node (planner/hetero/launch.py warns
+    when the pools differ)."""
+    c = doc["cluster"]
+    if "pools" not in c:
+        return c["gpus_per_node"], c["num_nodes"]
+    first = next(x for x in c["pools"] if x["name"] == doc["parallelism"]["stage_pools"][0])
+    nodes = sum(-(-x["gpus_used"] // x["gpus_per_node"]) for x in c["pools"])
+    return first["gpus_per_node"], nodes
+
+
 def headline(doc: dict[str, Any]) -> str:
-    return (f"{doc['model']['name']} on {doc['cluster']['name']} "
-            f"({doc['cluster']['num_nodes']} x {doc['cluster']['gpus_per_node']} "
-            f"{doc['cluster']['gpu']}): {world(doc)}")
+    c = doc["cluster"]
+    if "pools" in c:  # a plan across pools (planner/hetero/plan_file.py)
+        hardware = " + ".join(f"{x['name']}: {x['num_nodes']} x {x['gpus_per_node']} {x['gpu']}"
+                              for x in c["pools"])
+    else:
+        hardware = f"{c['num_nodes']} x {c['gpus_per_node']} {c['gpu']}"
+    return f"{doc['model']['name']} on {c['name']} ({hardware}): {world(doc)}"

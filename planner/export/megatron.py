@@ -27,9 +27,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.moe import DEFAULT_A2A_OVERLAP
 from planner.plan_types import Plan
 from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
-                                 headline, memory_note, recompute_counts)
+                                 headline, launch_size, memory_note, recompute_counts)
 from planner.export import recompute_rules as rules
 from planner.export.quoting import bash_array_file, parse_bash_array_file
 from planner.export.retarget import retarget_warning
@@ -155,7 +156,7 @@ def _experts(plan: Plan, args: list, warnings: list[str], notes: list[str]) -> N
     if not opts.dropless:
         args += [("--moe-expert-capacity-factor", opts.capacity_factor),
                  ("--moe-pad-expert-input-to-capacity",)]
-    if opts.a2a_overlap > 0 and mesh.ep > 1:
+    if opts.a2a_overlap > DEFAULT_A2A_OVERLAP and mesh.ep > 1:  # more than runtimes hide anyway
         args += [("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
         notes.append(f"megatron: the plan hides {opts.a2a_overlap:g} of the expert all-to-all "
                      f"behind compute; exported --overlap-moe-expert-parallel-comm "
@@ -180,6 +181,8 @@ def export(plan: Plan) -> ExportResult:
     if p["cp"] > 1:
         args.append(("--context-parallel-size", p["cp"]))
     _experts(plan, args, warnings, notes)
+    if plan.model.num_mtp:  # multi-token prediction modules on the last stage (models/mtp.py)
+        args.append(("--mtp-num-layers", plan.model.num_mtp))
     args += [("--num-layers", doc["model"]["num_layers"]), ("--seq-length", p["seq_len"]),
              ("--micro-batch-size", p["micro_batch"]), ("--global-batch-size", p["global_batch"])]
     _pipeline(doc, args, warnings)
@@ -187,6 +190,8 @@ def export(plan: Plan) -> ExportResult:
     zero = p["zero_stage"]
     if zero >= 1:
         args.append(("--use-distributed-optimizer",))
+    if p.get("dp_shard"):  # hybrid sharding: dp / dp_shard distributed-optimizer instances
+        args.append(("--num-distributed-optimizer-instances", p["dp"] // p["dp_shard"]))
     if runtime["overlap_grad_reduce"]:
         args.append(("--overlap-grad-reduce",))
         if zero >= 1 and runtime["overlap_param_gather"]:
@@ -236,7 +241,7 @@ def export(plan: Plan) -> ExportResult:
         f"shape, data, tokenizer and",
         "optimizer arguments are not part of the plan: add them to the command line.",
         f"Use:  source THIS_FILE; {env}torchrun --nproc-per-node "
-        f"{doc['cluster']['gpus_per_node']} --nnodes {doc['cluster']['num_nodes']} "
+        f"{launch_size(doc)[0]} --nnodes {launch_size(doc)[1]} "
         f"pretrain_gpt.py \"${{{ARRAY}[@]}}\" ...",
     ]
     if env:

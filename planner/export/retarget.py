@@ -35,7 +35,7 @@ _BEHAVIOUR = {
     "block_overhead_s": "per-block host overhead s",
     "elementwise_factor": "element-wise factor", "fp8_gemm_factor": "FP8 GEMM factor",
     "fp8_saved_inputs": "FP8 saved inputs", "matmul_efficiency": "GEMM efficiency",
-    "attention_efficiency": "attention efficiency",
+    "attention_efficiency": "attention efficiency", "pool_efficiency": "pools' efficiencies",
 }
 
 
@@ -50,6 +50,13 @@ def target_options(plan: Plan, runtime: str) -> RuntimeOptions:
     """The runtime options ``plan --runtime RUNTIME`` gives the plan's cluster and dtype."""
     from planner.calibration.session import runtime_setup
 
+    if plan.across_pools:  # each pool's generation's efficiencies (planner/hetero/plan_file.py)
+        from planner.hetero.plan_file import pool_options
+
+        setup = runtime_setup(plan.cluster.pools[0].as_cluster(), runtime, plan.config.dtype,
+                              plan.runtime.attention_kernel, moe=plan.runtime.moe)
+        return pool_options(setup.options, plan.cluster,
+                            setup.calibration.constants if setup.calibration else None)
     setup = runtime_setup(plan.cluster, runtime, plan.config.dtype,
                           plan.runtime.attention_kernel, moe=plan.runtime.moe)
     return setup.options
@@ -96,9 +103,11 @@ def retarget_warning(plan: Plan, runtime: str, **exported: Any) -> str | None:
     predicted = plan.document["predicted"]
     verdict = "fits" if ev.fits else "does NOT fit"
     also = ", ".join(f"{k} {v}" for k, v in sorted(exported.items()))
+    capacity = ("each stage's pool's GPU" if plan.across_pools
+                else f"{ev.cluster.gpu.memory_gib:g}")
     return (text + f". Under {runtime}'s profile" + (f", with {also} as exported" if also else "")
             + f", the cost model predicts the plan's degrees and placement at "
             f"{ev.peak_memory_bytes / GIB:.1f} GiB peak per GPU instead of "
-            f"{predicted['peak_memory_gib']:.1f} ({verdict} in {ev.cluster.gpu.memory_gib:g}), "
+            f"{predicted['peak_memory_gib']:.1f} ({verdict} in {capacity}), "
             f"step time {ev.step_time_s:.4g} s instead of {predicted['step_time_s']:.4g}; "
             f"`shardplan plan --runtime {runtime}` searches a plan for it")

@@ -29,6 +29,7 @@ class WorkerSpec:
     dtype: str  # bf16 | fp8 | fp4 (weights)
     kv_dtype: str  # bf16 | fp8
     model: str  # the model spec the plan was made for
+    draft_tokens: int = 0  # MTP speculative decoding (decode and aggregated workers; 0: off)
 
     @property
     def gpus(self) -> int:
@@ -48,9 +49,11 @@ def worker_specs(doc: dict[str, Any], fmt: str) -> list[WorkerSpec]:
                   memory_fraction=rt.memory_fraction, dtype=wl["dtype"], kv_dtype=wl["kv_dtype"],
                   model=doc["inputs"]["model"]["spec"])
 
+    draft = (wl.get("speculative") or {}).get("draft_tokens", 0)
+
     def spec(role: str, w: dict, count: int, batch: int) -> WorkerSpec:
         return WorkerSpec(role, count, w["tp"], w["pp"], w["ep"], w["attention_dp"], batch,
-                          **common)
+                          **common, draft_tokens=0 if role == "prefill" else draft)
 
     if dep["mode"] == "aggregated":
         return [spec("aggregated", dep["worker"], dep["replicas"], dep["batch"])]

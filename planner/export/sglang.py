@@ -4,8 +4,11 @@ Argument names: SGLang server arguments (``sglang/srt/server_args.py``; docs.sgl
 Arguments"), listed and checked in ``tests/serve_runtime_options.py``: ``--model-path``,
 ``--tp-size``, ``--pp-size``, ``--dp-size``, ``--ep-size``, ``--enable-dp-attention``,
 ``--max-running-requests``, ``--chunked-prefill-size``, ``--context-length``,
-``--mem-fraction-static``, ``--kv-cache-dtype``, ``--quantization``, and for disaggregated
-serving ``--disaggregation-mode prefill|decode``.
+``--mem-fraction-static``, ``--kv-cache-dtype``, ``--quantization``, for disaggregated
+serving ``--disaggregation-mode prefill|decode``, and MTP speculative decoding (docs.sglang.io
+"Speculative Decoding", multi-token prediction: the EAGLE algorithm over the model's own MTP
+module, one chain of N drafts) ``--speculative-algorithm EAGLE --speculative-num-steps N
+--speculative-eagle-topk 1 --speculative-num-draft-tokens N+1``.
 
 With ``--enable-dp-attention`` SGLang's ``--tp-size`` counts all ranks of the worker and
 ``--dp-size`` the attention replicas among them (attention tp = tp-size / dp-size).
@@ -39,6 +42,11 @@ def worker_args(spec) -> list[str]:
         args += ["--quantization", QUANTIZATION[spec.dtype]]
     if spec.role in ("prefill", "decode"):
         args += ["--disaggregation-mode", spec.role]
+    if spec.draft_tokens:
+        args += ["--speculative-algorithm", "EAGLE",
+                 "--speculative-num-steps", str(spec.draft_tokens),
+                 "--speculative-eagle-topk", "1",
+                 "--speculative-num-draft-tokens", str(spec.draft_tokens + 1)]
     return args
 
 

@@ -28,7 +28,8 @@ from typing import Any
 
 from planner.errors import invalid
 from planner.plan_types import Plan
-from planner.export.base import ExportResult, describe_recompute, headline, memory_note
+from planner.export.base import (ExportResult, describe_recompute, headline, launch_size,
+                                 memory_note)
 from planner.export.quoting import bash_array_file, comment, toml_key, toml_value
 from planner.export import recompute_rules as rules
 from planner.export.retarget import retarget_warning
@@ -124,7 +125,7 @@ def _export_cli(plan: Plan) -> ExportResult:
     retarget = retarget_warning(plan, "torchtitan", **s.changes)
     if retarget:
         warnings.append(retarget)
-    gpus, nodes = doc["cluster"]["gpus_per_node"], doc["cluster"]["num_nodes"]
+    gpus, nodes = launch_size(doc)
     module = "" if entry else "--module MODULE --config CONFIG "
     comments = [
         f"torchtitan 0.3 command line for {headline(doc)}",
@@ -156,6 +157,12 @@ def _async_tp_message(plan: Plan, warnings: list[str], notes: list[str], flag: s
                         f"activation memory are lower than planned")
 
 
+def _op_everywhere(doc: dict[str, Any], values: list[str]) -> str:
+    return (f"recompute: the plan has {describe_recompute(doc)}; torchtitan applies one AC "
+            f"setting to every block, so exported per-op SAC on all {len(values)} blocks "
+            f"(slower than planned, never more activation memory)")
+
+
 def _cli_recompute(doc: dict[str, Any], warnings: list[str]) -> str:
     kind = uniform_recompute(doc)
     if kind == "none":
@@ -170,6 +177,9 @@ def _cli_recompute(doc: dict[str, Any], warnings: list[str]) -> str:
                         "recomputation; activation memory differs")
         return "selective"
     values = block_recompute(doc)
+    if set(values) <= {"none", "op"}:
+        warnings.append(_op_everywhere(doc, values))
+        return "selective"
     warnings.append(f"recompute: the plan has {describe_recompute(doc)}; torchtitan 0.3 has one "
                     f"setting for all blocks (no layer-selective AC), so exported full "
                     f"recomputation of all {len(values)} blocks: slower than planned, never more "
@@ -250,6 +260,9 @@ def _toml_recompute(plan: Plan, doc: dict[str, Any], warnings: list[str]) -> dic
                         "attention-core recomputation; activation memory differs")
         return {"mode": "selective", "selective_ac_option": "op"}
     values = block_recompute(doc)
+    if set(values) <= {"none", "op"}:
+        warnings.append(_op_everywhere(doc, values))
+        return {"mode": "selective", "selective_ac_option": "op"}
     exact = rules.exact_count(plan, rules.every_nth, len(values))
     if exact is not None:
         return {"mode": "selective", "selective_ac_option": str(exact)}

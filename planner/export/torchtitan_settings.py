@@ -93,6 +93,8 @@ def settings(plan: Plan) -> Settings:
                             "combine with tensor, pipeline or context parallelism; exported FSDP "
                             "with fsdp_reshard_after_forward \"never\" (ZeRO-2)"
                             + memory_note(plan, zero_stage=2))
+    if p.get("dp_shard") and shard == dp:  # hybrid sharding: dp_replicate x dp_shard
+        replicate, shard = dp // p["dp_shard"], p["dp_shard"]
     per_rank = p["global_batch"] // dp
     out = Settings(replicate=replicate, shard=shard, reshard=reshard, tp=tp, sp=bool(p["sp"]),
                    pp=pp, cp=cp, ep=ep,

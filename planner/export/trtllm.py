@@ -5,7 +5,9 @@ Names: ``trtllm-serve`` options (TensorRT-LLM docs "trtllm-serve": ``--tp_size``
 ``--ep_size``, ``--max_batch_size``, ``--max_num_tokens``, ``--max_seq_len``,
 ``--kv_cache_free_gpu_memory_fraction``, ``--extra_llm_api_options``) and LLM-API fields in the
 YAML (``enable_attention_dp``, ``enable_chunked_prefill``, ``kv_cache_config.dtype``,
-``kv_cache_config.free_gpu_memory_fraction``, ``cuda_graph_config.max_batch_size``), listed and
+``kv_cache_config.free_gpu_memory_fraction``, ``cuda_graph_config.max_batch_size``, and for
+MTP speculative decoding ``speculative_config: {decoding_type: MTP, num_nextn_predict_layers:
+N}`` as in TensorRT-LLM's DeepSeek-R1 guides and ``MTPDecodingConfig``), listed and
 checked in ``tests/serve_runtime_options.py``. With attention DP, ``--tp_size`` counts every
 rank of the worker (TensorRT-LLM replicates attention over them). The document is one YAML
 stream: per worker a mapping with its ``command`` (the shell line, shlex-quoted) and its
@@ -30,6 +32,9 @@ def options(spec) -> dict:
            "kv_cache_config": {"dtype": KV[spec.kv_dtype],
                                "free_gpu_memory_fraction": spec.memory_fraction},
            "cuda_graph_config": {"max_batch_size": spec.max_batch, "enable_padding": True}}
+    if spec.draft_tokens:
+        doc["speculative_config"] = {"decoding_type": "MTP",
+                                     "num_nextn_predict_layers": spec.draft_tokens}
     return doc
 
 

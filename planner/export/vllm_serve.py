@@ -6,7 +6,9 @@ Arguments"), listed in ``tests/serve_runtime_options.py`` and checked there:
 ``--enable-expert-parallel``, ``--max-num-seqs``, ``--max-num-batched-tokens``,
 ``--max-model-len``, ``--gpu-memory-utilization``, ``--kv-cache-dtype``, ``--quantization``,
 ``--enable-chunked-prefill``, ``--block-size``; disaggregated workers get
-``--kv-transfer-config`` (a JSON object, role ``kv_producer`` / ``kv_consumer``).
+``--kv-transfer-config`` (a JSON object, role ``kv_producer`` / ``kv_consumer``); MTP
+speculative decoding ``--speculative-config '{"method": "mtp", "num_speculative_tokens": N}'``
+(docs.vllm.ai "MTP (Multi-Token Prediction)").
 
 Data-parallel attention is vLLM's data parallelism with expert parallelism: ``-dp`` attention
 replicas whose MoE layers spread over ``tp x dp`` ranks. Independent replicas are separate
@@ -43,6 +45,10 @@ def worker_args(spec) -> list[str]:
              "--enable-chunked-prefill", "--block-size", "16"]
     if spec.dtype in QUANTIZATION:
         args += ["--quantization", QUANTIZATION[spec.dtype]]
+    if spec.draft_tokens:
+        args += ["--speculative-config",
+                 json.dumps({"method": "mtp", "num_speculative_tokens": spec.draft_tokens},
+                            sort_keys=True, separators=(",", ":"))]
     if spec.role in ROLE:
         args += ["--kv-transfer-config",
                  json.dumps({"kv_connector": "NixlConnector", "kv_role": ROLE[spec.role]},

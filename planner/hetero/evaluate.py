@@ -62,6 +62,19 @@ class HeteroEvaluation:
         return self.model_flops / self.step_time_s / self.num_gpus_used / 1e12
 
     @property
+    def hw_tflops_per_gpu(self) -> float:
+        return self.hw_flops / self.step_time_s / self.num_gpus_used / 1e12
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs over the summed peak of the GPUs the plan uses (each its pool's GPU)."""
+        size = self.config.tp * self.config.cp * self.config.dp
+        pools = {p.name: p for p in self.cluster.pools}
+        peak = sum(pools[name].gpu.peak_tflops[self.config.dtype] * 1e12 * size
+                   for name in self.stage_pools.pools)
+        return self.model_flops / self.step_time_s / peak
+
+    @property
     def fits(self) -> bool:
         return all(s.memory.total <= cap for s, cap in zip(self.stages, self.capacity_bytes))
 

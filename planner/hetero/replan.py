@@ -136,7 +136,7 @@ def _check_ranks(cluster: Cluster, failed: Sequence[int], slow: Mapping[int, flo
                           "a factor of 1.5 means the rank takes 1.5x as long")
 
 
-def _shrunk(cluster: Cluster, gpus: int) -> Cluster:
+def shrunk_cluster(cluster: Cluster, gpus: int) -> Cluster:
     """The cluster cut to ``gpus`` GPUs (whole nodes; the plan's ranks are renumbered)."""
     nodes = max(1, math.ceil(gpus / cluster.gpus_per_node))
     if nodes == cluster.num_nodes:
@@ -227,7 +227,7 @@ class _Replanner:
     def option(self, strategy: str, survivors: list[int], config: ParallelConfig,
                rebalance: bool) -> ReplanOption | None:
         dropped = tuple(r for r in range(self.config.dp) if r not in survivors)
-        cluster = _shrunk(self.cluster, config.num_gpus)
+        cluster = shrunk_cluster(self.cluster, config.num_gpus)
         pools = StagePools((cluster.name,) * config.pp)
         factors = _stage_factors(self.mesh, self.slow, survivors)
         terms = pool_terms(self.model, cluster, config, self.runtime)

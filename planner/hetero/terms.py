@@ -95,13 +95,22 @@ def pool_terms(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: P
             continue
         one = pool.as_cluster() if isinstance(cluster, MultiPoolCluster) else cluster
         tp, cp, dp, ep, boundary = _stage_links(one, c.tp, c.cp, c.dp, c.ep)
-        ctx = CostContext(model, one, config, options, shard, Links(tp, cp, dp, ep, boundary))
+        mine = options.for_pool(pool.name)  # the pool's generation's calibrated efficiencies
+        ctx = CostContext(model, one, config, mine, shard, Links(tp, cp, dp, ep, boundary))
         problem = stage_problem(ctx, block_options)
         cross = None
         if isinstance(cluster, MultiPoolCluster) and len(cluster.pools) > 1:
             link = _cross_link(cluster, pool, size)
-            cross_ctx = CostContext(model, one, config, options, shard,
+            cross_ctx = CostContext(model, one, config, mine, shard,
                                     Links(tp, cp, dp, ep, link))
             cross = config_terms(cross_ctx)
         out.append(PoolTerms(pool, problem, cross, pool.num_gpus // size))
     return tuple(out)
+
+
+def stage_contexts(model: ModelGraph, cluster: MultiPoolCluster, config: ParallelConfig,
+                   stage_pools: tuple[str, ...], options: RuntimeOptions = RuntimeOptions()
+                   ) -> list[CostContext]:
+    """The cost context of every stage of a plan across pools (its pool's GPU and links)."""
+    by_name = {t.pool.name: t for t in pool_terms(model, cluster, config, options)}
+    return [by_name[name].problem.ctx for name in stage_pools]

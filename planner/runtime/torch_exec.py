@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Mapping
 
 
 from planner.config import ParallelConfig
@@ -67,13 +68,14 @@ LOSS_RTOL = 1e-4
 def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_STEPS,
                 seed: int = DEFAULT_SEED, lr: float = DEFAULT_LR, rtol: float = LOSS_RTOL,
                 timeout_s: float = DEFAULT_TIMEOUT_S,
-                max_processes: int = MAX_PROCESSES) -> VerifyReport:
+                max_processes: int = MAX_PROCESSES,
+                slow: Mapping[int, float] | None = None) -> VerifyReport:
     """Run ``plan`` for ``steps`` training steps on CPU processes and compare it with a
     single-process run (losses) and with the cost model (held bytes). Raises PlannerError for
     plans this runtime cannot execute; a failure inside the distributed run is reported in
-    ``VerifyReport.error`` (with the exact exception)."""
-    from planner.cost.model import evaluate
-
+    ``VerifyReport.error`` (with the exact exception). ``slow``: injected stragglers, rank ->
+    factor (the rank sleeps ``(factor - 1) x`` its compute time every step): the losses and
+    held bytes must not change."""
     if steps < 1:
         raise invalid(f"--steps must be at least 1, got {steps}")
     t0 = time.perf_counter()
@@ -81,8 +83,14 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
     doc = typed.document
     check_supported(typed, max_processes)
     c = typed.config
+    slow = dict(slow or {})
+    for r, f in slow.items():
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < c.num_gpus:
+            raise invalid(f"--slow: rank {r!r} is not a rank of the plan (0 .. {c.num_gpus - 1})")
+        if not (isinstance(f, (int, float)) and 1.0 <= f <= 100.0):
+            raise invalid(f"--slow: factor {f!r} of rank {r} is not in [1, 100]")
     options = runtime_options(typed)
-    ev = evaluate(typed.model, typed.cluster, c, typed.placement, options)
+    ev = typed.evaluate(options=options)  # across pools: each stage on its pool
     notes = []
     plan_runtime = typed.runtime.runtime
     if plan_runtime != "torch-fp32":
@@ -110,13 +118,18 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
     t_dist = time.perf_counter()
     job = {"model": _model_dict(typed.model), "config": _config_dict(c), "chunks": chunks,
            "recompute": [r.value for r in typed.placement.recompute], "steps": steps,
-           "seed": seed, "lr": lr}
+           "seed": seed, "lr": lr, "slow": {str(r): float(f) for r, f in slow.items()}}
     report = VerifyReport(plan=name, parallelism=dict(doc.get("parallelism", {})),
                           world_size=c.num_gpus, steps=steps, seed=seed, lr=lr, loss_rtol=rtol,
                           reference_losses=reference, distributed_losses=[], ranks=[],
                           implementation=implementation_summary(c, typed.placement,
                                                                 typed.model),
-                          notes=notes)
+                          notes=notes, slow_ranks=dict(slow))
+    if slow:
+        notes.append("stragglers injected: " + ", ".join(
+            f"rank {r} x{f:g}" for r, f in sorted(slow.items())) + " (the rank sleeps (factor - "
+            "1) x its compute time every step before the gradient sync; losses and held bytes "
+            "must be those of the plan without them)")
     try:
         results = run_distributed(job, c.num_gpus, timeout_s)
     except RunFailed as failure:
@@ -144,7 +157,9 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
             activations_predicted_stored=stored[r["stage"]],
             activations_measured=int(r["activation_peak_bytes"]),
             setup_s=r["setup_s"], step_s=r["step_s"],
-            grad_layout_differences=r.get("grad_layout_differences", [])))
+            grad_layout_differences=r.get("grad_layout_differences", []),
+            slowdown=float(slow.get(r["rank"], 1.0)),
+            injected_delay_s=list(r.get("injected_delay_s", []))))
     report.seconds = {"reference": t_dist - t_ref, "distributed": t_end - t_dist,
                       "total": time.perf_counter() - t0}
     return report

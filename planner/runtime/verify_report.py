@@ -51,6 +51,8 @@ class RankReport:
     setup_s: float
     step_s: list
     grad_layout_differences: list = field(default_factory=list)
+    slowdown: float = 1.0  # an injected straggler (verify --slow): its compute x this factor
+    injected_delay_s: list = field(default_factory=list)  # per step
 
     @property
     def ok(self) -> bool:
@@ -74,6 +76,7 @@ class VerifyReport:
     error: str | None = None
     error_traceback: str | None = None
     seconds: dict = field(default_factory=dict)
+    slow_ranks: dict = field(default_factory=dict)  # rank -> factor (verify --slow)
 
     @property
     def loss_rel_diffs(self) -> list[float]:
@@ -121,7 +124,8 @@ class VerifyReport:
                 "states_ok": self.states_ok, "ok": self.ok, "ranks": ranks,
                 "implementation": self.implementation, "notes": self.notes,
                 "error": self.error, "error_traceback": self.error_traceback,
-                "seconds": self.seconds}
+                "seconds": self.seconds,
+                "slow_ranks": {str(k): v for k, v in sorted(self.slow_ranks.items())}}
 
 
 def _sharded_categories(zero: int) -> dict[str, str]:
@@ -178,14 +182,13 @@ def predicted_stored_activations(plan: Plan, options: RuntimeOptions) -> list[fl
     cost model's activations without the transient working set of the layer in backward),
     which is what the saved-tensor measurement sees."""
     from planner.cost.memory import in_flight_micro_batches
-    from planner.cost.context import make_context
     from planner.cost.terms import layer_terms
 
     c, model, placement = plan.config, plan.model, plan.placement
-    ctx = make_context(model, plan.cluster, c, options)
+    contexts = plan.stage_contexts(options)
     out = []
     for stage in range(c.pp):
-        per_micro_batch = sum(layer_terms(ctx, model.layers[i], placement.options[i])
+        per_micro_batch = sum(layer_terms(contexts[stage], model.layers[i], placement.options[i])
                               .act_stored_bytes for i in placement.layers_of_stage(stage))
         out.append(in_flight_micro_batches(stage, c.pp, c.num_micro_batches, c.virtual_stages)
                    * per_micro_batch)

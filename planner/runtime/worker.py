@@ -137,6 +137,7 @@ def _run_rank(rank: int, job: dict) -> dict:
     MEASURE.measure = True
     losses: list[float] = []
     step_seconds: list[float] = []
+    delays: list[float] = []
     rows = c["global_batch"] // dp
     setup_s = time.perf_counter() - t0
     for step in range(job["steps"]):
@@ -167,6 +168,13 @@ def _run_rank(rank: int, job: dict) -> dict:
                     loss = lm_loss(part(inputs[sl]), labels[sl])
                     (loss / m).backward()
                     micro_losses.append(loss.detach())
+        # a straggler (verify --slow): this rank's compute takes ``factor`` times as long;
+        # its peers wait for it at the next collective (gradients, pipeline sends)
+        factor = float(job.get("slow", {}).get(str(rank), 1.0))
+        if factor > 1.0:
+            delay = (factor - 1.0) * (time.perf_counter() - t_step)
+            time.sleep(delay)
+            delays.append(delay)
         fixed = align_grad_layouts(params, names)
         if step == 0:
             grad_layouts = fixed
@@ -195,4 +203,4 @@ def _run_rank(rank: int, job: dict) -> dict:
             "held": held, "activation_peak_bytes": tracker.peak,
             "num_param_tensors": len(params), "grad_layout_differences": grad_layouts,
             "optimizer_param_tensors": len(optimizer_state),
-            "setup_s": setup_s, "step_s": step_seconds}
+            "setup_s": setup_s, "step_s": step_seconds, "injected_delay_s": delays}

@@ -161,10 +161,22 @@ def _validate_worker(model: ModelGraph, worker: WorkerConfig, what: str = "worke
         raise invalid(f"pp={worker.pp} is more than the {num_blocks} blocks")
 
 
-def _pool_memory(model, cluster, workload, worker, rt, config, max_batch):
+def _pool_memory(model, cluster, workload, worker, rt, config, max_batch, decode=True):
     context = workload.isl + workload.osl / 2
     return serving_memory(model, cluster.gpu, worker, workload.dtype, workload.kv_cache_dtype, rt,
-                          config.max_num_tokens, max_batch, context)
+                          config.max_num_tokens, max_batch, context,
+                          draft_layers=_draft_layers(model, workload) if decode else 0)
+
+
+def _draft_layers(model: ModelGraph, workload: ServingWorkload) -> int:
+    """MTP blocks speculative decoding loads (the model's own; 0 when off)."""
+    return mtp_layers(model) if workload.draft_tokens else 0
+
+
+def mtp_layers(model: ModelGraph) -> int:
+    """The model's multi-token-prediction blocks (Hugging Face ``num_nextn_predict_layers``)."""
+    value = dict(model.metadata).get("mtp_layers", "0")
+    return int(value) if str(value).isdigit() else 0
 
 
 def _capacity(memory: ServingMemory, worker: WorkerConfig, tokens_per_seq: int,
@@ -180,6 +192,9 @@ def evaluate_serving(model: ModelGraph, cluster: Cluster, workload: ServingWorkl
     if workload.dtype not in cluster.gpu.peak_tflops and workload.dtype != "bf16":
         raise invalid(f"GPU {cluster.gpu.name} has no {workload.dtype} tensor cores",
                       "use --dtype bf16" + (" or fp8" if "fp8" in cluster.gpu.peak_tflops else ""))
+    if workload.draft_tokens and not mtp_layers(model):
+        raise invalid(f"--speculative mtp needs a model with a multi-token-prediction module; "
+                      f"{model.name} has none (num_nextn_predict_layers = 0)")
     if config.num_gpus > cluster.num_gpus:
         raise invalid(f"the deployment needs {config.num_gpus} GPUs; the cluster has "
                       f"{cluster.num_gpus}", "pass --nodes or fewer replicas/workers")
@@ -193,11 +208,13 @@ def evaluate_serving(model: ModelGraph, cluster: Cluster, workload: ServingWorkl
 
 def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluation:
     w, isl, osl = config.worker, workload.isl, workload.osl
+    tps, width = workload.tokens_per_step, 1 + workload.draft_tokens
+    steps = osl / tps  # decode iterations per request
     memory = _pool_memory(model, cluster, workload, w, rt, config, config.batch)
     held = isl + osl if rt.reserve_full_sequence else isl + math.ceil(osl / 2)
     capacity = _capacity(memory, w, held, rt)
     # the iteration token budget bounds how many sequences prefill can keep fed
-    budget = max(1, int(config.max_num_tokens / (1 + isl / osl)))
+    budget = max(1, int(config.max_num_tokens / (width + isl / steps)))
     max_batch = min(config.batch, capacity, budget)
     problems = []
     if capacity < 1:
@@ -207,27 +224,24 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
                         f"sequence of {held} tokens")
     if config.max_num_tokens < min(isl, 1) or problems:
         return _not_fitting(model, cluster, workload, config, rt, memory, capacity, problems)
-    context = isl + osl / 2
 
     def step(b: float, prefill: float) -> IterationTime:
-        return iteration_time(model, cluster, w, workload.dtype, workload.kv_cache_dtype, calib,
-                              decode_seqs=b, context=context, prefill_tokens=prefill,
-                              prefill_isl=isl, prefill_requests=prefill / isl)
+        return _step(model, cluster, workload, w, calib, rt.name, b, prefill)
 
     def at(c: float) -> tuple[float, float, float, IterationTime]:
         b = min(c, max_batch)
-        it = step(b, b * isl / osl)
+        it = step(b, b * isl / steps)
         pure = step(b, 0.0).total_s
-        tpot = pure + calib.interference(rt.name) * (it.total_s - pure)
-        chunk = max(config.max_num_tokens - math.ceil(b), 1)
+        tpot = (pure + calib.interference(rt.name) * (it.total_s - pure)) / tps
+        chunk = _chunk(config, b, width)
         chunks = math.ceil(isl / chunk)
         own = chunks * step(b, min(isl, chunk)).total_s
         marginal = max(step(b, isl).total_s - step(b, 0.0).total_s, 0.0)
         waiting = max(c - b, 0.0)
-        slot_wait = waiting * osl * it.total_s / b
-        # steady state: arrivals at b / (osl x step) per second, each needing `marginal` of
+        slot_wait = waiting * steps * it.total_s / b
+        # steady state: arrivals at b / (steps x step) per second, each needing `marginal` of
         # prefill: M/D/1 waiting at that utilisation, plus half an iteration to join the batch
-        rho = min(b / (osl * it.total_s) * marginal, 0.95)
+        rho = min(b / (steps * it.total_s) * marginal, 0.95)
         steady = it.total_s / 2 + rho / (2 * (1 - rho)) * marginal
         burst = calib.queue_fraction(rt.name) * max(min(c, b) - 1, 0) * marginal
         ttft = own + steady + burst + slot_wait
@@ -247,8 +261,52 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
     b, ttft, tpot, it = at(c)
     pool = PoolResult("aggregated", w, replicas, memory, max_batch, math.ceil(b), it)
     return ServingEvaluation(model, cluster, workload, config, rt.name, (pool,), ttft, tpot,
-                             replicas * b / it.total_s, c * replicas, max_batch * replicas,
-                             not problems, tuple(problems))
+                             replicas * b * tps / it.total_s, c * replicas,
+                             max_batch * replicas, not problems, tuple(problems))
+
+
+def _step(model, cluster, workload, w, calib, runtime_name, b, prefill) -> IterationTime:
+    """One aggregated iteration: ``b`` decoding sequences and ``prefill`` prompt tokens."""
+    isl = workload.isl
+    return iteration_time(model, cluster, w, workload.dtype, workload.kv_cache_dtype, calib,
+                          decode_seqs=b, context=isl + workload.osl / 2, prefill_tokens=prefill,
+                          prefill_isl=isl, prefill_requests=prefill / isl,
+                          runtime=runtime_name, draft_tokens=workload.draft_tokens)
+
+
+def _chunk(config: ServingConfig, b: float, width: int) -> int:
+    """Prompt tokens one iteration takes next to ``b`` decoding sequences (chunked prefill)."""
+    return max(config.max_num_tokens - math.ceil(b * width), 1)
+
+
+def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: ServingWorkload,
+                            config: ServingConfig, lo: int, hi: int,
+                            runtime_name: str = DEFAULT_RUNTIME,
+                            calibration: Calibration | None = None) -> float:
+    """A lower bound on the aggregated TTFT at every batch ``lo .. hi`` when the concurrency
+    per worker equals the batch (what the search tries), from the terms of ``_aggregated`` at
+    the interval's ends: each term is non-decreasing in the iteration times, and an iteration
+    time does not decrease with its decode sequences or prompt tokens (checked in
+    ``tests/test_serve_search.py``). Own prefill >= ceil(isl / chunk(lo)) iterations of at
+    least step(lo, min(isl, chunk(hi))); joining the batch >= half of it(lo); the marginal
+    prefill time >= step(lo, isl) - step(hi, 0); the request rate >= lo / (steps x it(hi))."""
+    calib = calibration or Calibration.from_mapping(CALIBRATED)
+    rt = runtime(runtime_name)
+    w, isl = config.worker, workload.isl
+    tps, width = workload.tokens_per_step, 1 + workload.draft_tokens
+    steps = workload.osl / tps
+
+    def step(b: float, prefill: float) -> float:
+        return _step(model, cluster, workload, w, calib, rt.name, b, prefill).total_s
+
+    it_lo, it_hi = step(lo, lo * isl / steps), step(hi, hi * isl / steps)
+    own = math.ceil(isl / _chunk(config, lo, width)) * step(lo, min(isl, _chunk(config, hi,
+                                                                                width)))
+    marginal = max(step(lo, isl) - step(hi, 0.0), 0.0)
+    rho = min(lo / (steps * it_hi) * marginal, 0.95)
+    steady = it_lo / 2 + rho / (2 * (1 - rho)) * marginal
+    burst = calib.queue_fraction(rt.name) * max(lo - 1, 0) * marginal
+    return own + steady + burst
 
 
 def _concurrency_for_rate(rate: float, osl: int, at) -> float | None:
@@ -295,7 +353,8 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
     isl, osl = workload.isl, workload.osl
     P, D = config.prefill, config.decode
     n_p, n_d, k = config.prefill_workers, config.decode_workers, config.prefill_batch
-    mem_p = _pool_memory(model, cluster, workload, P, rt, config, k)
+    tps = workload.tokens_per_step
+    mem_p = _pool_memory(model, cluster, workload, P, rt, config, k, decode=False)
     mem_d = _pool_memory(model, cluster, workload, D, rt, config, config.batch)
     cap_p = _capacity(mem_p, P, isl, rt)
     cap_d = _capacity(mem_d, D, isl + osl if rt.reserve_full_sequence else
@@ -314,7 +373,7 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
     chunks = math.ceil(tokens / config.max_num_tokens)
     it_p = iteration_time(model, cluster, P, workload.dtype, workload.kv_cache_dtype, calib,
                           decode_seqs=0, context=0, prefill_tokens=tokens / chunks,
-                          prefill_isl=isl, prefill_requests=k / chunks)
+                          prefill_isl=isl, prefill_requests=k / chunks, runtime=rt.name)
     t_prefill = chunks * it_p.total_s
     t_kv = kv_transfer_s(model, cluster, workload, P, k, config.num_gpus)
     prefill_rate_cap = n_p * k / t_prefill  # requests/s
@@ -322,7 +381,8 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
     def decode_at(c_total: float):
         b = min(c_total / n_d, max_batch)
         it = iteration_time(model, cluster, D, workload.dtype, workload.kv_cache_dtype, calib,
-                            decode_seqs=b, context=context)
+                            decode_seqs=b, context=context, runtime=rt.name,
+                            draft_tokens=workload.draft_tokens)
         return b, it
 
     if workload.concurrency is not None:
@@ -337,12 +397,12 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
     b, it_d = decode_at(c if c is not None else 1.0)
     for _ in range(MAX_FIXED_POINT_ITERATIONS):
         if c is None:  # open loop: concurrency from Little's law
-            c_new = rate * (ttft + (osl - 1) * it_d.total_s)
+            c_new = rate * (ttft + (osl - 1) * it_d.total_s / tps)
             b, it_d = decode_at(max(c_new, 1e-9))
             conc = c_new
         else:
             conc = c
-        tpot = it_d.total_s
+        tpot = it_d.total_s / tps
         decode_rate_cap = n_d * b / (osl * tpot)
         if c is not None:
             rate = min(conc / (ttft + (osl - 1) * tpot), prefill_rate_cap, decode_rate_cap)
@@ -353,13 +413,14 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
             ttft = new_ttft
             break
         ttft = new_ttft
-    if c is None and (rate > prefill_rate_cap or rate > n_d * max_batch / (osl * it_d.total_s)):
+    tpot = it_d.total_s / tps
+    if c is None and (rate > prefill_rate_cap or rate > n_d * max_batch / (osl * tpot)):
         problems.append(f"a request rate of {rate:g}/s exceeds the deployment's capacity")
-    conc = c if c is not None else rate * (ttft + (osl - 1) * it_d.total_s)
+    conc = c if c is not None else rate * (ttft + (osl - 1) * tpot)
     if conc > n_d * max_batch:
         ttft += (conc - n_d * max_batch) / rate if rate > 0 else math.inf
     pools = (PoolResult("prefill", P, n_p, mem_p, cap_p, k, it_p),
              PoolResult("decode", D, n_d, mem_d, max_batch, math.ceil(b), it_d))
     return ServingEvaluation(model, cluster, workload, config, rt.name, pools, ttft,
-                             it_d.total_s, rate * osl, conc, max_batch * n_d, not problems,
+                             tpot, rate * osl, conc, max_batch * n_d, not problems,
                              tuple(problems), t_kv)

@@ -94,11 +94,15 @@ def stage_blocks(model: ModelGraph, pp: int) -> list[int]:
 
 
 def kv_bytes_per_token(model: ModelGraph, worker: WorkerConfig, kv_dtype: str,
-                       context: int | None = None) -> float:
+                       context: int | None = None, draft_layers: int = 0) -> float:
     """KV bytes per token of context on the fullest stage of one GPU; a sliding-window layer
-    counts ``min(1, window / context)`` of a token (it keeps ``window`` of ``context``)."""
+    counts ``min(1, window / context)`` of a token (it keeps ``window`` of ``context``).
+    ``draft_layers``: MTP blocks (copies of the last block) with their own KV cache, counted
+    on the fullest stage (an upper bound when they sit on another)."""
     total = 0.0
-    for i in stage_blocks(model, worker.pp):
+    blocks = stage_blocks(model, worker.pp)
+    last = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK][-1:]
+    for i in blocks + last * draft_layers:
         att = model.layers[i].attention
         if att is None:
             continue
@@ -109,8 +113,10 @@ def kv_bytes_per_token(model: ModelGraph, worker: WorkerConfig, kv_dtype: str,
     return total * KV_BYTES[kv_dtype]
 
 
-def weight_bytes_per_gpu(model: ModelGraph, worker: WorkerConfig, dtype: str) -> float:
-    """Weights on the fullest GPU of a worker at serving precision."""
+def weight_bytes_per_gpu(model: ModelGraph, worker: WorkerConfig, dtype: str,
+                         draft_layers: int = 0) -> float:
+    """Weights on the fullest GPU of a worker at serving precision; ``draft_layers`` MTP
+    blocks (copies of the last block, on the last stage with the head)."""
     per_block = WEIGHT_BYTES[dtype]
     blocks = set(stage_blocks(model, worker.pp))
     block_list = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK]
@@ -123,9 +129,10 @@ def weight_bytes_per_gpu(model: ModelGraph, worker: WorkerConfig, dtype: str) ->
     else:
         stages[0] |= last
     best = 0.0
-    for members in stages:
+    for s, members in enumerate(stages):
         total = 0.0
-        for i in members:
+        extra = block_list[-1:] * draft_layers if s == len(stages) - 1 else []
+        for i in sorted(members) + extra:
             layer = model.layers[i]
             dense, _ = layer_params_on_gpu(layer, worker.tp, 1)  # without routed experts
             expert = layer.expert_params / (worker.ep * worker.moe_tp)
@@ -161,18 +168,18 @@ def activation_bytes(model: ModelGraph, worker: WorkerConfig, max_num_tokens: in
 
 def serving_memory(model: ModelGraph, gpu: Gpu, worker: WorkerConfig, dtype: str, kv_dtype: str,
                    rt: ServingRuntime, max_num_tokens: int, max_batch: int,
-                   context: float | None = None, memory_fraction: float | None = None
-                   ) -> ServingMemory:
+                   context: float | None = None, memory_fraction: float | None = None,
+                   draft_layers: int = 0) -> ServingMemory:
+    """``draft_layers``: MTP blocks loaded for speculative decoding (their weights and KV)."""
     return _serving_memory(Ident(model), gpu, worker, dtype, kv_dtype, rt, max_num_tokens,
-                           max_batch, context, memory_fraction)
+                           max_batch, context, memory_fraction, draft_layers)
 
 
 @lru_cache(maxsize=65536)
 def _serving_memory(model_key, gpu, worker, dtype, kv_dtype, rt, max_num_tokens, max_batch,
-                    context, memory_fraction) -> ServingMemory:
-    model = model_key.obj
+                    context, memory_fraction, draft_layers) -> ServingMemory:
     fraction = rt.memory_fraction if memory_fraction is None else memory_fraction
-    weights = _weights(model_key, worker, dtype)
+    weights = _weights(model_key, worker, dtype, draft_layers)
     act = _activation(model_key, worker, max_num_tokens, max_batch)
     reserve = (gpu.reserve_gib + rt.cuda_graph_gib) * GIB
     total = gpu.memory_gib * GIB
@@ -189,12 +196,13 @@ def _serving_memory(model_key, gpu, worker, dtype, kv_dtype, rt, max_num_tokens,
         capacity = total * fraction
         budget = capacity - weights - act - reserve
     return ServingMemory(weights, act, reserve, budget,
-                         _kv_per_token(model_key, worker, kv_dtype, context), capacity)
+                         _kv_per_token(model_key, worker, kv_dtype, context, draft_layers),
+                         capacity)
 
 
 @lru_cache(maxsize=65536)
-def _weights(model_key, worker, dtype):
-    return weight_bytes_per_gpu(model_key.obj, worker, dtype)
+def _weights(model_key, worker, dtype, draft_layers=0):
+    return weight_bytes_per_gpu(model_key.obj, worker, dtype, draft_layers)
 
 
 @lru_cache(maxsize=65536)
@@ -203,5 +211,5 @@ def _activation(model_key, worker, max_num_tokens, max_batch):
 
 
 @lru_cache(maxsize=65536)
-def _kv_per_token(model_key, worker, kv_dtype, context):
-    return kv_bytes_per_token(model_key.obj, worker, kv_dtype, context)
+def _kv_per_token(model_key, worker, kv_dtype, context, draft_layers=0):
+    return kv_bytes_per_token(model_key.obj, worker, kv_dtype, context, draft_layers)

@@ -74,12 +74,13 @@ class IterationTime:
 
 @dataclass(frozen=True)
 class Calibration:
-    """The calibrated constants (planner/serve/runtime.py CALIBRATED): three of the iteration
-    cost, and two of each runtime's scheduler, as ``(runtime, value)`` pairs."""
+    """The calibrated constants (planner/serve/runtime.py CALIBRATED): two of the iteration
+    cost, and three of each runtime (its per-iteration overhead and its scheduler), the latter
+    as ``(runtime, value)`` pairs."""
 
     decode_hbm_efficiency: float
     prefill_efficiency: float
-    step_overhead_s: float
+    step_overhead_s: tuple[tuple[str, float], ...]
     prefill_queue_fraction: tuple[tuple[str, float], ...]
     prefill_interference: tuple[tuple[str, float], ...]
 
@@ -91,13 +92,16 @@ class Calibration:
                 return tuple(sorted((k, float(v)) for k, v in value.items()))
             return (("*", float(value)),)
         return cls(float(values["decode_hbm_efficiency"]), float(values["prefill_efficiency"]),
-                   float(values["step_overhead_s"]), per_runtime("prefill_queue_fraction"),
+                   per_runtime("step_overhead_s"), per_runtime("prefill_queue_fraction"),
                    per_runtime("prefill_interference"))
 
     @staticmethod
     def _pick(pairs: tuple[tuple[str, float], ...], runtime: str) -> float:
         table = dict(pairs)
         return table.get(runtime, table.get("*", 0.0))
+
+    def overhead_s(self, runtime: str) -> float:
+        return self._pick(self.step_overhead_s, runtime)
 
     def queue_fraction(self, runtime: str) -> float:
         return self._pick(self.prefill_queue_fraction, runtime)
@@ -130,8 +134,10 @@ def _attention_dims(att: Attention, decode: bool) -> tuple[int, int]:
 
 def attention_core_s(att: Attention, gpu: Gpu, tp: int, kv_dtype: str, decode_seqs: float,
                      context: float, prefill_tokens: float, prefill_keys: float,
-                     hbm_bytes_per_s: float) -> float:
-    """Attention core of one layer on one GPU (see the module docstring)."""
+                     hbm_bytes_per_s: float, queries_per_seq: float = 1.0) -> float:
+    """Attention core of one layer on one GPU (see the module docstring); a decoding sequence
+    brings ``queries_per_seq`` query tokens (speculative verification) that share one read of
+    its KV cache."""
     heads = att.num_heads / tp
     rate = gpu.peak_flops("bf16") * (gpu.attention_efficiency or
                                      FLASH_FALLBACK * gpu.matmul_efficiency)
@@ -139,7 +145,7 @@ def attention_core_s(att: Attention, gpu: Gpu, tp: int, kv_dtype: str, decode_se
     if decode_seqs > 0:
         keys = context if att.sliding_window is None else min(context, att.sliding_window)
         dqk, dv = _attention_dims(att, decode=True)
-        flops = 2.0 * decode_seqs * keys * heads * (dqk + dv)
+        flops = 2.0 * decode_seqs * queries_per_seq * keys * heads * (dqk + dv)
         read = decode_seqs * keys * kv_elements_per_token(att, tp) * KV_BYTES[kv_dtype]
         t += max(flops / rate, read / hbm_bytes_per_s) + KERNEL_LAUNCH_S
     if prefill_tokens > 0:
@@ -195,34 +201,37 @@ def _moe_part_s(layer: Layer, tokens: float, tp: int, ep: int, dtype: str, gpu: 
 def iteration_time(model: ModelGraph, cluster: Cluster, worker: WorkerConfig, dtype: str,
                    kv_dtype: str, calib: Calibration, *, decode_seqs: float, context: float,
                    prefill_tokens: float = 0.0, prefill_isl: float = 0.0,
-                   prefill_requests: float = 0.0) -> IterationTime:
+                   prefill_requests: float = 0.0, runtime: str = "*",
+                   draft_tokens: int = 0) -> IterationTime:
     """One iteration of a worker (all stages): ``decode_seqs`` running sequences at an average
     ``context`` tokens each, plus ``prefill_tokens`` tokens of prompts of ``prefill_isl``
-    tokens (``prefill_requests`` of them finish their prompt and sample a first token)."""
+    tokens (``prefill_requests`` of them finish their prompt and sample a first token).
+
+    ``draft_tokens`` > 0: speculative decoding with the model's multi-token-prediction module
+    (DeepSeek-V3 §2.2 / §5.4.3): the module runs ``draft_tokens`` times, one block plus the
+    shared head at one token per sequence each, and the main model then verifies
+    ``1 + draft_tokens`` tokens per sequence in one pass (its GEMMs and attention FLOPs see
+    that many tokens; each sequence's KV cache is still read once). ``runtime``: whose
+    per-iteration overhead applies."""
     return _iteration_time(Ident(model), Ident(cluster), worker, dtype, kv_dtype, calib,
                            float(decode_seqs), float(context), float(prefill_tokens),
-                           float(prefill_isl), float(prefill_requests))
+                           float(prefill_isl), float(prefill_requests), runtime,
+                           int(draft_tokens))
 
 
-@lru_cache(maxsize=65536)
-def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, decode_seqs, context,
-                    prefill_tokens, prefill_isl, prefill_requests) -> IterationTime:
-    model, cluster = model_key.obj, cluster_key.obj
-    gpu = serving_gpu(cluster.gpu, calib.decode_hbm_efficiency, calib.prefill_efficiency)
-    hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY  # = raw x decode efficiency
-    gemm_dtype = _compute_dtype(dtype, gpu)
-    w = worker
-    micro = w.pp  # micro-batches in flight (one per stage)
-    seqs_group = decode_seqs / w.attention_dp / micro  # per attention group, per micro-batch
-    prefill_group = prefill_tokens / w.attention_dp / micro
-    tokens_group = seqs_group + prefill_group
+def _layers_time(classes, cluster: Cluster, w: WorkerConfig, gpu: Gpu, hbm: float,
+                 gemm_dtype: str, kv_dtype: str, micro: int, seqs_group: float, width: float,
+                 context: float, prefill_group: float, prefill_isl: float,
+                 sampled: float) -> tuple[float, float, float]:
+    """(GEMM + element-wise, attention core, communication) seconds of ``classes``
+    (``(layer, count)`` pairs) for one micro-batch per attention group: ``seqs_group``
+    decoding sequences of ``width`` tokens each and ``prefill_group`` prefill tokens."""
+    tokens_group = seqs_group * width + prefill_group
     tokens_stage = tokens_group * w.attention_dp  # all tokens of a micro-batch in a stage
-    link_tp, link_moe, link_pp = _links(cluster, w)
+    link_tp, link_moe, _ = _links(cluster, w)
     gemm = attention = communication = 0.0
-    for cls in model.layer_classes():
-        layer, count = cls.layer, cls.count
+    for layer, count in classes:
         if layer.kind is not LayerKind.BLOCK:
-            sampled = (decode_seqs + prefill_requests) / w.attention_dp / micro
             embed_tokens = tokens_group if layer.kind is LayerKind.EMBEDDING else sampled
             gemm += count * _layer_part_s(layer, embed_tokens, w.tp, 1, "bf16", gpu)
             if layer.kind is LayerKind.EMBEDDING:
@@ -238,7 +247,8 @@ def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, deco
             t += _moe_part_s(layer, tokens_stage / w.ep, w.moe_tp, w.ep, gemm_dtype, gpu)
         if att is not None:
             attention += count * attention_core_s(att, gpu, w.tp, kv_dtype, seqs_group, context,
-                                                  prefill_group, prefill_isl / 2, hbm)
+                                                  prefill_group, prefill_isl / 2, hbm,
+                                                  queries_per_seq=width)
             communication += count * comm.all_reduce_s(
                 tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
         if mlp is not None:
@@ -252,12 +262,48 @@ def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, deco
                 communication += count * comm.all_reduce_s(
                     tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
         gemm += count * t
+    return gemm, attention, communication
+
+
+@lru_cache(maxsize=65536)
+def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, decode_seqs, context,
+                    prefill_tokens, prefill_isl, prefill_requests, runtime,
+                    draft_tokens) -> IterationTime:
+    model, cluster = model_key.obj, cluster_key.obj
+    gpu = serving_gpu(cluster.gpu, calib.decode_hbm_efficiency, calib.prefill_efficiency)
+    hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY  # = raw x decode efficiency
+    gemm_dtype = _compute_dtype(dtype, gpu)
+    w = worker
+    micro = w.pp  # micro-batches in flight (one per stage)
+    seqs_group = decode_seqs / w.attention_dp / micro  # per attention group, per micro-batch
+    prefill_group = prefill_tokens / w.attention_dp / micro
+    width = 1.0 + draft_tokens
+    sampled = (decode_seqs * width + prefill_requests) / w.attention_dp / micro
+    classes = [(cls.layer, cls.count) for cls in model.layer_classes()]
+    args = (cluster, w, gpu, hbm, gemm_dtype, kv_dtype, micro)
+    gemm, attention, communication = _layers_time(classes, *args, seqs_group, width, context,
+                                                  prefill_group, prefill_isl, sampled)
+    if draft_tokens and seqs_group > 0:
+        # the MTP module: one block (as the model's last) and the shared output head, at one
+        # token per sequence, once per draft token
+        block = [cls.layer for cls in model.layer_classes()
+                 if cls.layer.kind is LayerKind.BLOCK][-1]
+        head = [(cls.layer, 1) for cls in model.layer_classes()
+                if cls.layer.kind is LayerKind.HEAD]
+        # it lives on the last pipeline stage and runs there once per micro-batch, adding
+        # pp x its time to the iteration (see the wall-time note below)
+        g, a, c = _layers_time([(block, 1)] + head, *args, seqs_group, 1.0, context, 0.0, 0.0,
+                               seqs_group)
+        gemm += draft_tokens * micro * g
+        attention += draft_tokens * micro * a
+        communication += draft_tokens * micro * c
     # Wall time of one iteration (every sequence one step): each stage runs its 1/pp of the
     # layers once per micro-batch and there are pp micro-batches, so pp x (layers/pp) x
     # (one micro-batch) = the sum above over all layers at one micro-batch's tokens; plus the
     # hand-offs between stages.
     if w.pp > 1:
+        _, _, link_pp = _links(cluster, w)
+        tokens_group = seqs_group * width + prefill_group
         communication += (w.pp - 1) * comm.p2p_s(tokens_group * model.hidden * ACT_BYTES,
                                                  link_pp)
-    overhead = calib.step_overhead_s
-    return IterationTime(gemm, attention, communication, overhead)
+    return IterationTime(gemm, attention, communication, calib.overhead_s(runtime))

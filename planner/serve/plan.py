@@ -19,7 +19,7 @@ from planner.errors import ExitCode, PlannerError
 from planner.hardware import GIB, Cluster
 from planner.ir import ModelGraph
 from planner.serve.evaluate import ServingEvaluation, evaluate_serving
-from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
+from planner.serve.workload import MTP_ACCEPTANCE, ServingConfig, ServingWorkload, WorkerConfig
 
 WORKLOAD = "serve"
 
@@ -34,14 +34,19 @@ def workload_dict(w: ServingWorkload) -> dict:
     return {"isl": w.isl, "osl": w.osl, "concurrency": w.concurrency,
             "request_rate_per_s": w.request_rate_per_s, "ttft_ms": w.ttft_ms,
             "tpot_ms": w.tpot_ms, "mode": w.mode, "dtype": w.dtype,
-            "kv_dtype": w.kv_cache_dtype}
+            "kv_dtype": w.kv_cache_dtype,
+            **({"speculative": {"method": "mtp", "draft_tokens": w.draft_tokens,
+                                "acceptance": w.acceptance}} if w.draft_tokens else {})}
 
 
 def workload_from_dict(d: dict) -> ServingWorkload:
+    spec = d.get("speculative") or {}
     return ServingWorkload(isl=d["isl"], osl=d["osl"], concurrency=d.get("concurrency"),
                            request_rate_per_s=d.get("request_rate_per_s"),
                            ttft_ms=d.get("ttft_ms"), tpot_ms=d.get("tpot_ms"), mode=d["mode"],
-                           dtype=d["dtype"], kv_dtype=d.get("kv_dtype"))
+                           dtype=d["dtype"], kv_dtype=d.get("kv_dtype"),
+                           draft_tokens=spec.get("draft_tokens", 0),
+                           acceptance=spec.get("acceptance", MTP_ACCEPTANCE))
 
 
 def _worker(d: dict) -> WorkerConfig:

@@ -2,13 +2,12 @@
 targets, or (no targets, no load given) the Pareto frontier of tokens/s per GPU against
 tokens/s per user.
 
-Exhaustive over the discrete space, with two monotonicity facts that make it fast:
+Exact over the discrete space (``tests/test_serve_search.py`` compares it with trying every
+layout and batch), with bounds that make it fast:
 
-* a worker's TTFT and TPOT grow with the number of sequences it runs, and so does its
-  throughput per GPU; so for each worker layout the best batch under the targets is the largest
-  feasible one, found by bisection over ``1 .. capacity`` (checked against plain enumeration of
-  every batch in ``tests/test_serve_model.py``: within 1 %, since wave quantization of the GEMM
-  roofline makes throughput non-monotone at the scale of single sequences);
+* aggregated, per worker layout: the batch by branch and bound over batch intervals
+  (:func:`_best_batch`: TPOT bisection, a throughput bound and a TTFT lower bound per
+  interval, both from the iteration time never falling as tokens are added);
 * disaggregated: dominated layouts are dropped per pool (same GPUs, slower prefill and more KV
   bytes to send; or fewer completed requests/s at a larger batch); a pair of prefill / decode
   layouts can never beat the harmonic combination of their per-GPU rates (computed without
@@ -29,7 +28,8 @@ from dataclasses import dataclass, field, replace
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.serve.evaluate import ServingEvaluation, evaluate_serving, validate_worker
+from planner.serve.evaluate import (ServingEvaluation, aggregated_ttft_bound_s,
+                                    evaluate_serving, validate_worker)
 from planner.serve.runtime import DEFAULT_RUNTIME, runtime
 from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
 
@@ -47,8 +47,7 @@ class ServeSearchResult:
     solve_time_s: float = 0.0
 
     def record(self) -> dict:
-        return {"method": "exhaustive enumeration with batch bisection"
-                          + (" and branch and bound" if self.pruned else ""),
+        return {"method": "exhaustive enumeration with branch and bound",
                 "status": "OPTIMAL" if self.best is not None or self.frontier else "INFEASIBLE",
                 "evaluated": self.evaluated, "layouts": self.layouts, "pruned": self.pruned,
                 "solve_time_s": self.solve_time_s}
@@ -107,6 +106,48 @@ def _largest(lo: int, hi: int, ok) -> int | None:
     return lo
 
 
+def _best_batch(at, cap: int, workload: ServingWorkload, ttft_bound,
+                result: ServeSearchResult) -> int | None:
+    """The batch in ``1 .. cap`` with the most output tokens/s per GPU meeting the targets
+    (``at(b)`` evaluates one), the same as trying every batch, given one property of the cost
+    model that ``tests/test_serve_search.py`` checks batch by batch: an iteration's time does
+    not decrease with its decode sequences or its prompt tokens (every leaf term is a
+    non-decreasing staircase in the token count: roofline maxima over padded tiles and waves,
+    KV reads, alpha-beta collectives). From it:
+
+    * TPOT does not decrease with the batch, so the batches meeting the TPOT target are
+      ``1 .. B`` (bisection);
+    * over ``lo .. hi`` throughput per GPU ``b x tokens_per_step / (it(b) x gpus)`` is at most
+      ``hi / lo`` x its value at ``lo``, and TTFT at least
+      :func:`~planner.serve.evaluate.aggregated_ttft_bound_s` (TTFT itself may fall as the
+      batch grows: its queueing terms follow the request rate, which wave quantisation makes
+      non-monotone): branch and bound over batch intervals drops those that cannot beat the
+      best feasible batch found or cannot meet the TTFT target.
+    """
+    top = cap
+    if workload.tpot_ms is not None:
+        top = _largest(1, cap, lambda b: at(b).tpot_s * 1e3 <= workload.tpot_ms)
+        if top is None:
+            return None
+    best, best_value = None, -1.0
+    stack = [(1, top)]
+    while stack:
+        lo, hi = stack.pop()
+        low = at(lo)
+        if hi / lo * low.output_tokens_per_s_per_gpu <= best_value or (
+                workload.ttft_ms is not None and lo < hi and
+                ttft_bound(lo, hi) * 1e3 > workload.ttft_ms):
+            result.pruned += hi - lo + 1
+            continue
+        if lo == hi:
+            if low.meets_targets() and low.output_tokens_per_s_per_gpu > best_value:
+                best, best_value = lo, low.output_tokens_per_s_per_gpu
+            continue
+        mid = (lo + hi) // 2
+        stack += [(lo, mid), (mid + 1, hi)]  # the upper half first
+    return best
+
+
 def search_serving(model: ModelGraph, cluster: Cluster, workload: ServingWorkload,
                    runtime_name: str = DEFAULT_RUNTIME, *, top_k: int = 3,
                    max_gpus: int | None = None, calibration=None) -> ServeSearchResult:
@@ -162,12 +203,19 @@ def _aggregated(model, cluster, workload, rt_name, layouts, n, result, top_k, ca
                 b = min(cap, b * 2)
             continue
 
-        def ok(b: int, w=w, base=base) -> bool:
-            ev = _eval(model, cluster, replace(workload, concurrency=b * base.replicas), base,
-                       rt_name, result, calibration)
-            return ev.meets_targets()
+        evals: dict[int, ServingEvaluation] = {}
 
-        b = _largest(1, cap, ok)
+        def at(b: int, base=base, evals=evals) -> ServingEvaluation:
+            if b not in evals:
+                evals[b] = _eval(model, cluster, replace(
+                    workload, concurrency=b * base.replicas), base, rt_name, result, calibration)
+            return evals[b]
+
+        def ttft_bound(lo: int, hi: int, base=base) -> float:
+            return aggregated_ttft_bound_s(model, cluster, workload, base, lo, hi, rt_name,
+                                           calibration)
+
+        b = _best_batch(at, cap, workload, ttft_bound, result)
         if b is not None:
             cfg = replace(base, batch=b)
             candidates.append(_eval(model, cluster, replace(workload, concurrency=b * base.replicas),

@@ -26,11 +26,39 @@ from planner.errors import invalid
 SERVE_DTYPES = ("bf16", "fp8", "fp4")
 KV_DTYPES = ("bf16", "fp8")
 MODES = ("aggregated", "disaggregated")
+
 # Bytes per weight element at serving precision. fp4 is NVFP4: 4-bit values plus one fp8 scale
 # per 16 elements (NVIDIA Blackwell NVFP4 format) = 0.5 + 1/16 bytes.
 WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5 + 1.0 / 16}
 KV_BYTES = {"bf16": 2.0, "fp8": 1.0}
 MAX_TOKENS = 1 << 22  # bounds isl/osl: catches unit slips, keeps the arithmetic exact
+# Multi-token-prediction speculative decoding: the probability that a drafted token is accepted.
+# DeepSeek-V3 technical report §5.4.3: "the acceptance rate of the second token prediction
+# ranges between 85% and 90%"; the lower end. Each further draft token is accepted only after
+# all before it, at the same rate (an assumption: the report measures one draft token).
+MTP_ACCEPTANCE = 0.85
+MAX_DRAFT_TOKENS = 8
+
+
+def parse_speculative(text: str | None) -> tuple[int, float]:
+    """``mtp:N`` or ``mtp:N:ACCEPT`` -> (draft tokens, acceptance rate); None/"none" -> off."""
+    if text is None or text.strip().lower() in ("", "none", "off"):
+        return 0, MTP_ACCEPTANCE
+    parts = text.strip().lower().split(":")
+    if parts[0] != "mtp" or len(parts) not in (2, 3):
+        raise invalid(f"--speculative must be mtp:N or mtp:N:ACCEPT, got {text!r}",
+                      "e.g. --speculative mtp:1 (DeepSeek-V3's multi-token prediction)")
+    try:
+        n = int(parts[1])
+        accept = float(parts[2]) if len(parts) == 3 else MTP_ACCEPTANCE
+    except ValueError:
+        raise invalid(f"--speculative must be mtp:N or mtp:N:ACCEPT with numbers, got "
+                      f"{text!r}") from None
+    if not 1 <= n <= MAX_DRAFT_TOKENS:
+        raise invalid(f"--speculative mtp:N needs N from 1 to {MAX_DRAFT_TOKENS}, got {n}")
+    if not 0.0 <= accept < 1.0:
+        raise invalid(f"the draft acceptance rate must be in [0, 1), got {accept:g}")
+    return n, accept
 
 
 @dataclass(frozen=True)
@@ -48,6 +76,10 @@ class ServingWorkload:
     mode: str = "aggregated"
     dtype: str = "bf16"
     kv_dtype: str | None = None  # None: bf16 (the runtimes' "auto" for a bf16 model)
+    # speculative decoding with the model's MTP module: draft tokens per step (0: off) and
+    # the acceptance rate of a drafted token
+    draft_tokens: int = 0
+    acceptance: float = MTP_ACCEPTANCE
 
     kind = "serving"
 
@@ -74,6 +106,28 @@ class ServingWorkload:
         if self.kv_dtype is not None and self.kv_dtype not in KV_DTYPES:
             raise invalid(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, "
                           f"got {self.kv_dtype!r}")
+
+        if isinstance(self.draft_tokens, bool) or not isinstance(self.draft_tokens, int) or \
+                not 0 <= self.draft_tokens <= MAX_DRAFT_TOKENS:
+            raise invalid(f"--speculative mtp:N needs N from 1 to {MAX_DRAFT_TOKENS}, "
+                          f"got {self.draft_tokens!r}")
+        if not (isinstance(self.acceptance, (int, float)) and not isinstance(
+                self.acceptance, bool) and 0.0 <= self.acceptance < 1.0):
+            raise invalid(f"the draft acceptance rate must be in [0, 1), got "
+                          f"{self.acceptance!r}")
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Expected tokens a sequence gains per decode step: the verified token plus each
+        draft token accepted after all before it (1 without speculative decoding)."""
+        return sum(self.acceptance ** k for k in range(self.draft_tokens + 1))
+
+    @property
+    def speculative(self) -> str | None:
+        """The ``--speculative`` spelling (None when off)."""
+        if not self.draft_tokens:
+            return None
+        return f"mtp:{self.draft_tokens}:{self.acceptance:g}"
 
     @property
     def kv_cache_dtype(self) -> str:

@@ -13,8 +13,10 @@ What is enumerated (the solver's space, nothing else):
   (:func:`planner.strategy.interleaved_rank`), as the solver does;
 * every per-block :class:`~planner.strategy.LayerOption` assignment from the options the pins
   allow (``Pins.block_options``: the mesh layout with none / selective / full recomputation);
-* non-block layers exactly as :func:`planner.strategy.default_placement`: the embedding on stage
-  0, the other non-block layers (head) on the last stage, with ``NO_OPTION``.
+* non-block layers on the stages of :func:`planner.strategy.default_placement` (the embedding
+  on stage 0, the other non-block layers (head) on the last stage), with every option
+  :func:`planner.strategy.edge_options` gives them (``NO_OPTION`` only, unless per-layer
+  layouts are on; a tied embedding and head take the same layout).
 
 Each placement is scored by the cost model and ranked as the search ranks plans: step time,
 then peak memory (an equal step time goes to the leaner placement; then the first found), and
@@ -41,14 +43,15 @@ from planner.cost.context import make_context
 from planner.cost.model import Evaluation, evaluate
 from planner.cost.pipeline import pipeline_time_s
 from planner.cost.terms import (LayerTerms, boundary_reshard_s, config_terms, layer_terms,
-                                option_valid, stage_memory, stage_time,
+                                option_valid, stage_host_bytes, stage_memory, stage_time,
                                 step_time)
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
 from planner.profiles import profile as runtime_profile
 from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.space import Pins, enumerate_configs
-from planner.strategy import NO_OPTION, LayerOption, LayerPlacement, interleaved_rank
+from planner.strategy import (NO_OPTION, LayerOption, LayerPlacement, edge_options,
+                               interleaved_rank)
 
 DEFAULT_BUDGET = 200_000  # placements; about a minute of enumeration on one core
 
@@ -87,25 +90,47 @@ def count_placements(model: ModelGraph, cluster: Cluster, global_batch: int, seq
                      runtime: RuntimeOptions = RuntimeOptions()) -> int:
     """How many placements :func:`brute_force` would enumerate (cheap: no cost model calls)."""
     blocks = model.num_blocks
+    edges = len(model.layers) - blocks
     return sum(_num_splits(blocks, c.pp, c.virtual_stages)
                * len(_allowed(pins, c, runtime)) ** blocks
+               * len(edge_options(_allowed(pins, c, runtime))) ** edges
                for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins,
                                           runtime_profile(runtime.profile)))
 
 
 def _placement(model: ModelGraph, pp: int, block_stage: Sequence[int],
-               block_options: Sequence[LayerOption]) -> LayerPlacement:
-    """Full-model placement from per-block choices; non-block layers as default_placement."""
+               block_options: Sequence[LayerOption],
+               fixed: dict[int, LayerOption] | None = None) -> LayerPlacement:
+    """Full-model placement from per-block choices; non-block layers on default_placement's
+    stages with the options ``fixed`` gives them (NO_OPTION by default)."""
     stage, options, b = [], [], 0
-    for layer in model.layers:
+    for i, layer in enumerate(model.layers):
         if layer.kind is LayerKind.BLOCK:
             stage.append(block_stage[b])
             options.append(block_options[b])
             b += 1
         else:
             stage.append(0 if layer.kind is LayerKind.EMBEDDING else pp - 1)
-            options.append(NO_OPTION)
+            options.append((fixed or {}).get(i, NO_OPTION))
     return LayerPlacement(tuple(stage), tuple(options))
+
+
+def _edge_assignments(model: ModelGraph, ctx, allowed) -> list[dict[int, LayerOption]]:
+    """Every choice of options for the non-block layers (the embedding and head layouts), in
+    lexicographic order; a tied embedding and head take the same layout."""
+    edges = [i for i, layer in enumerate(model.layers) if layer.kind is not LayerKind.BLOCK]
+    per = [[o for o in edge_options(allowed) if option_valid(ctx, model.layers[i], o)]
+           for i in edges]
+    out = []
+    for combo in itertools.product(*per):
+        choice = dict(zip(edges, combo))
+        if model.tied_embeddings:
+            tied = [choice[i].layout for i in edges
+                    if model.layers[i].kind is LayerKind.EMBEDDING or model.layers[i].tied_params]
+            if len(set(tied)) > 1:
+                continue
+        out.append(choice)
+    return out
 
 
 def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
@@ -172,22 +197,38 @@ def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
     blocks = [layer for layer in model.layers if layer.kind is LayerKind.BLOCK]
     classes = _block_classes(model)
     per_block = [[o for o in allowed if option_valid(ctx, layer, o)] for layer in blocks]
-    for stages in _splits(model.num_blocks, config.pp, config.virtual_stages):
+    for fixed, stages in itertools.product(
+            _edge_assignments(model, ctx, allowed),
+            list(_splits(model.num_blocks, config.pp, config.virtual_stages))):
         for rec in itertools.product(*per_block):
             if not _consistent(classes, rec):
                 continue
             n += 1
-            ev = evaluate(model, cluster, config, _placement(model, config.pp, stages, rec),
-                          runtime)
+            ev = evaluate(model, cluster, config,
+                          _placement(model, config.pp, stages, rec, fixed), runtime)
             rank = (ev.step_time_s, ev.peak_memory_bytes)
-            if ev.peak_memory_bytes <= limit and rank < (best[0] if best else incumbent):
+            if ev.fits and ev.peak_memory_bytes <= limit and \
+                    rank < (best[0] if best else incumbent):
                 best = (rank, ev.placement)
     return best, n, n
 
 
 def _fast(model, cluster, config, runtime, allowed, incumbent, limit):
-    """The same numbers as ``evaluate`` from its building blocks, with exact cuts."""
+    """The same numbers as ``evaluate`` from its building blocks, with exact cuts, for every
+    choice of the non-block layers' options."""
     ctx = make_context(model, cluster, config, runtime)
+    best, n, k = None, 0, 0
+    for fixed in _edge_assignments(model, ctx, allowed):
+        found, dn, dk = _fast_edges(model, cluster, config, ctx, allowed, fixed,
+                                    best[0] if best else incumbent, limit)
+        n, k = n + dn, k + dk
+        if found is not None:
+            best = found
+    return best, n, k
+
+
+def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, limit):
+    """:func:`_fast` with the non-block layers' options ``fixed_options``."""
     terms = config_terms(ctx)
     capacity = limit
     pp, m, v = config.pp, config.num_micro_batches, config.virtual_stages
@@ -223,14 +264,16 @@ def _fast(model, cluster, config, runtime, allowed, incumbent, limit):
                 continue
             choice = {block_index[b]: r for b, r in zip(members, rec)}
             indices = sorted(fixed + list(choice))
-            costs = [layer(i, choice.get(i, NO_OPTION)) for i in indices]
+            costs = [layer(i, choice.get(i, fixed_options.get(i, NO_OPTION)))
+                     for i in indices]
             memory = stage_memory(terms, s, costs).total
-            if memory <= capacity:
+            if memory <= capacity and stage_host_bytes(costs) <= terms.host_capacity_bytes:
                 out.append((rec, costs, stage_time(terms, costs), memory))
         stage_cache[key] = out
         return out
 
-    layered = len({o.layout for o in allowed}) > 1
+    layered = len({o.layout for o in allowed}) > 1 or \
+        any(o is not NO_OPTION for o in fixed_options.values())
     best = None
     n = k = 0
     bound = incumbent
@@ -246,7 +289,7 @@ def _fast(model, cluster, config, runtime, allowed, incumbent, limit):
             if layered:
                 if not _consistent(classes, rec):
                     continue
-                placement = _placement(model, pp, stages, rec)
+                placement = _placement(model, pp, stages, rec, fixed_options)
                 reshard = boundary_reshard_s(ctx, layers, placement.options, placement.stage, pp)
                 times = [t + r for (_, _, t, _), r in zip(combo, reshard)]
             else:
@@ -257,6 +300,6 @@ def _fast(model, cluster, config, runtime, allowed, incumbent, limit):
             total = step_time(terms, [costs for _, costs, _, _ in combo], times).step_time_s
             rank = (total, max(memory for _, _, _, memory in combo))
             if rank < bound:
-                best = (rank, _placement(model, pp, stages, rec))
+                best = (rank, _placement(model, pp, stages, rec, fixed_options))
                 bound = rank
     return best, n, k

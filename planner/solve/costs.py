@@ -15,7 +15,7 @@ from planner.cost.context import CostContext
 from planner.cost.terms import (ConfigTerms, LayerTerms, config_terms, layer_terms,
                                 option_valid, reshard_s)
 from planner.ir import LayerKind
-from planner.strategy import BLOCK_OPTIONS, NO_OPTION, LayerOption
+from planner.strategy import BLOCK_OPTIONS, NO_OPTION, LayerOption, edge_options
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,15 @@ class StageProblem:
     num_blocks: int
     pre: tuple[int, ...]  # non-block layer indices before the first block (stage 0)
     post: tuple[int, ...]  # non-block layer indices after the last block (last stage)
-    pre_costs: tuple[LayerTerms, ...]
+    pre_costs: tuple[LayerTerms, ...]  # with the mesh layout (NO_OPTION)
     post_costs: tuple[LayerTerms, ...]
     # the bytes per GPU a stage may use: the GPU's memory less the search's headroom
     # (planner/solve/headroom.py); None: the whole GPU (ConfigTerms.capacity_bytes)
     capacity_bytes: float | None = None
+    # Per non-block layer (pre then post), the options it may take (NO_OPTION first) and their
+    # terms: with per-layer layouts the embedding and head pick a layout too.
+    edge_options: tuple[tuple[LayerOption, ...], ...] = ()
+    edge_costs: tuple[tuple[LayerTerms, ...], ...] = ()
 
     @property
     def terms(self) -> ConfigTerms:
@@ -50,6 +54,21 @@ class StageProblem:
     def memory_limit_bytes(self) -> float:
         return self.terms.capacity_bytes if self.capacity_bytes is None else self.capacity_bytes
 
+    def edge_choices(self, index: int) -> tuple[tuple[LayerOption, LayerTerms], ...]:
+        """(option, terms) of non-block layer ``index`` (mesh only when none were given)."""
+        edges = self.pre + self.post
+        if not self.edge_options:
+            fixed = self.pre_costs + self.post_costs
+            return ((NO_OPTION, fixed[edges.index(index)]),)
+        k = edges.index(index)
+        return tuple(zip(self.edge_options[k], self.edge_costs[k]))
+
+    def fixed_extreme(self, name: str, pick=min) -> float:
+        """Sum over the non-block layers of ``pick`` of the term ``name`` over their options
+        (bounds: the least any choice of embedding and head layouts can cost)."""
+        return sum(pick(getattr(x, name) for _, x in self.edge_choices(i))
+                   for i in self.pre + self.post)
+
     def layouts(self, ci: int) -> tuple:
         """The layouts class ``ci``'s options use (in option order, each once)."""
         return tuple(dict.fromkeys(o.layout for o in self.classes[ci].options))
@@ -58,7 +77,8 @@ class StageProblem:
         """Resharding seconds between layer ``before_index`` (layout ``before``) and the next
         layer ``after_index`` (layout ``after``): :func:`planner.cost.terms.reshard_s`."""
         del before_index
-        return reshard_s(self.ctx, self.ctx.model.layers[after_index].hidden, before, after)
+        layer = self.ctx.model.layers[after_index]
+        return reshard_s(self.ctx, layer.hidden, before, after, layer.seq_len)
 
 
 def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPTIONS,
@@ -78,7 +98,11 @@ def stage_problem(ctx: CostContext, options: tuple[LayerOption, ...] = BLOCK_OPT
         classes.append(BlockClass(cls.start, cls.start - first, cls.count, mine, costs))
     pre = tuple(range(0, first))
     post = tuple(range(last + 1, len(layers)))
+    edge_opts = tuple(tuple(o for o in edge_options(options) if option_valid(ctx, layers[i], o))
+                      for i in pre + post)
     return StageProblem(
         ctx, tuple(classes), len(block_idx), pre, post,
         tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in pre),
-        tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in post), capacity_bytes)
+        tuple(layer_terms(ctx, layers[i], NO_OPTION) for i in post), capacity_bytes,
+        edge_opts, tuple(tuple(layer_terms(ctx, layers[i], o) for o in opts)
+                         for i, opts in zip(pre + post, edge_opts)))

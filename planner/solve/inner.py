@@ -78,7 +78,7 @@ class _Builder:
         self.drop = drop
         self.model = cp_model.CpModel()
         work = sum(max(x.time_s for x in cls.costs) * cls.count for cls in problem.classes)
-        work += sum(x.time_s for x in problem.pre_costs + problem.post_costs)
+        work += problem.fixed_extreme("time_s", max)
         m, v = self.T.num_micro_batches, self.T.virtual_stages
         self.scale_s = max(work * (m * v + 1), 1e-12) / TICKS
         self.cutoff_s = cutoff_s
@@ -121,6 +121,8 @@ class _Builder:
 
         # x[i,c]: blocks of class c in stage i; n[i,c,r]: with option r (planner.solve.stage_model)
         sm = self.stages = StageModel(M, self.scale_s, pp, [P], drop=self.drop)
+        self.edge_vars()
+        sm.e = self.e
         # peak memory of the plan (bytes): the secondary objective of the tie-break solve
         self.peak = sm.peak = M.new_int_var(0, 2**52, "peak")
         self.x = {}
@@ -160,20 +162,21 @@ class _Builder:
     def layouts(self, b: list) -> list[tuple[Terms, float]]:
         """(R) Per-class layouts and the resharding edges between consecutive layers.
 
-        Each block class takes one layout: y[c,l] one-hot, n[i,c,r] = 0 unless y[c, layout(r)].
-        The boundary into class c costs ``reshard(l1, l2)`` on the stage holding c's first
-        block when class c-1 has l1 and c has l2: an edge variable z >= y[c-1,l1] + y[c,l2] - 1
-        (and, when that stage is a decision, q >= z + w[i,c] - 1 with w[i,c] = "stage i holds
-        c's first block"). The embedding and head keep the mesh layout: their boundaries cost
-        ``reshard(mesh, l)`` on the first and ``reshard(l, mesh)`` on the last stage. Returns per
-        stage the (variable, seconds) terms and a constant (Alpa / OpenXLA auto-sharding:
-        one-hot strategies per node, linearised pairwise resharding costs per edge)."""
+        Each block class takes one layout: y[c,l] one-hot, n[i,c,r] = 0 unless y[c, layout(r)];
+        each non-block layer one option, e[j,k] (:meth:`edge_vars`). The boundary into class c
+        costs ``reshard(l1, l2)`` on the stage holding c's first block when class c-1 has l1
+        and c has l2: an edge variable z >= y[c-1,l1] + y[c,l2] - 1 (and, when that stage is a
+        decision, q >= z + w[i,c] - 1 with w[i,c] = "stage i holds c's first block"). The
+        boundaries between the embedding(s) and the first class are charged to the first
+        stage, those between the last class and the head(s) to the last. Returns per stage
+        the (variable, seconds) terms and a constant (Alpa / OpenXLA auto-sharding: one-hot
+        strategies per node, linearised pairwise resharding costs per edge)."""
         P, M, pp = self.p, self.model, self.T.pp
         L, v = P.num_blocks, self.T.virtual_stages
         out: list[tuple[Terms, float]] = [([], 0.0) for _ in range(pp)]
-        if all(len(P.layouts(ci)) <= 1 for ci in range(len(P.classes))):
+        if all(len(P.layouts(ci)) <= 1 for ci in range(len(P.classes))) and \
+                all(len(P.edge_choices(j)) <= 1 for j in P.pre + P.post):
             return out
-        from planner.strategy import Layout
 
         y = []
         for ci, cls in enumerate(P.classes):
@@ -183,19 +186,32 @@ class _Builder:
                 if c == ci:
                     M.add(n <= cls.count * ys[cls.options[ri].layout])
             y.append(ys)
-        mesh = Layout.MESH
+
+        def edge(stage: int, after_index: int, before: dict, after: dict, tag: str) -> None:
+            """Charge reshard(l1, l2) to ``stage`` when before = l1 and after = l2."""
+            for l1, y1 in before.items():
+                for l2, y2 in after.items():
+                    cost = P.reshard_s(after_index - 1, after_index, l1, l2)
+                    if not cost:
+                        continue
+                    if isinstance(y1, int) and isinstance(y2, int):
+                        out[stage] = (out[stage][0], out[stage][1] + cost)
+                        continue
+                    z = M.new_bool_var(f"z[{tag},{l1.value},{l2.value}]")
+                    M.add(z >= y1 + y2 - 1)
+                    out[stage][0].append((z, cost))
+
+        chain = list(P.pre)
+        for k in range(1, len(chain)):
+            edge(0, chain[k], self.edge_layout(chain[k - 1]), self.edge_layout(chain[k]),
+                 f"pre{k}")
         if P.pre:
-            first = P.classes[0].start
-            for lay, var in y[0].items():
-                cost = P.reshard_s(first - 1, first, mesh, lay)
-                if cost:
-                    out[0][0].append((var, cost))
+            edge(0, P.classes[0].start, self.edge_layout(P.pre[-1]), y[0], "pre")
         if P.post:
-            last = P.post[0]
-            for lay, var in y[-1].items():
-                cost = P.reshard_s(last - 1, last, lay, mesh)
-                if cost:
-                    out[pp - 1][0].append((var, cost))
+            edge(pp - 1, P.post[0], y[-1], self.edge_layout(P.post[0]), "post")
+        for k in range(1, len(P.post)):
+            edge(pp - 1, P.post[k], self.edge_layout(P.post[k - 1]),
+                 self.edge_layout(P.post[k]), f"post{k}")
         for ci in range(1, len(P.classes)):
             cls = P.classes[ci]
             if v > 1:
@@ -226,6 +242,34 @@ class _Builder:
                         out[i][0].append((q, cost))
         return out
 
+    def edge_vars(self) -> None:
+        """e[j,k]: non-block layer j takes its k-th option (one-hot; the int 1 when it has one
+        option). A tied embedding and LM head hold one table: the same layout."""
+        M, P = self.model, self.p
+        self.e = {}
+        for index in P.pre + P.post:
+            choices = P.edge_choices(index)
+            if len(choices) == 1:
+                self.e[index, 0] = 1
+                continue
+            vs = [M.new_bool_var(f"e[{index},{o.name}]") for o, _ in choices]
+            M.add_exactly_one(vs)
+            for k, var in enumerate(vs):
+                self.e[index, k] = var
+        if not self.ctx.model.tied_embeddings:
+            return
+        layers = self.ctx.model.layers
+        tied = [j for j in P.pre + P.post
+                if layers[j].kind.value == "embedding" or layers[j].tied_params]
+        for a, h in zip(tied, tied[1:]):
+            la, lb = self.edge_layout(a), self.edge_layout(h)
+            for lay in set(la) | set(lb):
+                M.add(la.get(lay, 0) == lb.get(lay, 0))
+
+    def edge_layout(self, index: int) -> dict:
+        """layout -> indicator of non-block layer ``index``."""
+        return {o.layout: self.e[index, k] for k, (o, _) in enumerate(self.p.edge_choices(index))}
+
     def constant_s(self) -> float:
         """Step-time terms no decision changes (the tied-embedding gradient all-reduce)."""
         return self.ct("embedding_sync_s")
@@ -251,9 +295,16 @@ class _Builder:
         return counts
 
     def placement(self, solver: cp_model.CpSolver) -> LayerPlacement:
+        def edge_option(index: int):
+            for k, (option, _) in enumerate(self.p.edge_choices(index)):
+                var = self.e[index, k]
+                if isinstance(var, int) or solver.value(var):
+                    return option
+            raise AssertionError("one-hot edge option without a value")
+
         return decode_placement(self.p, self.T.pp, lambda i, c: solver.value(self.x[i, c]),
                                 lambda i, c, r: solver.value(self.n[i, c, r]),
-                                self.T.virtual_stages)
+                                self.T.virtual_stages, edge_option)
 
 
 _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",

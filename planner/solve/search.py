@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import ortools
@@ -30,7 +30,7 @@ from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.inner import solve_stages
 from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins
-from planner.strategy import LayerOption, default_placement
+from planner.strategy import LayerOption, Layout, default_placement
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,9 @@ class SearchOptions:
     work_limit: int | None = None
     # memory each GPU keeps free of the plan (planner/solve/headroom.py; default 5 % of HBM)
     memory_headroom: MemoryHeadroom = DEFAULT_HEADROOM
+    # Plans the search starts from (per-layer layouts: the best uniform plans of an earlier
+    # search); empty: with layouts=per-layer the search finds them itself in half its time.
+    incumbents: tuple = ()
 
 
 @dataclass
@@ -99,7 +102,7 @@ def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfi
                           runtime)
         except ValueError:  # a per-layer layout this mesh or some block cannot take
             continue
-        if ev.peak_memory_bytes <= limit and (best is None or rank(ev) < rank(best)):
+        if ev.fits and ev.peak_memory_bytes <= limit and (best is None or rank(ev) < rank(best)):
             best = ev
     return best
 
@@ -107,6 +110,19 @@ def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfi
 def rank(ev: Evaluation) -> tuple[float, float]:
     """The search's order of plans: step time, then peak memory (ties go to the leaner plan)."""
     return (ev.step_time_s, ev.peak_memory_bytes)
+
+
+def _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, options,
+                        deadline) -> list[tuple[tuple[float, float], tuple, Evaluation]]:
+    """The best uniform (mesh-layout) plans, as (rank, key, evaluation) entries."""
+    budget = (deadline - time.monotonic()) / 2
+    work = None if options.work_limit is None else max(1, options.work_limit // 2)
+    try:
+        found = search(model, cluster, global_batch, seq_len, dtype, replace(pins, layouts=None),
+                       replace(options, time_limit_s=budget, work_limit=work))
+    except PlannerError:
+        return []
+    return [(rank(ev), config_key(ev.config), ev) for ev in [found.best, *found.alternatives]]
 
 
 def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
@@ -117,6 +133,10 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     if dtype not in cluster.gpu.peak_tflops:
         raise invalid(f"GPU {cluster.gpu.name} has no {dtype} peak throughput",
                       f"use --dtype with one of: {', '.join(d for d in ('bf16', 'fp16', 'fp8') if d in cluster.gpu.peak_tflops)}")
+    if pins.offload == "optimizer" and cluster.cpu_memory is None:
+        raise invalid(f"pin offload=optimizer: cluster {cluster.name!r} describes no host memory",
+                      "add a host: section to the cluster file (docs/clusters.md), or use a "
+                      "preset that has one (dgx-h100, dgx-gb200-nvl72)")
     limit = options.memory_headroom.limit_bytes(cluster.memory_bytes_per_gpu)
     cands = candidates(model, cluster, global_batch, seq_len, dtype, pins, options.runtime,
                        deadline, limit)
@@ -134,6 +154,15 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     prof = runtime_profile(options.runtime.profile)
 
     kept: list[tuple[tuple[float, float], tuple, Evaluation]] = []  # (rank, key, evaluation)
+    if options.incumbents:
+        kept = sorted(((rank(ev), config_key(ev.config), ev) for ev in options.incumbents
+                       if ev.fits and ev.peak_memory_bytes <= limit),
+                      key=lambda item: (item[0], item[1]))[:options.top_k]
+    elif pins.layouts == "per-layer":
+        # the per-layer space contains the uniform one: its best plan (in half the time) is
+        # the incumbent, so the per-layer plan is never worse and its bound prunes earlier
+        kept = _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, options,
+                                   deadline)
     evaluated = optimal = 0
     open_bound = math.inf  # smallest bound among candidates not proven
     timed_out = False
@@ -153,8 +182,12 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             out_of_work = True
             open_bound = min(open_bound, cand.time_lb_s)
             break
+        # the hint: the best uniform plan of this configuration over the mesh layout (a
+        # uniform non-mesh layout is rarely the best start and costs an evaluation each)
+        allowed = pins.block_options(cand.config, prof)
         hint = uniform_placement(model, cluster, cand.config, options.runtime,
-                                 pins.block_options(cand.config, prof), limit)
+                                 tuple(o for o in allowed if o.layout is Layout.MESH) or allowed,
+                                 limit)
         result = solve_stages(
             cand.problem, hint=hint.placement if hint else None,
             cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),
@@ -174,7 +207,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             ev = evaluate(model, cluster, cand.config, placement, options.runtime)
         if hint is not None and (ev is None or rank(hint) < rank(ev)):
             ev = hint  # never worse than the uniform plan, whatever the solver's limits
-        if ev is not None and ev.peak_memory_bytes <= limit:
+        if ev is not None and ev.fits and ev.peak_memory_bytes <= limit:
             kept.append((rank(ev), config_key(cand.config), ev))
             kept.sort(key=lambda item: (item[0], item[1]))
             del kept[options.top_k:]

@@ -14,8 +14,16 @@ Choices (each documented so users know what is searched):
   what is left.
 * micro-batch: divisors of global_batch / dp up to 16.
 * virtual stages: 1, and v in 2..8 when pp > 1, the blocks split into pp x v equal chunks and the
-  micro-batches are a multiple of pp (Megatron-LM's interleaving rules).
+  micro-batches are a multiple of pp (Megatron-LM's interleaving rules). Where the runtime
+  runs unequal chunks (profile ``uneven_chunks``: Megatron's
+  ``--pipeline-model-parallel-layout``, torchtitan's per-stage layer counts) also the v whose
+  pp x v chunks do not divide the blocks: the first ``blocks mod (pp x v)`` chunks hold one
+  block more (:func:`planner.strategy.interleaved_rank`; Llama 3 405B's 126 layers).
 * ZeRO 0..3, sequence parallelism on and off when tp > 1.
+* hybrid sharding (HSDP, ``dp_shard``), where the runtime profile runs it for that ZeRO stage:
+  one node per shard group (tp x cp x dp_shard = the node's GPUs, at least 2 shard ranks,
+  fewer than all of dp), replicated over dp / dp_shard groups. Other sizes, and any HSDP
+  without a profile, only when pinned.
 
 A runtime profile (planner/profiles.py) narrows all of this to what that runtime can run: its
 ZeRO / FSDP stages, whether it has TP, PP, CP, EP and interleaving, whether SP is a choice or
@@ -39,8 +47,11 @@ MAX_VIRTUAL_STAGES = 8
 LONG_SEQUENCE = 16384
 
 PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "virtual_stages",
-            "recompute", "layouts")
+            "recompute", "layouts", "offload", "dp_shard")
 LAYOUT_CHOICES = ("mesh", "per-layer")  # layouts=per-layer: the solver picks one per block class
+# offload=optimizer: each layer may keep its optimizer states and master weights in host memory
+# (needs the cluster's host: section; planner/cost/offload.py)
+OFFLOAD_CHOICES = ("none", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,8 @@ class Pins:
     virtual_stages: int | None = None
     recompute: Recompute | None = None
     layouts: str | None = None  # "mesh" (the default) or "per-layer"
+    offload: str | None = None  # "none" (the default) or "optimizer"
+    dp_shard: int | None = None  # HSDP shard group (dp ranks); = dp: plain ZeRO / FSDP
 
     @staticmethod
     def parse(items: Mapping[str, str]) -> "Pins":
@@ -77,6 +90,10 @@ class Pins:
             elif name == "layouts":
                 if text not in LAYOUT_CHOICES:
                     raise invalid(f"pin layouts={raw!r}: expected {' or '.join(LAYOUT_CHOICES)}")
+                values[name] = text
+            elif name == "offload":
+                if text not in OFFLOAD_CHOICES:
+                    raise invalid(f"pin offload={raw!r}: expected {' or '.join(OFFLOAD_CHOICES)}")
                 values[name] = text
             elif name == "recompute":
                 try:
@@ -112,8 +129,12 @@ class Pins:
                               f"{runtime.name} has no such policy",
                               f"its policies: {', '.join(p.name for p in runtime.recompute)}")
             allowed = (self.recompute,)
+        offload = (False, True) if self.offload == "optimizer" else (False,)
         if self.layouts == "per-layer":
-            return block_options(allowed, per_layer_layouts(config))
+            return block_options(allowed, per_layer_layouts(config), offload)
+        if len(offload) > 1:
+            layouts = dict.fromkeys(o.layout for o in block_options_for(config, allowed))
+            return block_options(allowed, layouts, offload)
         return block_options_for(config, allowed)
 
     def check_runtime(self, runtime) -> None:
@@ -135,6 +156,12 @@ class Pins:
                        f"{runtime.expert_tp.replace('-', ' ')})")
         if self.sp is not None and runtime.sp == "none" and self.sp:
             bad.append("sp=on (it has no sequence parallelism)")
+        if self.dp_shard is not None and (self.dp is None or self.dp_shard < self.dp) and \
+                not (runtime.hsdp and (self.zero is None or self.zero in runtime.hsdp_stages)):
+            bad.append(f"dp_shard={self.dp_shard} (its hybrid sharding: "
+                       + (f"{runtime.hsdp_name}, with ZeRO "
+                          f"{', '.join(map(str, runtime.hsdp_stages))}" if runtime.hsdp
+                          else "none") + ")")
         if bad:
             raise invalid(f"runtime {runtime.name} cannot run the pinned "
                           f"{'; '.join(bad)}", "drop the pin, or choose another --runtime")
@@ -151,6 +178,26 @@ def _divisors(n: int) -> list[int]:
 
 def _choices(pinned, default: list) -> list:
     return [pinned] if pinned is not None else default
+
+
+def _shard_groups(pins: Pins, runtime, zero: int, tp: int, cp: int, dp: int,
+                  gpus_per_node: int) -> list[int]:
+    """The ``dp_shard`` values to try (0 = shard over all of dp, first)."""
+    if pins.dp_shard is not None:
+        return [0 if pins.dp_shard == dp else pins.dp_shard]
+    out = [0]
+    if runtime is None:
+        return out
+    # one node per shard group (PyTorch's HYBRID_SHARD default; torchtitan's HSDP recipes):
+    # the states shard over the node's fast links and replicate over the slow ones. Other
+    # group sizes only when pinned (each would be one more CP-SAT solve per configuration).
+    if gpus_per_node % (tp * cp):
+        return out
+    d = gpus_per_node // (tp * cp)
+    if d < dp and dp % d == 0 and d * cp >= 2 and \
+            runtime.allows_hsdp(zero, gpus_per_node, gpus_per_node):
+        out.append(d)
+    return out
 
 
 def _expert_meshes(pins: Pins, tp: int, cp: int, dp: int, experts: int,
@@ -220,8 +267,10 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                         vs = [1]
                         if pp > 1 and m % pp == 0 and (
                                 runtime is None or runtime.allows_schedule("interleaved-1f1b")):
+                            uneven = runtime is not None and runtime.uneven_chunks
                             vs += [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
-                                   if blocks % (pp * v) == 0]
+                                   if blocks % (pp * v) == 0 or
+                                   (uneven and pp * v <= blocks)]
                         for v in _choices(pins.virtual_stages, vs):
                             sps = [True, False] if tp > 1 else [False]
                             if runtime is not None and tp > 1 and runtime.sp != "optional":
@@ -230,12 +279,15 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                                 if runtime is not None and \
                                         not runtime.allows_zero_with(zero, pp):
                                     continue  # e.g. DeepSpeed's pipeline engine: ZeRO <= 1
-                                for sp in _choices(pins.sp, sps):
+                                shards = _shard_groups(pins, runtime, zero, tp, cp, dp,
+                                                       cluster.gpus_per_node)
+                                for sp, shard in ((a, b) for a in _choices(pins.sp, sps)
+                                                  for b in shards):
                                     config = ParallelConfig(
                                         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp,
                                         zero_stage=zero, micro_batch=mbs,
                                         global_batch=global_batch, seq_len=seq_len,
-                                        virtual_stages=v, dtype=dtype)
+                                        virtual_stages=v, dtype=dtype, dp_shard=shard)
                                     try:
                                         config.validate(model, cluster)
                                     except PlannerError:

@@ -93,6 +93,9 @@ class StageModel:
         self.u: dict = {}  # (i, c, r) -> n[i,c,r] >= 1 (only where a working set exists)
         self.present: dict = {}  # (i, c) -> x[i,c] >= 1
         self.peak = None  # an IntVar >= every stage's memory (bytes) when the caller sets one
+        # (non-block layer, option index) -> its one-hot indicator, set by the caller when the
+        # embedding / head choose a layout (planner.solve.inner); absent: their one option
+        self.e: dict = {}
 
     # -- reading terms ---------------------------------------------------------------------
     def lt(self, cost: LayerTerms, names: tuple[str, ...]) -> float:
@@ -118,14 +121,21 @@ class StageModel:
     def costs(self, p: int, ci: int) -> tuple[LayerTerms, ...]:
         return self.problems[p].classes[ci].costs
 
-    def fixed(self, p: int, i: int) -> tuple[LayerTerms, ...]:
-        """The non-block layers of stage i (embedding on the first, head on the last)."""
+    def fixed(self, p: int, i: int) -> list[tuple[object, LayerTerms]]:
+        """(indicator, terms) of every option of the non-block layers of stage i (embedding on
+        the first, head on the last): the int 1 for a layer with one option, else its one-hot
+        indicator ``e`` (one pool only)."""
         prob = self.problems[p]
-        out: tuple[LayerTerms, ...] = ()
-        if i == 0:
-            out += prob.pre_costs
-        if i == self.pp - 1:
-            out += prob.post_costs
+        indices = (prob.pre if i == 0 else ()) + (prob.post if i == self.pp - 1 else ())
+        out = []
+        for index in indices:
+            choices = prob.edge_choices(index)
+            if len(choices) == 1:
+                out.append((1, choices[0][1]))
+                continue
+            if self.P > 1:
+                raise ValueError("embedding and head layouts are a one-pool choice")
+            out += [(self.e[index, k], cost) for k, (_, cost) in enumerate(choices)]
         return out
 
     def ticks(self, seconds: float) -> int:
@@ -146,7 +156,14 @@ class StageModel:
                     k = unit(self.lt(cost, names) * k_p)
                     if k and (i, ci, ri, p) in self.q:
                         expr += k * self.q[i, ci, ri, p]
-            const = sum(self.lt(x, names) for x in self.fixed(p, i))
+            const = 0.0
+            for ind, x in self.fixed(p, i):
+                if isinstance(ind, int):
+                    const += self.lt(x, names)
+                else:  # a chosen option (one pool: a[i,p] = 1)
+                    k = unit(self.lt(x, names) * k_p)
+                    if k:
+                        expr += k * ind
             if const:
                 expr += unit(const * k_p) * self.a[i, p]
         return expr
@@ -224,7 +241,7 @@ class StageModel:
 
     def has_expert(self, i: int):
         """Stage i holds routed experts (a bool, or a constant)."""
-        if any(x.expert_params > 0 for p in range(self.P) for x in self.fixed(p, i)):
+        if any(x.expert_params > 0 for p in range(self.P) for _, x in self.fixed(p, i)):
             return 1
         moe = [ci for ci, cls in enumerate(self.classes) if cls.costs[0].expert_params > 0]
         if not moe:
@@ -268,11 +285,11 @@ class StageModel:
                                           for x in self.costs(p, ci)) for p in range(P)],
                           self.present[i, ci], f"gb{ci}")
         for p in range(P):
-            for cost in self.fixed(p, i):
+            for ind, cost in self.fixed(p, i):
                 for var, name in ((working, "act_working_bytes"), (gather, "gather_buffer_bytes")):
                     k = math.ceil(alpha[p] * self.lt(cost, (name,)))
                     if k:
-                        M.add(var >= k * self.a[i, p])
+                        M.add(var >= k * (self.a[i, p] if isinstance(ind, int) else ind))
         mem = (self.nbytes(i, STATE_TERMS)
                + self.nbytes(i, ("act_stored_bytes",), lambda p: in_flight[p] * alpha[p])
                + working + gather)
@@ -284,6 +301,11 @@ class StageModel:
         M.add(mem <= room)
         if self.peak is not None:
             M.add(self.peak >= mem + sum(k * self.a[i, p] for p, k in enumerate(fixed_bytes)))
+        host = self.nbytes(i, ("host_bytes",))
+        if not isinstance(host, int) and P == 1:  # offloaded states: the GPU's host share
+            for p, t in enumerate(inner):
+                if math.isfinite(t.host_capacity_bytes):
+                    M.add(host <= math.floor(t.host_capacity_bytes))
 
         # (T) stage time per micro-batch (x slowdown), with (Z) the exposed ZeRO-2/3 traffic
         stage = self.time(i, TIME_TERMS, f) + self.pool_const(
@@ -308,10 +330,10 @@ class StageModel:
                                             for x in self.costs(p, ci)) for p in range(P)],
                               self.present[i, ci], f"edge{ci}")
             for p in range(P):
-                for cost in self.fixed(p, i):
+                for ind, cost in self.fixed(p, i):
                     k = self.ticks(keep * self.lt(cost, ("zero_edge_s",)))
                     if k:
-                        M.add(edge >= k * self.a[i, p])
+                        M.add(edge >= k * (self.a[i, p] if isinstance(ind, int) else ind))
             stage += e_f + e_b + edge
             if kappa:
                 stage += charged(("zero_traffic_s",), zero_dense, zero_expert, kappa * f)
@@ -342,10 +364,12 @@ class StageModel:
 
 
 def decode_placement(problem: StageProblem, pp: int, x: Callable[[int, int], int],
-                     n: Callable[[int, int, int], int], virtual_stages: int = 1) -> LayerPlacement:
+                     n: Callable[[int, int, int], int], virtual_stages: int = 1,
+                     edge_option: Callable[[int], object] | None = None) -> LayerPlacement:
     """The LayerPlacement of a solution: ``x(i, c)`` blocks of class c in stage i (contiguous,
     in stage order; interleaved chunks when ``virtual_stages > 1``), ``n(i, c, r)`` of them with
-    option r (the heaviest recomputation first: any order in a stage costs the same)."""
+    option r (the heaviest recomputation first: any order in a stage costs the same);
+    ``edge_option(j)``: the option of non-block layer j (default: NO_OPTION)."""
     layers = problem.ctx.model.layers
     stage, options = [0] * len(layers), [NO_OPTION] * len(layers)
     L, v = problem.num_blocks, virtual_stages
@@ -368,4 +392,7 @@ def decode_placement(problem: StageProblem, pp: int, x: Callable[[int, int], int
                 options[index] = option
     for index in problem.post:
         stage[index] = pp - 1
+    if edge_option is not None:
+        for index in problem.pre + problem.post:
+            options[index] = edge_option(index)
     return LayerPlacement(tuple(stage), tuple(options))

@@ -1,0 +1,89 @@
+"""Optimizer-offload benchmark: the full search with and without ``--pin offload=optimizer``.
+
+For each case the search runs on the GPUs alone and with every layer free to keep its optimizer
+states in host memory (planner/cost/offload.py; the cluster presets' host sections). It reports
+both step times (or "does not fit"), how many layers the solver offloaded, their host memory per
+GPU and the solve times. Run::
+
+    python bench/offload.py
+
+Cases: Llama-3.1-70B on one DGX H100 (its states alone exceed the GPUs' memory at any
+recomputation: offload is what makes it fit), GPT-3 175B on 16 DGX H100 (memory binds: offload
+against recomputation and pipeline depth), Llama-3.1-8B on one DGX H100 (memory does not bind:
+offload must not be chosen).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from clusters import load_cluster  # noqa: E402
+from models import load_model  # noqa: E402
+from planner.errors import PlannerError  # noqa: E402
+from planner.hardware import GIB  # noqa: E402
+from planner.solve.search import SearchOptions, search  # noqa: E402
+from planner.solve.space import Pins  # noqa: E402
+
+CASES = [
+    ("llama-3.1-70b", "dgx-h100", 1, 64, 4096),
+    ("gpt3-175b", "dgx-h100", 16, 256, 2048),
+    ("llama-3.1-8b", "dgx-h100", 1, 128, 8192),
+]
+
+
+def run(case, time_limit: float) -> dict:
+    name, cluster_name, nodes, batch, seq = case
+    model, cluster = load_model(name), load_cluster(cluster_name, nodes=nodes)
+    out = {"model": name, "cluster": f"{cluster_name} x{nodes}", "batch": batch, "seq": seq}
+    for key, pins in (("gpu", Pins()), ("offload", Pins(offload="optimizer"))):
+        start = time.process_time()
+        try:
+            result = search(model, cluster, batch, seq, pins=pins,
+                            options=SearchOptions(time_limit_s=time_limit))
+        except PlannerError as error:
+            out[key] = None
+            out[f"{key}_note"] = str(error).split(":")[0]
+            out[f"{key}_cpu_s"] = time.process_time() - start
+            continue
+        best = result.best
+        out[key] = best.step_time_s
+        out[f"{key}_cpu_s"] = time.process_time() - start
+        out[f"{key}_status"] = result.record.status
+        c = best.config
+        out[f"{key}_mesh"] = f"tp{c.tp} pp{c.pp} dp{c.dp} mb{c.micro_batch} z{c.zero_stage}"
+        out[f"{key}_offloaded"] = sum(o.offload for o in best.placement.options)
+        out[f"{key}_host_gib"] = max(s.host_bytes for s in best.stages) / GIB
+        out[f"{key}_recomputed"] = sum(o.recompute.value != "none" for o in best.placement.options)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--time-limit", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    print("| model | cluster | batch x seq | GPU only s (mesh, recomputed layers) | with offload s "
+          "(mesh, recomputed, offloaded layers, host GiB per GPU) | cpu s GPU / offload |")
+    print("|---|---|---|---|---|---|")
+    for case in CASES:
+        r = run(case, args.time_limit)
+
+        def cell(key: str) -> str:
+            if r[key] is None:
+                return f"does not fit ({r[f'{key}_note']})"
+            extra = f", {r[f'{key}_offloaded']} offloaded, {r[f'{key}_host_gib']:.0f} GiB" \
+                if key == "offload" else ""
+            return (f"{r[key]:.3f} ({r[f'{key}_mesh']}, {r[f'{key}_recomputed']} recomputed"
+                    f"{extra}) {r.get(f'{key}_status', '')}")
+
+        print(f"| {r['model']} | {r['cluster']} | {r['batch']} x {r['seq']} | {cell('gpu')} | "
+              f"{cell('offload')} | {r['gpu_cpu_s']:.1f} / {r['offload_cpu_s']:.1f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""``plan --fallbacks K``: the re-plans for the K most likely failure classes are stored in the
+plan file, equal what ``replan`` gives for the same failure, stay within the churn budget, and
+``check`` re-validates them."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from clusters import load_cluster
+from planner.config import ParallelConfig
+from planner.hetero.fallbacks import FAILURE_CLASSES, failure_ranks
+from planner.hetero.replan import replan
+from planner.plan_io import load_plan
+from planner.plan_types import Plan
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import edited, run_cli  # noqa: E402
+
+PLAN = ["plan", "-m", "gpt3-6.7b", "-c", "dgx-h100", "--nodes", "4", "--global-batch", "64",
+        "--time-limit", "60", "--pin", "virtual_stages=1"]
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fallbacks")
+    from cli.main import main
+
+    out = {}
+    for name, extra in (("any", ["--fallbacks", "3"]),
+                        ("held", ["--fallbacks", "2", "--fallback-max-moved-layers", "0"])):
+        target = folder / f"{name}.json"
+        with pytest.raises(SystemExit) as done:
+            main(PLAN + extra + ["-o", str(target), "--json"])
+        assert done.value.code == 0
+        out[name] = target
+    return out
+
+
+def test_failure_classes_follow_the_fabric():
+    cluster = load_cluster("dgx-h100", nodes=4)
+    config = ParallelConfig(tp=8, pp=2, dp=2, global_batch=64, seq_len=2048)
+    assert failure_ranks(cluster, config, "gpu") == [0]
+    assert failure_ranks(cluster, config, "node") == list(range(8))
+    # one NIC per GPU, rail-optimized leaves: leaf 0 of scalable unit 0 is behind GPU 0 of
+    # each of its nodes (all 4 nodes here: the unit is 32 nodes)
+    assert failure_ranks(cluster, config, "switch") == [0, 8, 16, 24]
+
+
+def test_fallbacks_are_stored_and_equal_replan(planned):
+    doc = load_plan(planned["any"])
+    plan = Plan.from_dict(doc)
+    assert plan.to_dict() == doc  # a recorded section: the round trip stays exact
+    entries = doc["fallbacks"]
+    assert [e["failure"] for e in entries] == list(FAILURE_CLASSES)
+    for entry in entries:
+        if entry["status"] != "ok":
+            assert entry["reason"]
+            continue
+        direct = replan(plan.model, plan.cluster, plan.config, plan.placement, plan.runtime,
+                        failed=entry["failed_ranks"])
+        assert entry["predicted"]["fits"]
+        assert entry["predicted"]["step_time_s"] == pytest.approx(
+            direct.chosen.step_time_s, rel=1e-5)
+        assert entry["replan"]["gpus_used"] == direct.chosen.config.num_gpus
+        assert entry["parallelism"]["dp"] * entry["parallelism"]["tp"] * \
+            entry["parallelism"]["pp"] * entry["parallelism"]["cp"] <= \
+            plan.config.num_gpus - len(entry["failed_ranks"])
+    assert entries[0]["status"] == "ok"
+
+
+def test_fallbacks_keep_the_churn_budget(planned):
+    for entry in load_plan(planned["held"])["fallbacks"]:
+        assert entry["max_moved_layers"] == 0
+        if entry["status"] == "ok":
+            assert entry["replan"]["moved_layers"] == 0
+
+
+def test_check_validates_the_fallbacks(planned, capsys, tmp_path):
+    path = planned["any"]
+    code, out, _ = run_cli(["check", path, "--json"], capsys)
+    assert code == 0 and json.loads(out)["ok"]
+    doc = load_plan(path)
+    # a fallback that needs more GPUs than survive its failure
+    bad = edited(doc, lambda d: d["fallbacks"][0]["parallelism"].update(
+        dp=d["fallbacks"][0]["parallelism"]["dp"] * 4,
+        global_batch=d["fallbacks"][0]["parallelism"]["global_batch"] * 4))
+    target = tmp_path / "bad.json"
+    target.write_text(json.dumps(bad))
+    code, out, _ = run_cli(["check", target, "--json"], capsys)
+    report = json.loads(out)
+    assert code == 1
+    assert any(p["code"] == "fallback" and "gpu failure" in p["message"]
+               for p in report["problems"])
+    # a fallback that no longer fits memory: no tensor parallelism, no recomputation, the
+    # whole batch in one micro-batch
+    def heavier(d):
+        f = d["fallbacks"][1]
+        f["recompute"] = ["none" for _ in f["recompute"]]
+        p = f["parallelism"]
+        p.update(tp=1, sp=False, micro_batch=p["global_batch"] // p["dp"])
+    target.write_text(json.dumps(edited(doc, heavier)))
+    code, out, _ = run_cli(["check", target, "--json"], capsys)
+    report = json.loads(out)
+    assert code == 1 and any("node failure" in p["message"] and "GiB" in p["message"]
+                             for p in report["problems"] if p["code"] == "fallback")

@@ -1,0 +1,106 @@
+"""The aggregated serving search is exact: it returns what trying every layout and every batch
+returns, and the two facts its pruning rests on hold batch by batch (iteration time monotone in
+its decode sequences and prompt tokens; the TTFT interval bound below every TTFT it bounds)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from clusters import load_cluster
+from models import load_model
+from planner.serve.evaluate import _step, aggregated_ttft_bound_s, evaluate_serving
+from planner.serve.phases import Calibration
+from planner.serve.runtime import CALIBRATED, runtime
+from planner.serve.search import search_serving, worker_layouts
+from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
+
+CALIB = Calibration.from_mapping(CALIBRATED)
+
+
+def _brute_best(model, cluster, wl, rt="vllm"):
+    """Every layout the search enumerates, every batch up to what fits: the best per GPU."""
+    best = None
+    n = cluster.num_gpus
+    caps = runtime(rt)
+    for w in worker_layouts(model, n, cluster.gpus_per_node):
+        base = ServingConfig("aggregated", worker=w, replicas=n // w.gpus, batch=caps.max_batch,
+                             max_num_tokens=caps.max_num_tokens)
+        probe = evaluate_serving(model, cluster, replace(wl, concurrency=None), base, rt)
+        if not probe.fits:
+            continue
+        for b in range(1, probe.pools[0].max_batch + 1):
+            ev = evaluate_serving(model, cluster, replace(wl, concurrency=b * base.replicas),
+                                  base, rt)
+            if ev.meets_targets() and (best is None or ev.output_tokens_per_s_per_gpu >
+                                       best.output_tokens_per_s_per_gpu):
+                best = ev
+    return best
+
+
+INSTANCES = (
+    # model, GPUs (one node), isl, osl, TTFT ms, TPOT ms, runtime, extra workload fields
+    ("llama-3.1-8b", 2, 2048, 256, 400.0, 12.0, "vllm", {}),
+    ("llama-3.1-8b", 4, 4096, 256, 250.0, 20.0, "trtllm", {}),
+    ("llama-3.1-8b", 2, 4096, 512, 150.0, None, "sglang", {}),
+    ("tiny-moe", 2, 4096, 128, 30.0, 2.0, "sglang", {}),
+    ("llama-3.1-8b", 2, 2048, 256, None, 9.0, "vllm", {}),
+)
+
+
+@pytest.mark.parametrize("name,gpus,isl,osl,ttft,tpot,rt,extra", INSTANCES)
+def test_search_equals_brute_force(name, gpus, isl, osl, ttft, tpot, rt, extra):
+    model = load_model(name)
+    cluster = replace(load_cluster("dgx-h100"), gpus_per_node=gpus)
+    wl = ServingWorkload(isl=isl, osl=osl, ttft_ms=ttft, tpot_ms=tpot, dtype="fp8",
+                         kv_dtype="fp8", **extra)
+    result = search_serving(model, cluster, wl, rt)
+    found, brute = result.best, _brute_best(model, cluster, wl, rt)
+    assert (found is None) == (brute is None)
+    if found is not None:
+        assert found.meets_targets()
+        assert found.output_tokens_per_s_per_gpu == pytest.approx(
+            brute.output_tokens_per_s_per_gpu, rel=1e-12)
+        assert result.pruned > 0  # the bounds did cut the space
+
+
+def _layouts():
+    for name, cluster, w, rt, draft in (
+            ("llama-3.1-8b", "dgx-h100", WorkerConfig(tp=1), "vllm", 0),
+            ("llama-3.1-70b", "dgx-h100", WorkerConfig(tp=2, pp=3), "trtllm", 0),
+            ("mixtral-8x7b", "dgx-h100", WorkerConfig(tp=2, ep=2), "sglang", 0),
+            ("deepseek-v3", "dgx-h200", WorkerConfig(tp=1, ep=8, attention_dp=8), "sglang", 1)):
+        yield load_model(name), load_cluster(cluster), w, rt, draft
+
+
+def test_iteration_time_never_falls_with_more_tokens():
+    for model, cluster, w, rt, draft in _layouts():
+        wl = ServingWorkload(isl=1024, osl=256, dtype="fp8", kv_dtype="fp8", draft_tokens=draft)
+        for prefill in (0.0, 37.0, 1024.0):
+            times = [_step(model, cluster, wl, w, CALIB, rt, b, prefill).total_s
+                     for b in range(1, 520)]
+            assert all(b >= a for a, b in zip(times, times[1:])), (model.name, w, prefill)
+        for b in (1, 63, 200):
+            times = [_step(model, cluster, wl, w, CALIB, rt, b, p).total_s
+                     for p in range(0, 9000, 97)]
+            assert all(y >= x for x, y in zip(times, times[1:])), (model.name, w, b)
+
+
+def test_ttft_bound_is_below_every_ttft_it_bounds():
+    for model, cluster, w, rt, draft in _layouts():
+        wl = ServingWorkload(isl=1024, osl=256, dtype="fp8", kv_dtype="fp8", draft_tokens=draft)
+        caps = runtime(rt)
+        cfg = ServingConfig("aggregated", worker=w, batch=caps.max_batch,
+                            max_num_tokens=caps.max_num_tokens)
+        cap = evaluate_serving(model, cluster, wl, cfg, rt).pools[0].max_batch
+        ttft = {b: evaluate_serving(model, cluster, replace(wl, concurrency=b), cfg, rt).ttft_s
+                for b in range(1, min(cap, 300) + 1)}
+        top = max(ttft)
+        for lo, hi in ((1, top), (1, 2), (top // 2, top), (100, 140), (255, 260), (top, top)):
+            lo, hi = min(lo, top), min(hi, top)
+            bound = aggregated_ttft_bound_s(model, cluster, wl, cfg, lo, hi, rt)
+            assert bound <= min(ttft[b] for b in range(lo, hi + 1)) * (1 + 1e-12)
+            assert bound > 0
+        # the bound is tight on one batch: the TTFT without its queueing term's rate slack
+        assert aggregated_ttft_bound_s(model, cluster, wl, cfg, 7, 7, rt) == pytest.approx(
+            ttft[7], rel=1e-9)

@@ -10,7 +10,7 @@ small probes in this process that reproduce, with their exact messages, what thi
 cannot do on CPU and how the runtime works around it. Run::
 
     python bench/verify_report.py              # writes docs/verification.md (a few minutes)
-    python bench/verify_report.py --steps 2 -o /tmp/verification.md
+    python bench/verify_report.py --steps 2 -o verification.md
 """
 from __future__ import annotations
 

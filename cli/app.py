@@ -27,6 +27,19 @@ def emit_text(text: str) -> None:
     write_stdout(text)
 
 
+def deliver_plan(doc: dict, output, *, force: bool, to_stdout: bool) -> None:
+    """Commit a plan document to ``output`` (signals held during the commit, ignored after it)
+    and/or print it on stdout: what plan, replan and serve plans do with their result."""
+    from cli import signals
+    from planner.plan import dumps, write_plan
+
+    if output is not None:
+        write_plan(doc, output, force=force, critical=signals.deferred,
+                   on_commit=signals.finish)
+    if to_stdout:
+        emit_text(dumps(doc))
+
+
 class Context:
     def __init__(self, debug: bool) -> None:
         self.debug = debug

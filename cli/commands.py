@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from cli import signals
-from cli.app import emit_json, emit_text
+from cli.app import deliver_plan, emit_json
 from cli.moe_options import moe_option, moe_options_from, with_mtp_from
 from cli.params import FiniteFloat, pin_pairs
 from planner.config import ParallelConfig, resolve_dp
@@ -328,13 +328,7 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
 def _finish_plan(doc: dict, output, force: bool, plan_to_stdout: bool, as_json: bool,
                  solve_time_s: float) -> None:
     """Write the plan file, print it (JSON) or summarise it (people)."""
-    from planner.plan import dumps, write_plan
-
-    if output is not None:
-        write_plan(doc, output, force=force, critical=signals.deferred,
-                   on_commit=signals.finish)
-    if plan_to_stdout:
-        emit_text(dumps(doc))
+    deliver_plan(doc, output, force=force, to_stdout=plan_to_stdout)
     if not as_json:
         from cli.render import print_plan
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import click
 
 from cli import signals
-from cli.app import emit_text
+from cli.app import deliver_plan
 from cli.params import PATH
 from planner.errors import invalid
 
@@ -75,7 +75,7 @@ def replan_command(plan_path, failed, slow, max_moved_layers, allow_batch_change
     """Re-plan after failed GPUs or around slow ones; write the new plan with a replan section."""
     from planner.cost.model import Evaluation
     from planner.hetero.replan import replan
-    from planner.plan import dumps, make_plan, write_plan
+    from planner.plan import make_plan
     from planner.plan_types import Plan
     from planner.writer import check_target
 
@@ -100,11 +100,7 @@ def replan_command(plan_path, failed, slow, max_moved_layers, allow_batch_change
                     nodes=chosen.cluster.num_nodes,
                     solver={"status": chosen.solver_status, "objective_s": ev.step_time_s})
     doc["replan"] = result.as_dict() | {"old_plan": str(plan_path)}
-    if output is not None:
-        write_plan(doc, output, force=force, critical=signals.deferred,
-                   on_commit=signals.finish)
-    if to_stdout:
-        emit_text(dumps(doc))
+    deliver_plan(doc, output, force=force, to_stdout=to_stdout)
     if not as_json:
         print_replan(doc["replan"], written_to=output)
 

@@ -183,9 +183,7 @@ def serve_plan(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_
     from planner.serve.plan import make_serve_plan
     from planner.serve.search import no_plan_error, search_serving
 
-    from cli import signals
-    from cli.app import emit_text
-    from planner.plan import dumps, write_plan
+    from cli.app import deliver_plan
     from planner.writer import check_target
 
     to_stdout = as_json or output == "-"
@@ -204,11 +202,7 @@ def serve_plan(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_
     doc = make_serve_plan(result.best, model_spec=model, cluster_spec=cluster, nodes=nodes,
                           solver=solver, alternatives=result.alternatives,
                           frontier=result.frontier)
-    if output is not None:
-        write_plan(doc, output, force=force, critical=signals.deferred,
-                   on_commit=signals.finish)
-    if to_stdout:
-        emit_text(dumps(doc))
+    deliver_plan(doc, output, force=force, to_stdout=to_stdout)
     if not as_json:
         print_serving(doc, written_to=output, solve_time_s=result.solve_time_s)
 

@@ -83,8 +83,8 @@ def residuals(values: dict, metrics) -> np.ndarray:
             continue  # not modelled (degrees the runtimes refuse): not a residual
         for metric in metrics:
             measured = row.case.measured.get(metric)
-            if not measured:
-                continue
+            if not measured or (metric == "tpot_ms" and row.below_floor()):
+                continue  # a TPOT below the physical floor is not of the stated model
             predicted = row.predicted(metric)
             out.append(MISSING_PENALTY if predicted is None or predicted <= 0 else
                        math.log(predicted / measured))

@@ -136,7 +136,8 @@ def case(entry: dict) -> Case:
     kv = "fp8" if "fp8" in str(kv).lower() else "bf16"
     conc = w.get("concurrency")
     batch = s.get("max_batch_size") or rt.max_batch
-    tokens = s.get("max_num_tokens") or rt.max_num_tokens
+    cluster = _cluster(entry)
+    tokens = s.get("max_num_tokens") or rt.default_max_num_tokens(cluster.gpu)
     if s["mode"].startswith("disaggregated"):
         p, d = s["prefill"], s["decode"]
         # the decode batch caps a worker only when it sets the load (no concurrency given)
@@ -164,7 +165,7 @@ def case(entry: dict) -> Case:
     derived = (entry.get("derived") or {}).get("output_tokens_per_sec_per_gpu_est")
     group = (entry["model"]["name"], entry["cluster"]["gpu"], entry["framework"]["name"],
              str(entry["framework"].get("version")), dtype, w["isl"], w["osl"])
-    return Case(entry["id"], _model(entry), _cluster(entry), workload, config, rt.name,
+    return Case(entry["id"], _model(entry), cluster, workload, config, rt.name,
                 measured, derived, group, regime)
 
 

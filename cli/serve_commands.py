@@ -124,7 +124,8 @@ def serve_evaluate(model, cluster, nodes, isl, osl, concurrency, request_rate, t
     rt = runtime(runtime_name)
     graph, hw, wl = _inputs(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms,
                             tpot_ms, mode, dtype, kv_dtype, speculative)
-    caps = dict(batch=batch or rt.max_batch, max_num_tokens=max_num_tokens or rt.max_num_tokens)
+    caps = dict(batch=batch or rt.max_batch,
+                max_num_tokens=max_num_tokens or rt.default_max_num_tokens(hw.gpu))
     if prefill_workers is not None or decode_workers is not None or mode == "disaggregated":
         if prefill_workers is None or decode_workers is None:
             raise invalid("disaggregated serving needs both --prefill-workers and "

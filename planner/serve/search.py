@@ -173,12 +173,13 @@ def _eval(model, cluster, workload, config, rt, result, calibration) -> ServingE
 
 def _aggregated(model, cluster, workload, rt_name, layouts, n, result, top_k, calibration):
     rt = runtime(rt_name)
+    budget = rt.default_max_num_tokens(cluster.gpu)
     pareto = not workload.has_targets and workload.concurrency is None and \
         workload.request_rate_per_s is None
     candidates: list[ServingEvaluation] = []
     for w in layouts:
         base = ServingConfig("aggregated", worker=w, replicas=max(1, n // w.gpus),
-                             batch=rt.max_batch, max_num_tokens=rt.max_num_tokens)
+                             batch=rt.max_batch, max_num_tokens=budget)
         probe = _eval(model, cluster, replace(workload, concurrency=None, request_rate_per_s=None),
                       base, rt_name, result, calibration)
         if not probe.fits:
@@ -247,11 +248,12 @@ def pareto_frontier(points: list[ServingEvaluation]) -> list[ServingEvaluation]:
 
 def _disaggregated(model, cluster, workload, rt_name, layouts, n, result, top_k, calibration):
     rt = runtime(rt_name)
+    budget = rt.default_max_num_tokens(cluster.gpu)
     isl, osl = workload.isl, workload.osl
     # layouts whose weights leave room for KV at all (either pool needs one)
     from planner.serve.memory import serving_memory
     fitting = [w for w in layouts if serving_memory(
-        model, cluster.gpu, w, workload.dtype, workload.kv_cache_dtype, rt, rt.max_num_tokens,
+        model, cluster.gpu, w, workload.dtype, workload.kv_cache_dtype, rt, budget,
         1).kv_budget_bytes > 0]
     if not fitting:
         return
@@ -264,7 +266,7 @@ def _disaggregated(model, cluster, workload, rt_name, layouts, n, result, top_k,
             continue
         base = ServingConfig("disaggregated", prefill=p_any, decode=d, prefill_workers=1,
                              decode_workers=1, batch=rt.max_batch,
-                             max_num_tokens=rt.max_num_tokens)
+                             max_num_tokens=budget)
 
         def tpot_ok(b: int, base=base) -> bool:
             ev = _eval(model, cluster, replace(workload, concurrency=b, ttft_ms=None),
@@ -288,12 +290,12 @@ def _disaggregated(model, cluster, workload, rt_name, layouts, n, result, top_k,
         if p.gpus + smallest.gpus > n:
             continue
         base = ServingConfig("disaggregated", prefill=p, decode=smallest, prefill_workers=1,
-                             decode_workers=1, batch=1, max_num_tokens=rt.max_num_tokens)
+                             decode_workers=1, batch=1, max_num_tokens=budget)
         ev = _eval(model, cluster, replace(workload, concurrency=1, ttft_ms=None, tpot_ms=None),
                    base, rt_name, result, calibration)
         if not ev.fits:
             continue
-        t_pf = ev.pools[0].iteration.total_s * math.ceil(isl / rt.max_num_tokens)
+        t_pf = ev.pools[0].iteration.total_s * math.ceil(isl / budget)
         if workload.ttft_ms is not None and t_pf * 1e3 > workload.ttft_ms:
             continue  # even an idle prefill worker misses TTFT
         from planner.serve.memory import kv_bytes_per_token
@@ -333,7 +335,7 @@ def _disaggregated(model, cluster, workload, rt_name, layouts, n, result, top_k,
                     if n_p not in evals:
                         cfg = ServingConfig("disaggregated", prefill=p, decode=d,
                                             prefill_workers=n_p, decode_workers=n_d, batch=b,
-                                            max_num_tokens=rt.max_num_tokens)
+                                            max_num_tokens=budget)
                         evals[n_p] = _eval(model, cluster, wl, cfg, rt_name, result, calibration)
                     return evals[n_p]
 

@@ -74,9 +74,13 @@ class Row:
             self.case.derived_tokens_per_s_per_gpu
 
 
-def evaluate_all(calibration=None) -> list[Row]:
+def evaluate_all(calibration=None, runtime: str | None = None) -> list[Row]:
+    """Every entry (or those of one ``runtime``) with the library's defaults or
+    ``calibration``."""
     rows = []
     for c in cases():
+        if runtime is not None and c.runtime != runtime:
+            continue
         try:
             ev = evaluate_serving(c.model, c.cluster, c.workload, c.config, c.runtime,
                                   calibration)

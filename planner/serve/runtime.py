@@ -16,18 +16,18 @@ CALIBRATED = {
     # attention and small-M GEMMs reach 60-90 % of STREAM bandwidth)
     "decode_hbm_efficiency": 0.9,
     # prefill GEMM and attention efficiency relative to the training cost model's
-    "prefill_efficiency": 0.916,
+    "prefill_efficiency": 0.899,
     # per runtime: fixed time per engine iteration beyond the kernels (scheduler, input
     # preparation, sampling, host synchronisation, CUDA-graph launch)
-    "step_overhead_s": {"sglang": 0.0, "trtllm": 0.0, "vllm": 0.00338},
+    "step_overhead_s": {"sglang": 0.0, "trtllm": 0.0, "vllm": 0.00343},
     # per runtime (its scheduler): fraction of the other concurrent requests whose prefill a
     # new request waits for (0: arrivals spread evenly; 1: fixed-length closed-loop clients
     # arrive in synchronised bursts)
-    "prefill_queue_fraction": {"sglang": 0.291, "trtllm": 0.329, "vllm": 0.0695},
+    "prefill_queue_fraction": {"sglang": 0.31, "trtllm": 0.33, "vllm": 0.05},
     # per runtime: share of the other requests' prefill work that lands between a request's
     # output tokens (1: every iteration carries its average share, chunked prefill mixed into
     # decode; lower: prefills batched apart or deferred)
-    "prefill_interference": {"sglang": 0.852, "trtllm": 0.629, "vllm": 0.114},
+    "prefill_interference": {"sglang": 0.84, "trtllm": 0.657, "vllm": 0.109},
 }
 
 

@@ -160,6 +160,12 @@ def attention_core_s(att: Attention, gpu: Gpu, tp: int, kv_dtype: str, decode_se
 def _links(cluster: Cluster, worker: WorkerConfig):
     """Links of the worker's groups, from its mesh's strides: TP, the expert-parallel group
     (all-to-all with data-parallel attention) and neighbouring pipeline stages."""
+    return _links_cached(Ident(cluster), worker)
+
+
+@lru_cache(maxsize=4096)
+def _links_cached(cluster_key, worker: WorkerConfig):
+    cluster = cluster_key.obj
     mesh = worker.mesh
     tp = group_link(cluster, mesh.tp, mesh.stride("tp"))
     moe = group_link(cluster, mesh.ep, mesh.stride("ep"))

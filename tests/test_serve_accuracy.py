@@ -28,13 +28,15 @@ def test_throughput_per_gpu_meets_target(summary):
     assert m["n"] >= 34  # every measured throughput but the one predicted not to fit
     assert m["median_abs"] <= inference.TARGETS["output_tokens_per_s_per_gpu"]
     assert abs(m["bias"]["offline"]) <= 0.05
+    # trtllm-bench's own caps on the offline rows: no memory-bound tp1 row off by a third
+    assert m["max_abs"] <= 0.25
 
 
 def test_latency_errors_do_not_regress(summary):
     # Targets 15 % (TPOT) and 20 % (TTFT) are not met; these bounds guard today's level.
     assert summary["tpot_ms"]["n"] >= 40 and summary["ttft_ms"]["n"] >= 40
     assert summary["tpot_ms"]["median_abs"] <= 0.40
-    assert summary["ttft_ms"]["median_abs"] <= 0.42
+    assert summary["ttft_ms"]["median_abs"] <= 0.37
     # aggregated TPOT (where the runs' configuration is fully known) is unbiased
     assert abs(summary["tpot_ms"]["bias"]["aggregated"]) <= 0.10
 

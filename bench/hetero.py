@@ -5,7 +5,8 @@ For each mixed cluster (the ``h100-a100`` preset, 16 DGX H100 + 32 DGX A100 80GB
 (global batch 1,536, sequence 2,048) three ways and reports, under the cost model:
 
 * **mixed**: :func:`planner.hetero.search.hetero_search` over both pools (stage-to-pool in the
-  CP-SAT model), with its status and solve time;
+  CP-SAT model, split stages -- DP groups across pools -- where whole stages cannot make pp),
+  with its status and solve time;
 * **only the faster pool**: the one-pool search on the H100 pool alone;
 * **all as the slower GPU**: the one-pool search on a cluster of the same number of GPUs, all
   A100 with the A100 pool's fabric (what a homogeneous planner assumes when it treats the mixed
@@ -59,7 +60,9 @@ def plan_pools(spec: str, time_limit: float, repeat: int) -> dict:
             "mesh": f"tp {c.tp} x dp {c.dp} x pp {c.pp}, ZeRO {c.zero_stage}, mb {c.micro_batch}",
             "stages": " ".join(f"{p}:{len([i for i in s.layers if model.layers[i].kind.value == 'block'])}"
                                for p, s in zip(best.stage_pools.pools, best.stages)),
-            "used": best.gpus_per_pool()}
+            "used": best.gpus_per_pool(),
+            "split_configs": result.record["candidates_with_split_stages"],
+            "split_used": any("+" in p for p in best.stage_pools.pools)}
 
 
 def replan_rows(repeat: int) -> list[dict]:
@@ -110,7 +113,9 @@ def render(pools: list[dict], replans: list[dict]) -> str:
     out.append("")
     for p in pools:
         out.append(f"* {p['cluster']}: {p['mesh']}; blocks per stage {p['stages']}; GPUs used "
-                   + ", ".join(f"{k} {v}" for k, v in p["used"].items()))
+                   + ", ".join(f"{k} {v}" for k, v in p["used"].items())
+                   + f"; {p['split_configs']:,} configurations with a split stage (a DP group "
+                   f"across pools) weighed, {'one' if p['split_used'] else 'none'} chosen")
     out += ["", "Re-plan of a 1,024-GPU DGX H100 plan of GPT-3 175B (tp 8 x dp 16 x pp 8, "
             "ZeRO-1, selective recomputation):", "",
             "| case | chosen | replan s | throughput lost | layers moved | state moved GiB | state lost GiB | GPUs | batch |",

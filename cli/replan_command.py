@@ -90,15 +90,23 @@ def replan_command(plan_path, failed, slow, max_moved_layers, allow_batch_change
     with signals.deadline(time_limit, max(1.0, 0.1 * time_limit)):
         result = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
                         failed=failed_ranks, slow=slow_ranks, max_moved_layers=max_moved_layers,
-                        allow_batch_change=allow_batch_change, time_limit_s=time_limit)
+                        allow_batch_change=allow_batch_change, time_limit_s=time_limit,
+                        stage_pools=old.stage_pools)
     chosen = result.chosen
     ev = chosen.evaluation
-    new = Evaluation(old.model, chosen.cluster, chosen.config, chosen.placement, old.runtime,
-                     ev.stages, ev.breakdown, ev.model_flops, ev.hw_flops)
     inputs = old.document["inputs"]
-    doc = make_plan(new, model_spec=inputs["model"]["spec"], cluster_spec=inputs["cluster"]["spec"],
-                    nodes=chosen.cluster.num_nodes,
-                    solver={"status": chosen.solver_status, "objective_s": ev.step_time_s})
+    solver = {"status": chosen.solver_status, "objective_s": ev.step_time_s}
+    if old.across_pools:  # the new plan across the pools' surviving nodes (schema version 2)
+        from planner.hetero.plan_file import make_pool_plan
+
+        doc = make_pool_plan(ev, model_spec=inputs["model"]["spec"],
+                             cluster_spec=inputs["cluster"]["spec"], solver=solver)
+    else:
+        new = Evaluation(old.model, chosen.cluster, chosen.config, chosen.placement,
+                         old.runtime, ev.stages, ev.breakdown, ev.model_flops, ev.hw_flops)
+        doc = make_plan(new, model_spec=inputs["model"]["spec"],
+                        cluster_spec=inputs["cluster"]["spec"], nodes=chosen.cluster.num_nodes,
+                        solver=solver)
     doc["replan"] = result.as_dict() | {"old_plan": str(plan_path)}
     deliver_plan(doc, output, force=force, to_stdout=to_stdout)
     if not as_json:

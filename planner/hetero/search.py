@@ -191,14 +191,15 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
     block_options = _options(pins)
     # propose, bound cheaply from the leaf formulas, and sort; cost terms only when popped
     queue = []
-    total = pruned_memory = 0
+    total = pruned_memory = with_split = 0
     for config in enumerate_hetero_configs(model, cluster, global_batch, seq_len, dtype, pins):
         if time.monotonic() > deadline:
             raise PlannerError(ErrorKind.SOLVER_LIMIT, "the time limit ran out while enumerating "
                                "configurations across pools", ("raise --time-limit",))
         total += 1
-        lb, mem, cap = cheap_bounds(model, cluster, config, options.runtime,
-                                    config_splits(cluster, config))
+        splits = config_splits(cluster, config)
+        with_split += bool(splits)
+        lb, mem, cap = cheap_bounds(model, cluster, config, options.runtime, splits)
         if mem > cap:
             pruned_memory += 1
         elif math.isfinite(lb):
@@ -290,6 +291,7 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
     record = {"status": status, "objective_s": best.step_time_s, "best_bound_s": bound,
               "gap": max(0.0, (best.step_time_s - bound) / best.step_time_s),
               "solve_time_s": time.monotonic() - start, "candidates_total": total,
+              "candidates_with_split_stages": with_split,
               "candidates_pruned_memory": pruned_memory,
               "candidates_pruned_bound": pruned_bound, "candidates_evaluated": evaluated,
               "inner_optimal": optimal,

@@ -177,3 +177,29 @@ def test_a_split_plan_file_checks_exports_and_round_trips(tmp_path, capsys):
     assert code == 0 and json.loads(report)["ok"], report
     code, _, err = run_cli(["export", out, "-f", "megatron"], capsys)
     assert code == 0 and "node ranks" in err
+
+
+def test_the_search_across_pools_keeps_the_memory_headroom(tmp_path, tiny):
+    import sys
+    from pathlib import Path
+
+    from planner.solve.headroom import MemoryHeadroom
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_hetero_solver import POOLS as TIGHT  # 0.16 GiB GPUs: memory binds
+
+    path = tmp_path / "two-tiny.yaml"
+    path.write_text(TIGHT)
+    tight = load_cluster(str(path), multi_pool=True)
+    runs = {}
+    for fraction in (0.0, 0.1):
+        result = hetero_search(tiny, tight, 16, 128, pins=Pins(tp=1, micro_batch=2),
+                               options=SearchOptions(time_limit_s=60, memory_headroom=
+                                                     MemoryHeadroom(fraction=fraction)))
+        best = result.best
+        assert result.record["status"] == "OPTIMAL"
+        assert result.record["memory_headroom"] == f"{fraction * 100:g}%"
+        runs[fraction] = (best.step_time_s, max(s.memory.total / cap for s, cap in
+                                                zip(best.stages, best.capacity_bytes)))
+    assert runs[0.0][1] > 0.9 >= runs[0.1][1]  # the headroom binds: 10 % of every pool kept
+    assert runs[0.1][0] > runs[0.0][0]

@@ -226,7 +226,7 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
         if result.placement is not None:
             ev = hetero_evaluate(model, cluster, config, result.stage_pools, result.placement,
                                  options.runtime, terms=terms)
-            if ev.fits:
+            if ev.fits and within_headroom(ev, options.memory_headroom):
                 kept.append((ev.step_time_s, _key(config), ev))
                 kept.sort(key=lambda item: (item[0], item[1]))
                 del kept[options.top_k:]
@@ -246,7 +246,8 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
             open_bound = min(open_bound, cheap_lb)
             break
         terms = pool_terms(model, cluster, config, options.runtime, block_options,
-                           splits=config_splits(cluster, config))
+                           splits=config_splits(cluster, config),
+                           headroom=options.memory_headroom)
         if not terms:
             continue
         lb, mem, cap = quick_bounds(terms, config.pp)
@@ -295,9 +296,16 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
               "candidates_pruned_memory": pruned_memory,
               "candidates_pruned_bound": pruned_bound, "candidates_evaluated": evaluated,
               "inner_optimal": optimal,
+              "memory_headroom": options.memory_headroom.describe(),
               "time_limit_s": options.time_limit_s, "workers": options.workers,
               "seed": options.seed, "ortools_version": ortools.__version__}
     return HeteroSearchResult(best, [item[2] for item in kept[1:]], record)
+
+
+def within_headroom(ev: HeteroEvaluation, headroom) -> bool:
+    """Every stage within its pool's memory less the headroom (planner/solve/headroom.py)."""
+    return all(s.memory.total <= headroom.limit_bytes(cap)
+               for s, cap in zip(ev.stages, ev.capacity_bytes))
 
 
 def _key(c: ParallelConfig) -> tuple:

@@ -146,16 +146,25 @@ def _cross_link(cluster: MultiPoolCluster, pool: Pool, transfers: int) -> Link:
 def pool_terms(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: ParallelConfig,
                options: RuntimeOptions = RuntimeOptions(),
                block_options: tuple[LayerOption, ...] = BLOCK_OPTIONS,
-               splits: Sequence[tuple[tuple[str, int], ...]] = ()) -> tuple[PoolTerms, ...]:
+               splits: Sequence[tuple[tuple[str, int], ...]] = (),
+               headroom=None) -> tuple[PoolTerms, ...]:
     """One :class:`PoolTerms` per pool of ``cluster`` that can host a stage of ``config``,
-    then one per split stage shape of ``splits`` (``((pool, replicas), ...)``)."""
-    out = list(_pure_terms(model, cluster, config, options, block_options))
+    then one per split stage shape of ``splits`` (``((pool, replicas), ...)``). ``headroom``
+    (a :class:`~planner.solve.headroom.MemoryHeadroom`): each stage's problem may fill only
+    its pool's memory less the headroom (the CP-SAT model's limit; evaluate still judges the
+    whole capacity)."""
+    out = list(_pure_terms(model, cluster, config, options, block_options, headroom))
     for shares in splits:
-        out.append(split_terms(model, cluster, config, options, block_options, tuple(shares)))
+        out.append(split_terms(model, cluster, config, options, block_options, tuple(shares),
+                               headroom))
     return tuple(out)
 
 
-def _pure_terms(model, cluster, config, options, block_options):
+def _limit(headroom, pool: Pool) -> float | None:
+    return None if headroom is None else headroom.limit_bytes(pool.memory_bytes_per_gpu)
+
+
+def _pure_terms(model, cluster, config, options, block_options, headroom=None):
     c = config
     size = c.tp * c.cp * c.dp
     shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype)
@@ -168,7 +177,7 @@ def _pure_terms(model, cluster, config, options, block_options):
         tp, cp, dp, ep, boundary = _stage_links(one, c.tp, c.cp, c.dp, c.ep)
         mine = options.for_pool(pool.name)  # the pool's generation's calibrated efficiencies
         ctx = CostContext(model, one, config, mine, shard, Links(tp, cp, dp, ep, boundary))
-        problem = stage_problem(ctx, block_options)
+        problem = stage_problem(ctx, block_options, _limit(headroom, pool))
         cross = None
         if isinstance(cluster, MultiPoolCluster) and len(cluster.pools) > 1:
             link = _cross_link(cluster, pool, size)
@@ -182,7 +191,7 @@ def _pure_terms(model, cluster, config, options, block_options):
 
 def split_terms(model: ModelGraph, cluster: MultiPoolCluster, config: ParallelConfig,
                 options: RuntimeOptions, block_options: tuple[LayerOption, ...],
-                shares: tuple[tuple[str, int], ...]) -> PoolTerms:
+                shares: tuple[tuple[str, int], ...], headroom=None) -> PoolTerms:
     """The terms of a split stage (see the module docstring)."""
     c = config
     s, size = c.tp * c.cp, c.tp * c.cp * c.dp
@@ -218,7 +227,8 @@ def split_terms(model: ModelGraph, cluster: MultiPoolCluster, config: ParallelCo
     problem = _SplitProblem(
         problems[slowest].ctx, tuple(classes), first.num_blocks, first.pre, first.post,
         tuple(_largest(xs) for xs in zip(*(p.pre_costs for p in problems))),
-        tuple(_largest(xs) for xs in zip(*(p.post_costs for p in problems))), None,
+        tuple(_largest(xs) for xs in zip(*(p.post_costs for p in problems))),
+        None if headroom is None else min(_limit(headroom, pools[p]) for p, _ in shares),
         first.edge_options,
         tuple(tuple(_largest(xs) for xs in zip(*rows))
               for rows in zip(*(p.edge_costs for p in problems))),

@@ -125,6 +125,26 @@ class ReplanResult:
         }
 
 
+def slowdown_from_step_times(times: Mapping[int, float]) -> dict[int, float]:
+    """Per-rank slowdown factors from a user's measurements: ``times`` maps ranks to measured
+    step (or per-micro-batch compute) seconds; a rank's factor is its time over the median of
+    the measured ranks, kept for the ranks above the median (those at it or faster run at the
+    plan's pace)."""
+    import statistics
+
+    if not times:
+        raise invalid("no measured step times", "give {rank: seconds, ...} for the ranks measured")
+    for r, t in times.items():
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise invalid(f"measured step times: {r!r} is not a rank")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
+                or t <= 0:
+            raise invalid(f"measured step time of rank {r}: {t!r} is not a positive number of "
+                          f"seconds")
+    median = statistics.median(float(t) for t in times.values())
+    return {r: float(t) / median for r, t in sorted(times.items()) if t > median}
+
+
 def _check_ranks(cluster: Cluster, failed: Sequence[int], slow: Mapping[int, float],
                  config: ParallelConfig) -> None:
     n = config.num_gpus

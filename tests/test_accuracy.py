@@ -209,6 +209,10 @@ def test_held_out_estimate_is_current(rows):
     assert summary["time_median"] <= 0.05  # 4.0 % (issue 10's held-out target: 10 %)
     assert summary["time_max"] <= 0.35  # 32.3 % (target 30 %: Megatron-Core weak scaling 32B)
     assert summary["agree"] / summary["pairs"] >= 0.86  # 341/388 (88 %; target 90 %)
+    from bench.accuracy import held_out_rows
+    noisy = rank_agreement(held_out_rows(rows, data), above_noise=True)
+    pairs = sum(g["pairs"] for g in noisy)
+    assert pairs >= 300 and sum(g["agree"] for g in noisy) / pairs >= 0.90  # 286/310 (92 %)
     # the shipped band construction covers 70-90 % of runs of a source it was built without
     nested = summary["nested_coverage"]["widened"]
     assert 0.70 <= nested["step_time"] <= 0.90 and 0.70 <= nested["memory"] <= 0.90

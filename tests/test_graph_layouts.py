@@ -11,7 +11,8 @@ from planner.cost import comm
 from planner.cost.context import make_context
 from planner.cost.memory import ACT_BYTES
 from planner.cost.model import evaluate
-from planner.cost.terms import layer_terms, layout_view, option_valid, reshard_s
+from planner.cost.terms import (embedding_sync_s, layer_terms, layout_view, option_valid,
+                                reshard_s)
 from planner.ir import Attention, Mlp
 from planner.solve.bruteforce import brute_force
 from planner.solve.search import SearchOptions, search
@@ -104,6 +105,29 @@ def test_views_keep_the_stage_batch(tiny):
         assert view.micro_batch * (2 * 4 // view.tp) == 2 * 4
         assert view.dp_shard == 8 // view.tp
     assert (double.tp, double.micro_batch, rep.tp, rep.micro_batch) == (4, 4, 1, 1)
+
+
+def test_tied_table_sync_follows_its_layout(tiny):
+    """On two stages both copies of a tied table take one layout; each rank all-reduces its
+    V x h / t' shard with the rank of the same position on the other stage (the pipeline
+    link), and evaluate charges exactly that."""
+    model = vlm(tied=True, hidden_embedding=512, hv=512)
+    c = config(model, tiny, pp=2, dp=2)
+    ctx = make_context(model, tiny, c)
+    grad = ctx.options.state_bytes.grad_reduce_bytes
+    for layout, t in ((Layout.MESH, 2), (Layout.REPLICATED, 1), (Layout.TP_DOUBLE, 4)):
+        expected = comm.all_reduce_s(32000 * 512 / t * grad, 2, ctx.links.pp)
+        assert embedding_sync_s(ctx, layout) == pytest.approx(expected)
+        option = LayerOption(layout=layout)
+        assert option_valid(ctx, model.layers[0], option)
+        edge = {0: option, len(model.layers) - 1: option}
+        stages = tuple(0 if i < 3 else 1 for i in range(len(model.layers)))
+        options = tuple(edge.get(i, LayerOption()) for i in range(len(model.layers)))
+        ev = evaluate(model, tiny, c, LayerPlacement(stages, options))
+        assert ev.breakdown.embedding_sync_s == pytest.approx(expected)
+    # the replicated table moves twice the mesh's bytes, the doubled degree half
+    assert embedding_sync_s(ctx, Layout.REPLICATED) > embedding_sync_s(ctx, Layout.MESH) > \
+        embedding_sync_s(ctx, Layout.TP_DOUBLE)
 
 
 def test_reshard_is_an_all_gather_of_the_merged_batch(tiny):

@@ -16,9 +16,9 @@ from planner.config import ParallelConfig, RuntimeOptions
 from planner.strategy import LayerPlacement
 from planner.cost.compute import Shard, attention_core_flops, layer_gemms
 from planner.cost.context import make_context
-from planner.cost.terms import (LayerTerms, MemoryBreakdown, StepBreakdown,
-                                boundary_reshard_s, config_terms, layer_terms, stage_host_bytes,
-                                stage_memory, stage_time, step_time)
+from planner.cost.terms import (LayerTerms, MemoryBreakdown, StepBreakdown, boundary_reshard_s,
+                                config_terms, embedding_layout, layer_terms, stage_host_bytes,
+                                stage_memory, stage_time, step_time, tied_config_terms)
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.strategy import default_placement
@@ -102,7 +102,7 @@ def evaluate(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
     if placement is None:
         placement = default_placement(model, config)
     ctx = make_context(model, cluster, config, options)
-    terms = config_terms(ctx)
+    terms = tied_config_terms(ctx, embedding_layout(model.layers, placement.options))
     stage_layers = [placement.layers_of_stage(s) for s in range(config.pp)]
     cache: dict = {}  # identical layers (same signature) cost the same: compute each once
 

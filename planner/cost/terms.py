@@ -349,9 +349,9 @@ def _layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
 def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
     """Whether ``option`` can run ``layer`` under this context: non-mesh layouts are for dense
     blocks whose heads and FFN width divide the layout's tensor degree, and for the embedding
-    and head (never recomputed) whose vocabulary it divides (a vocab-parallel table); a tied
-    embedding on two pipeline stages keeps the mesh layout (its gradient all-reduce between
-    the first and last stage is the configuration's, ``embedding_sync_s``)."""
+    and head (never recomputed) whose vocabulary it divides (a vocab-parallel table; a tied
+    table's two copies on the first and last stage take one layout, and their gradient
+    all-reduce is costed with its shard, ``embedding_sync_s``)."""
     if option.offload and ctx.cluster.cpu_memory is None:
         return False  # no host memory described (the cluster file's host: section)
     if option.layout is Layout.MESH:
@@ -363,8 +363,6 @@ def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
         return False  # a node-wide vocab-parallel table; blocks take the mesh's degree or less
     if layer.kind is not LayerKind.BLOCK:
         if option.recompute is not Recompute.NONE:
-            return False
-        if ctx.model.tied_embeddings and ctx.config.pp > 1:
             return False
         return not layer.vocab or layer.vocab % view.tp == 0
     if layer.mlp is not None and (layer.mlp.is_moe or layer.mlp.ffn_hidden % view.tp):
@@ -422,13 +420,36 @@ def _in_flight(pp: int, num_micro_batches: int, virtual_stages: int) -> tuple[fl
                  for i in range(pp))
 
 
-def embedding_sync_s(ctx: CostContext) -> float:
-    """Tied embeddings: first and last stage all-reduce the word-embedding gradient."""
+def embedding_sync_s(ctx: CostContext, layout: Layout = Layout.MESH) -> float:
+    """Tied embeddings on two or more stages: the first and the last stage each hold the table
+    and all-reduce its gradient (Megatron-LM's embedding group). Under a layout of tensor
+    degree t' every rank holds a V x h / t' shard and all-reduces it with the rank of the same
+    position on the other stage, which holds the same shard: two ranks over the pipeline
+    link."""
     c = ctx.config
     if not (ctx.model.tied_embeddings and c.pp > 1):
         return 0.0
-    size = ctx.model.vocab * ctx.model.hidden / c.tp * ctx.options.state_bytes.grad_reduce_bytes
+    view = layout_view(ctx, layout)
+    tp = view.tp if view is not None else c.tp
+    size = ctx.model.vocab * ctx.model.hidden / tp * ctx.options.state_bytes.grad_reduce_bytes
     return comm.all_reduce_s(size, 2, ctx.links.pp)
+
+
+def tied_config_terms(ctx: CostContext, embedding_layout: Layout) -> ConfigTerms:
+    """The configuration's terms with the tied table's gradient sync under the layout the
+    embedding (and so the head) takes."""
+    t = config_terms(ctx)
+    if not t.embedding_sync_s or embedding_layout is Layout.MESH:
+        return t
+    return replace(t, embedding_sync_s=embedding_sync_s(ctx, embedding_layout))
+
+
+def embedding_layout(layers: Sequence[Layer], options: Sequence[LayerOption]) -> Layout:
+    """The layout of the model's embedding in a placement (the mesh's when there is none)."""
+    for layer, option in zip(layers, options):
+        if layer.kind is LayerKind.EMBEDDING:
+            return option.layout
+    return Layout.MESH
 
 
 def _tp_syncs(layer: Layer) -> tuple[int, int]:

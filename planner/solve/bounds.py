@@ -31,7 +31,7 @@ def time_lower_bound(p: StageProblem) -> float:
     pipeline = (m - 1.0 / v) * work / t.pp + work / v
     optimizer = (sum(min(x.optimizer_s for x in cls.costs) * cls.count for cls in p.classes)
                  + p.fixed_extreme("optimizer_s")) / t.pp
-    return pipeline + optimizer + t.embedding_sync_s
+    return pipeline + optimizer + p.least_sync_s()
 
 
 def memory_lower_bound(p: StageProblem) -> float:
@@ -74,7 +74,7 @@ def fitting_time_lower_bound(p: StageProblem) -> float:
     groups = [(cls.count, cls.costs, None) for cls in p.classes]
     groups += [(1, tuple(x for _, x in p.edge_choices(j)), 0) for j in p.pre]
     groups += [(1, tuple(x for _, x in p.edge_choices(j)), pp - 1) for j in p.post]
-    const = a * pp * (t.boundary_s + t.micro_batch_overhead_s) + t.embedding_sync_s
+    const = a * pp * (t.boundary_s + t.micro_batch_overhead_s) + p.least_sync_s()
     if t.per_micro_batch_sync:  # as in time_lower_bound: traffic no stage can hide
         traffic = sum(min(x.zero_traffic_s for x in cls.costs) * cls.count for cls in p.classes)
         traffic += p.fixed_extreme("zero_traffic_s")
@@ -228,7 +228,7 @@ def stage_lp_bound(p: StageProblem) -> float:
         return 0.0
     # GLOP's optimum is a primal value: a dual bound would be exact, the primal is within its
     # tolerances; shave a relative 1e-6 so floating-point noise never prunes a winner
-    return lp.Objective().Value() * (1 - 1e-6) + t.embedding_sync_s
+    return lp.Objective().Value() * (1 - 1e-6) + p.least_sync_s()
 
 
 def contiguous_split_exceeds(p: StageProblem, cutoff_s: float) -> bool:
@@ -248,7 +248,7 @@ def contiguous_split_exceeds(p: StageProblem, cutoff_s: float) -> bool:
     work += p.fixed_extreme("time_s") + pp * const
     opt = (sum(min(x.optimizer_s for x in cls.costs) * cls.count for cls in p.classes)
            + p.fixed_extreme("optimizer_s")) / pp
-    target = (cutoff_s - work - opt - t.embedding_sync_s) / (m - 1)
+    target = (cutoff_s - work - opt - p.least_sync_s()) / (m - 1)
     return target < 0 or not _split_reaches(p, target)
 
 

@@ -43,6 +43,7 @@ from planner.cost.context import make_context
 from planner.cost.model import Evaluation, evaluate
 from planner.cost.pipeline import pipeline_time_s
 from planner.cost.terms import (LayerTerms, boundary_reshard_s, config_terms, layer_terms,
+                                tied_config_terms,
                                 option_valid, stage_host_bytes, stage_memory, stage_time,
                                 step_time)
 from planner.hardware import Cluster
@@ -229,7 +230,9 @@ def _fast(model, cluster, config, runtime, allowed, incumbent, limit):
 
 def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, limit):
     """:func:`_fast` with the non-block layers' options ``fixed_options``."""
-    terms = config_terms(ctx)
+    emb = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.EMBEDDING]
+    terms = tied_config_terms(ctx, fixed_options.get(emb[0], NO_OPTION).layout if emb
+                              else NO_OPTION.layout)
     capacity = limit
     pp, m, v = config.pp, config.num_micro_batches, config.virtual_stages
     layers = model.layers

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost.context import CostContext
-from planner.cost.terms import (ConfigTerms, LayerTerms, config_terms, layer_terms,
-                                option_valid, reshard_s)
+from planner.cost.terms import (ConfigTerms, LayerTerms, config_terms, embedding_sync_s,
+                                layer_terms, option_valid, reshard_s)
 from planner.ir import LayerKind
 from planner.strategy import BLOCK_OPTIONS, NO_OPTION, LayerOption, edge_options
 
@@ -68,6 +68,19 @@ class StageProblem:
         (bounds: the least any choice of embedding and head layouts can cost)."""
         return sum(pick(getattr(x, name) for _, x in self.edge_choices(i))
                    for i in self.pre + self.post)
+
+    def sync_choices(self) -> tuple[tuple[int, tuple[float, ...]], ...]:
+        """(embedding index, the tied table's gradient-sync seconds per option of it), for
+        the embedding(s) among the non-block layers (``embedding_sync_s`` of its layout)."""
+        layers = self.ctx.model.layers
+        return tuple((j, tuple(embedding_sync_s(self.ctx, o.layout)
+                               for o, _ in self.edge_choices(j)))
+                     for j in self.pre if layers[j].kind is LayerKind.EMBEDDING)
+
+    def least_sync_s(self) -> float:
+        """The least tied-table sync any choice of the embedding's layout gives (bounds)."""
+        choices = self.sync_choices()
+        return min(choices[0][1]) if choices else self.terms.embedding_sync_s
 
     def layouts(self, ci: int) -> tuple:
         """The layouts class ``ci``'s options use (in option order, each once)."""

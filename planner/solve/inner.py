@@ -163,7 +163,7 @@ class _Builder:
 
         # redundant cut: the slowest stage is at least the average (tightens the relaxation)
         M.add(pp * T_var >= sum(self.t))
-        self.objective = (m * v - 1) * T_var + sum(self.t) + v * (d + o)
+        self.objective = (m * v - 1) * T_var + sum(self.t) + v * (d + o) + v * self.sync()
         M.minimize(self.objective)
         if self.cutoff_s is not None:
             M.add(self.objective <= self.ticks((self.cutoff_s - self.constant_s()) * v))
@@ -278,6 +278,18 @@ class _Builder:
     def edge_layout(self, index: int) -> dict:
         """layout -> indicator of non-block layer ``index``."""
         return {o.layout: self.e[index, k] for k, (o, _) in enumerate(self.p.edge_choices(index))}
+
+    def sync(self):
+        """Ticks the tied table's gradient sync differs from the mesh layout's (a constant
+        of :meth:`constant_s`) under the embedding's chosen layout: sum_k e[j,k] delta_k."""
+        base = self.ct("embedding_sync_s")
+        expr = 0
+        for j, seconds in self.p.sync_choices():
+            for k, s in enumerate(seconds):
+                var, delta = self.e[j, k], self.ticks(s - base) if base else 0
+                if delta and not isinstance(var, int):
+                    expr += delta * var
+        return expr
 
     def constant_s(self) -> float:
         """Step-time terms no decision changes (the tied-embedding gradient all-reduce)."""

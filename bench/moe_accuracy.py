@@ -236,6 +236,20 @@ def cuda_graph_of(entry: dict) -> str:
     return "none"
 
 
+def cross_entropy_of(entry: dict) -> str:
+    """The loss implementation of the entry's framework: Megatron-Bridge fuses it
+    (``GPTModelProvider.cross_entropy_loss_fusion = True``, Transformer Engine's kernel in its
+    DeepSeek / Qwen recipes), NeMo AutoModel's MoE benchmark configs use ``MaskedCrossEntropy``
+    with ``fp32_upcast: false`` (examples/benchmark/configs/*_te_deepep.yaml); others upcast
+    to fp32."""
+    framework = (entry["training"].get("framework") or "").lower()
+    if "megatron-bridge" in framework:
+        return "fused"
+    if "automodel" in framework:
+        return "bf16"
+    return "fp32"
+
+
 def options_of(entry: dict) -> RuntimeOptions:
     """The runtime profile of the entry's framework with the library's calibrated constants
     (what ``shardplan evaluate --runtime`` uses), routing as the entry states it
@@ -249,6 +263,7 @@ def options_of(entry: dict) -> RuntimeOptions:
     capacity = 1.0 if "token-dropping" in routing else 0.0
     options = RuntimeOptions(runtime=prof.state_layout_for(dtype_of(entry)), profile=prof.name,
                              recompute_modules=recompute_modules_of(entry),
+                             cross_entropy=cross_entropy_of(entry),
                              moe=MoeOptions(capacity_factor=capacity,
                                             dispatcher=dispatcher_of(entry),
                                             cuda_graph=cuda_graph_of(entry)))

@@ -70,6 +70,9 @@ def _megatron_parser() -> _Parser:
     parser.add_argument("--moe-flex-dispatcher-backend", choices=("deepep", "hybridep"),
                         default=None)
     parser.add_argument("--moe-expert-rank-capacity-factor", type=float, default=None)
+    parser.add_argument("--cross-entropy-loss-fusion", action="store_true")
+    parser.add_argument("--cross-entropy-fusion-impl", choices=("native", "te"),
+                        default="native")
     # --recompute-modules and CUDA graphs (_add_training_args; transformer_config.py)
     parser.add_argument("--recompute-modules", nargs="+", default=None,
                         choices=("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp",

@@ -35,6 +35,11 @@ _OPTIONS = (
                  metavar="M[,M...]",
                  help="What a selective layer recomputes (Megatron --recompute-modules): "
                       "core_attn, mla_up_proj, moe_act, layernorm, mlp, shared_experts."),
+    click.option("--cross-entropy", type=click.Choice(("fp32", "bf16", "fused")),
+                 default="fp32", show_default=True,
+                 help="The loss over the vocabulary: fp32 (logits upcast), bf16 (no upcast) or "
+                      "fused (the gradient written into the 16-bit logits; Megatron "
+                      "--cross-entropy-loss-fusion)."),
     click.option("--mtp-layers", type=click.IntRange(0, 8), default=0, show_default=True,
                  help="Multi-token prediction modules on the last pipeline stage (DeepSeek-V3; "
                       "Megatron --mtp-num-layers): each one more block and loss head."),
@@ -63,6 +68,11 @@ def recompute_modules_from(kwargs: dict) -> tuple[str, ...]:
         return validate_modules(names)
     except ValueError as error:
         raise invalid(f"--recompute-modules: {error}") from None
+
+
+def cross_entropy_from(kwargs: dict) -> str:
+    """Pop ``--cross-entropy``."""
+    return kwargs.pop("cross_entropy")
 
 
 def moe_options_from(kwargs: dict) -> MoeOptions:

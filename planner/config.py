@@ -230,6 +230,10 @@ class RuntimeOptions:
     # what a SELECTIVE layer recomputes: Megatron --recompute-modules (default core_attn; the
     # names and their bytes / work in planner/cost/recompute_modules.py)
     recompute_modules: tuple[str, ...] = ("core_attn",)
+    # the loss over the vocabulary: "fp32" (logits upcast, the softmax kept in fp32), "bf16"
+    # (no upcast) or "fused" (a fused kernel writes the gradient into the 16-bit logits);
+    # bytes per logit in planner.cost.memory.LOGIT_BYTES
+    cross_entropy: str = "fp32"
     # on a multi-pool cluster, each pool's generation: (pool, matmul_efficiency,
     # attention_efficiency), replacing the two above on that pool (planner/hetero/terms.py)
     pool_efficiency: tuple[tuple[str, float | None, float | None], ...] = ()

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions
+from planner.cost.memory import CROSS_ENTROPY
 from planner.cost.recompute_modules import DEFAULT_RECOMPUTE_MODULES, validate_modules
 from planner.errors import invalid
 from planner.hardware import Cluster, MultiPoolCluster
@@ -40,7 +41,7 @@ _RUNTIME_KEYS = ("runtime", "attention_kernel", "dropout", "overlap_grad_reduce"
                  "profile", "allocator_overhead", "comm_slowdown", "micro_batch_overhead_s",
                  "block_overhead_s", "elementwise_factor", "fp8_gemm_factor", "fp8_saved_inputs",
                  "matmul_efficiency", "attention_efficiency", "pool_efficiency",
-                 "recompute_modules")
+                 "recompute_modules", "cross_entropy")
 
 
 @dataclass(frozen=True, eq=False)
@@ -113,6 +114,9 @@ class Plan:
             raise invalid(f"plan document: missing or invalid {error} (inputs.model.ir, "
                           "inputs.cluster.ir, parallelism, layers and runtime are needed)",
                           "re-create the plan with `shardplan plan ... -o FILE`") from None
+        if runtime.cross_entropy not in CROSS_ENTROPY:
+            raise invalid(f"$.runtime.cross_entropy: unknown {runtime.cross_entropy!r}; one of "
+                          f"{', '.join(CROSS_ENTROPY)}")
         if runtime.runtime not in RUNTIME_STATE_BYTES:
             raise invalid(f"$.runtime.runtime: unknown runtime {runtime.runtime!r}; this "
                           f"shardplan knows {', '.join(sorted(RUNTIME_STATE_BYTES))}")

@@ -111,6 +111,8 @@ def runtime_dict(o) -> dict[str, Any]:
                    "cuda_graph": o.moe.cuda_graph}}
     if o.recompute_modules != DEFAULT_RECOMPUTE_MODULES:  # Megatron --recompute-modules
         out["recompute_modules"] = list(o.recompute_modules)
+    if o.cross_entropy != "fp32":  # the loss's logit precision (planner.cost.memory)
+        out["cross_entropy"] = o.cross_entropy
     return out
 
 

@@ -165,3 +165,45 @@ def test_compute_cache_keys_on_modules():
     a = layer_compute(block, shard, gpu, RuntimeOptions())
     b = layer_compute(block, shard, gpu, RuntimeOptions(recompute_modules=("moe_act",)))
     assert b.recompute_s(Recompute.SELECTIVE) != a.recompute_s(Recompute.SELECTIVE)
+
+
+# -- the loss over the vocabulary ---------------------------------------------------------------
+
+def test_cross_entropy_keeps_its_logit_bytes():
+    """fp32 keeps the fp32 softmax (4 B per logit, 6 more in backward), bf16 2 and 4, fused
+    only the 16-bit buffer its gradient is written into (2, 0)."""
+    from planner.cost.memory import LOGIT_BYTES
+
+    head = DS.layers[-1]
+    got = {}
+    for loss in LOGIT_BYTES:
+        got[loss] = layer_activation_bytes(head, 1, TOKENS, 2, 1, True, Recompute.NONE, "flash",
+                                           False, cross_entropy=loss)
+    vocab_per_token = TOKENS * head.vocab / 2
+    assert got["fp32"][0] - got["fused"][0] == pytest.approx(2 * vocab_per_token)
+    assert got["fp32"][1] == pytest.approx(6 * vocab_per_token) and got["fused"][1] == 0
+    assert got["bf16"][0] == got["fused"][0] and got["bf16"][1] == pytest.approx(
+        4 * vocab_per_token)
+    block = moe_block(DS)  # blocks do not depend on it
+    assert layer_activation_bytes(block, 1, TOKENS, 1, 1, False, Recompute.NONE, "flash", False,
+                                  cross_entropy="fused") == stored(block, ("core_attn",),
+                                                                   Recompute.NONE)
+
+
+def test_fused_cross_entropy_through_plan_and_megatron_export():
+    runtime = RuntimeOptions(cross_entropy="fused")
+    ev, plan = plan_with(runtime, CONFIG)
+    plain, _ = plan_with(RuntimeOptions(), CONFIG)
+    assert ev.peak_memory_bytes <= plain.peak_memory_bytes
+    assert ev.stages[-1].memory.activations < plain.stages[-1].memory.activations  # the head
+    assert plan.runtime.cross_entropy == "fused"
+    assert plan.to_dict()["runtime"]["cross_entropy"] == "fused"
+    args = parse_args_file(export_plan(plan, "megatron").text)
+    assert "--cross-entropy-loss-fusion" in args
+    assert args[args.index("--cross-entropy-fusion-impl") + 1] == "te"
+    megatron(args, world_size=2048, env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, device_arch=9)
+    doc = plan.to_dict()
+    doc["runtime"]["cross_entropy"] = "fp16"
+    from planner.errors import PlannerError
+    with pytest.raises(PlannerError):
+        Plan.from_dict(doc)

@@ -32,10 +32,12 @@ class Setup:
 
 def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf16",
                   attention_kernel: str = "flash", calibration: str | Path | None = None,
-                  compiled: bool = False, moe=None, recompute_modules=None) -> Setup:
+                  compiled: bool = False, moe=None, recompute_modules=None,
+                  cross_entropy: str | None = None) -> Setup:
     """``moe``: MoE routing / dispatch options (planner.moe.MoeOptions) of the runtime;
     ``recompute_modules``: what selective recomputation repeats (Megatron
-    ``--recompute-modules``; planner/cost/recompute_modules.py)."""
+    ``--recompute-modules``; planner/cost/recompute_modules.py); ``cross_entropy``: the loss's
+    logit precision (planner.cost.memory.LOGIT_BYTES)."""
     prof, layout = resolve_runtime(runtime, dtype)
     cal = load(calibration) if calibration is not None else shipped()
     if cal is not None and cal.runtime is not None and cal.runtime != prof.name:
@@ -50,6 +52,8 @@ def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf1
         options = replace(options, moe=moe)
     if recompute_modules is not None:
         options = replace(options, recompute_modules=tuple(recompute_modules))
+    if cross_entropy is not None:
+        options = replace(options, cross_entropy=cross_entropy)
     cluster, options = calibrate(cluster, options, cal.constants if cal else None, compiled)
     return Setup(cluster, options, prof, cal)
 

@@ -24,6 +24,20 @@ from planner.ir import Attention, Layer, LayerKind
 
 ACT_BYTES = 2  # 16-bit activations
 
+# Bytes per vocabulary logit of one token that the loss keeps for backward, and the extra while
+# the loss runs backward, by cross-entropy implementation (RuntimeOptions.cross_entropy):
+# * fp32: the logits are upcast and the fp32 softmax is saved (Megatron's vocab-parallel cross
+#   entropy, Korthikanti et al. 2022 §4.3: 4sbv/t); backward holds the 16-bit logits' gradient
+#   next to the fp32 one;
+# * bf16: no upcast (NeMo AutoModel's MaskedCrossEntropy with fp32_upcast false): the 16-bit
+#   softmax saved, its 16-bit gradient and the logits' gradient in backward;
+# * fused: one kernel computes the loss and writes the gradient into the 16-bit logits buffer
+#   in the forward pass (Transformer Engine's parallel_cross_entropy, Megatron
+#   --cross-entropy-loss-fusion --cross-entropy-fusion-impl te): that buffer is all it keeps.
+LOGIT_BYTES = {"fp32": (4.0, ACT_BYTES + 4.0), "bf16": (2.0, 2.0 * ACT_BYTES),
+               "fused": (float(ACT_BYTES), 0.0)}
+CROSS_ENTROPY = tuple(LOGIT_BYTES)
+
 
 @dataclass(frozen=True)
 class ModelStates:
@@ -184,14 +198,15 @@ def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int
                            sp: bool, recompute: Recompute, kernel: str,
                            dropout: bool, etp: int = 0, expert_load: float = 1.0,
                            fp8_inputs: bool = False,
-                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
-                           ) -> tuple[float, float]:
+                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES,
+                           cross_entropy: str = "fp32") -> tuple[float, float]:
     """(stored, working) activation bytes of one layer for one micro-batch on one GPU.
 
     ``stored`` stays alive until the micro-batch's backward reaches the layer; ``working`` is the
     transient extra while the layer's backward runs (the recomputed activations under FULL).
     ``fp8_inputs``: the runtime keeps FP8 GEMM inputs (:func:`fp8_input_saving_per_token`).
-    ``modules``: what SELECTIVE recomputes (:mod:`planner.cost.recompute_modules`).
+    ``modules``: what SELECTIVE recomputes (:mod:`planner.cost.recompute_modules`);
+    ``cross_entropy``: the loss's bytes per logit (:data:`LOGIT_BYTES`).
     """
     if layer.convs:
         conv = conv_activation_bytes(layer, micro_batch, tp, recompute)
@@ -207,11 +222,12 @@ def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int
     if layer.kind is LayerKind.EMBEDDING:
         return (tokens * h / seq_split if dropout else 0.0), 0.0
     if layer.kind is LayerKind.HEAD:
-        # final-norm input and LM-head input (bf16), fp32 softmax over the vocabulary shard
-        # (Korthikanti §4.3: 4sbh/t (1 + V/h)); a classifier head without vocabulary stores little.
-        # While the loss runs backward the 16-bit logits and their fp32 gradient coexist.
-        stored = tokens * (2 * ACT_BYTES * h / seq_split + 4.0 * layer.vocab / tp)
-        return stored, tokens * (ACT_BYTES + 4.0) * layer.vocab / tp
+        # final-norm input and LM-head input (bf16), and what the loss keeps per logit of the
+        # vocabulary shard (LOGIT_BYTES; fp32: Korthikanti §4.3: 4sbh/t (1 + V/h)); a
+        # classifier head without vocabulary stores little.
+        kept, backward = LOGIT_BYTES[cross_entropy]
+        stored = tokens * (2 * ACT_BYTES * h / seq_split + kept * layer.vocab / tp)
+        return stored, tokens * backward * layer.vocab / tp
     full, core = block_activation_bytes_per_token(layer, tp, sp, seq_len, kernel, dropout, etp,
                                                   expert_load)
     if fp8_inputs:

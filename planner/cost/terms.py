@@ -556,7 +556,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
                                              recompute, opts.attention_kernel, opts.dropout,
                                              mesh.expert_tp, opts.moe.load_factor,
                                              opts.fp8_saved_inputs and c.dtype == "fp8",
-                                             opts.recompute_modules)
+                                             opts.recompute_modules, opts.cross_entropy)
     working += moe_buffer
     dense, expert = layer_params_on_gpu(layer, tp, c.ep, mesh.expert_tp)
     state = opts.state_bytes

@@ -239,6 +239,14 @@ def export(plan: Plan) -> ExportResult:
         notes.append("megatron: dtype fp8 is exported as --bf16 --fp8-format hybrid "
                      "(Transformer Engine FP8 GEMMs, BF16 elsewhere); the scaling recipe is "
                      "Megatron's default, which the plan does not model")
+    loss = runtime.get("cross_entropy", "fp32")
+    if loss == "fused":  # Transformer Engine's fused cross entropy (planner.cost.memory)
+        args += [("--cross-entropy-loss-fusion",), ("--cross-entropy-fusion-impl", "te")]
+    elif loss == "bf16":
+        warnings.append("cross entropy: the plan keeps 16-bit logits without upcasting; "
+                        "Megatron's unfused vocab-parallel cross entropy upcasts them to fp32 "
+                        "(more head memory than planned); --cross-entropy-loss-fusion would "
+                        "keep less")
     if not runtime["dropout"]:
         # the cost model counts no dropout masks; Megatron's defaults are 0.1
         args += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]

@@ -21,7 +21,8 @@ layout and overlap behaviour from here. Four profiles:
   DTensor TP with sequence parallel implied, async TP (``enable_async_tensor_parallel``),
   ``context_parallel_degree``, ``expert_parallel_degree``, ``pipeline_parallel_schedule`` from
   PyTorch's ``get_schedule_class`` (1F1B, Interleaved1F1B, GPipe, LoopedBFS,
-  InterleavedZeroBubble, ZBVZeroBubble, DualPipeV), uneven stages via
+  InterleavedZeroBubble, ZBVZeroBubble, DualPipeV; the planner searches 1F1B, Interleaved1F1B
+  and the zero-bubble three, planner/cost/pipeline.py), uneven stages via
   ``pipeline_parallel_first/last_stage_less_layers``; ``activation_checkpoint.mode``
   none / full / selective with ``selective_ac_option`` "op" (per-op SAC) or N (every N-th
   layer) (pytorch/torchtitan v0.2.2 ``torchtitan/config/job_config.py``). No ZeRO-1/2: FSDP2 always shards
@@ -106,6 +107,11 @@ class RuntimeProfile:
     hsdp_stages: tuple[int, ...] = ()
     hsdp_name: str = ""
     hsdp_shard: str = "any"
+    # pipeline schedule -> the runtime's own name (its schedule option's value)
+    schedule_names: Mapping[str, str] = field(default_factory=dict)
+    # schedules it runs only with >= 2 model chunks per rank (torchtitan builds looped
+    # PipelineScheduleMulti schedules with at least 2 stages per rank)
+    multi_chunk_schedules: tuple[str, ...] = ()
 
     def allows_hsdp(self, stage: int, shard_ranks: int, gpus_per_node: int) -> bool:
         """The runtime shards ZeRO ``stage`` over groups of ``shard_ranks`` GPUs (each
@@ -138,6 +144,11 @@ class RuntimeProfile:
 
     def allows_schedule(self, schedule: str) -> bool:
         return schedule in self.schedules
+
+    def allows_schedule_with(self, schedule: str, virtual_stages: int) -> bool:
+        """The runtime runs ``schedule`` with ``virtual_stages`` model chunks per rank."""
+        return self.allows_schedule(schedule) and \
+            (virtual_stages > 1 or schedule not in self.multi_chunk_schedules)
 
     def recompute_policy(self, name: str) -> RecomputePolicy:
         key = name.strip().lower()
@@ -189,7 +200,15 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         hsdp=True, hsdp_stages=(3,),
         hsdp_name="data_parallel_shard_degree x data_parallel_replicate_degree",
         tp=True, sp="with-tp", cp=True, ep=True, pp=True,
-        schedules=("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zbv", "dualpipe"),
+        # PyTorch's get_schedule_class names (torch.distributed.pipelining.schedules):
+        # InterleavedZeroBubble is ZB1P over >= 2 looped chunks, ZBVZeroBubble and DualPipeV
+        # the V schedules with 2 chunks per rank (torchtitan pipeline_parallel.py, style "v")
+        schedules=("1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"),
+        schedule_names=MappingProxyType({
+            "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+            "zb-h1": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble",
+            "dualpipev": "DualPipeV"}),
+        multi_chunk_schedules=("zb-h1",),
         uneven_chunks=True,
         recompute=(_NONE,
                    RecomputePolicy("full", "full", description="activation_checkpoint.mode full"),

@@ -106,6 +106,9 @@ class LayerCompute:
     attn_core_bwd_s: float = 0.0  # the attention core's share of bwd_s
     gemm_fwd_s: float = 0.0  # the GEMMs' share of fwd_s
     gemm_fwd_flops: float = 0.0
+    # the weight-gradient GEMMs' share of bwd_s: what a zero-bubble schedule defers (its W pass,
+    # Qi et al. 2024 §2; planner/cost/pipeline.py)
+    gemm_wgrad_s: float = 0.0
 
     @property
     def attn_core_s(self) -> float:
@@ -378,6 +381,7 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
     gemm_fwd = fwd
     bwd = sum(gemm_time_s(b, gpu, shard.dtype, fp8_factor) for g in gemms
               for b in backward_gemms(g))
+    wgrad = sum(gemm_time_s(backward_gemms(g)[1], gpu, shard.dtype, fp8_factor) for g in gemms)
     flops = sum(g.flops for g in gemms)
     gemm_flops = flops
     hbm = hbm_bytes_per_s(gpu)
@@ -396,4 +400,5 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
         fwd += core_fwd
         bwd += core_bwd
         flops += core_flops
-    return LayerCompute(fwd, bwd, core_fwd, flops, core_flops, core_bwd, gemm_fwd, gemm_flops)
+    return LayerCompute(fwd, bwd, core_fwd, flops, core_flops, core_bwd, gemm_fwd, gemm_flops,
+                        wgrad)

@@ -6,6 +6,7 @@ of that configuration can beat. Both read the :mod:`planner.cost.terms` records 
 """
 from __future__ import annotations
 
+from planner.cost.pipeline import bubble_credit_s
 from planner.solve.costs import StageProblem
 
 
@@ -28,6 +29,15 @@ def time_lower_bound(p: StageProblem) -> float:
         work += max(0.0, traffic - busy)
     m, v = t.num_micro_batches, t.virtual_stages
     pipeline = (m - 1.0 / v) * work / t.pp + work / v
+    if t.pp > 1 and (t.bubble_wgrad_credit or t.bubble_bwd_extra):
+        # zero-bubble schedules: m T + max(0, (sum t - T)/v + credit) grows with T and with
+        # sum t, so T = work / pp, the fastest options' backward and the largest W bound it
+        bwd = sum(min(x.bwd_s + x.recompute_s for x in cls.costs) * cls.count
+                  for cls in p.classes) + p.fixed_extreme("bwd_s")
+        wgrad = sum(max(x.wgrad_s for x in cls.costs) * cls.count for cls in p.classes) + \
+            p.fixed_extreme("wgrad_s", max)
+        credit = bubble_credit_s(t.pp, v, t.bubble_wgrad_credit, t.bubble_bwd_extra, bwd, wgrad)
+        pipeline = m * work / t.pp + max(0.0, (work - work / t.pp) / v + credit)
     optimizer = (sum(min(x.optimizer_s for x in cls.costs) * cls.count for cls in p.classes)
                  + p.fixed_extreme("optimizer_s")) / t.pp
     return pipeline + optimizer + t.embedding_sync_s

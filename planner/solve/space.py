@@ -37,6 +37,7 @@ from typing import Iterator, Mapping
 
 from planner.config import ParallelConfig
 from planner.errors import PlannerError, invalid
+from planner.cost.pipeline import SCHEDULES, default_schedule
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.strategy import (RECOMPUTE_POLICIES, LayerOption, Recompute, block_options,
@@ -47,7 +48,7 @@ MAX_VIRTUAL_STAGES = 8
 LONG_SEQUENCE = 16384
 
 PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "virtual_stages",
-            "recompute", "layouts", "offload", "dp_shard")
+            "recompute", "layouts", "offload", "dp_shard", "schedule")
 LAYOUT_CHOICES = ("mesh", "per-layer")  # layouts=per-layer: the solver picks one per block class
 # offload=optimizer: each layer may keep its optimizer states and master weights in host memory
 # (needs the cluster's host: section; planner/cost/offload.py)
@@ -72,6 +73,7 @@ class Pins:
     layouts: str | None = None  # "mesh" (the default) or "per-layer"
     offload: str | None = None  # "none" (the default) or "optimizer"
     dp_shard: int | None = None  # HSDP shard group (dp ranks); = dp: plain ZeRO / FSDP
+    schedule: str | None = None  # pipeline schedule (planner.cost.pipeline.SCHEDULES)
 
     @staticmethod
     def parse(items: Mapping[str, str]) -> "Pins":
@@ -90,6 +92,11 @@ class Pins:
             elif name == "layouts":
                 if text not in LAYOUT_CHOICES:
                     raise invalid(f"pin layouts={raw!r}: expected {' or '.join(LAYOUT_CHOICES)}")
+                values[name] = text
+            elif name == "schedule":
+                if text not in SCHEDULES:
+                    raise invalid(f"pin schedule={raw!r}: expected one of "
+                                  f"{', '.join(SCHEDULES)}")
                 values[name] = text
             elif name == "offload":
                 if text not in OFFLOAD_CHOICES:
@@ -150,6 +157,8 @@ class Pins:
         if self.virtual_stages is not None and self.virtual_stages > 1 and \
                 not runtime.allows_schedule("interleaved-1f1b"):
             bad.append(f"virtual_stages={self.virtual_stages} (no interleaved schedule)")
+        if self.schedule is not None and not runtime.allows_schedule(self.schedule):
+            bad.append(f"schedule={self.schedule} (it offers {', '.join(runtime.schedules)})")
         if self.etp is not None and self.etp > 1 and not runtime.allows_etp(self.etp, self.tp or
                                                                              self.etp):
             bad.append(f"etp={self.etp} (its expert tensor parallelism: "
@@ -169,6 +178,28 @@ class Pins:
     def as_dict(self) -> dict:
         return {f.name: (v.value if isinstance(v, Recompute) else v)
                 for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+def _schedules(pins: Pins, runtime, pp: int, v: int, m: int) -> list[str]:
+    """The pipeline schedules to try with ``v`` chunks per rank ("" = the default 1F1B or
+    interleaved 1F1B first): those the runtime profile runs with v chunks (without a profile
+    the default only), or the pinned one."""
+    if pp == 1:
+        return [""] if pins.schedule is None else []
+    names = [default_schedule(v)] + ([] if runtime is None else
+                                     [s for s in SCHEDULES if s != default_schedule(v)])
+    out = []
+    for name in names:
+        spec = SCHEDULES[name]
+        if pins.schedule is not None and name != pins.schedule:
+            continue
+        if v < spec.min_chunks or (spec.max_chunks and v > spec.max_chunks) or \
+                m < spec.min_micro_batches_per_rank * pp:
+            continue
+        if runtime is not None and not runtime.allows_schedule_with(name, v):
+            continue
+        out.append("" if name == default_schedule(v) else name)
+    return out
 
 
 def _divisors(n: int) -> list[int]:
@@ -271,7 +302,8 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                             vs += [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
                                    if blocks % (pp * v) == 0 or
                                    (uneven and pp * v <= blocks)]
-                        for v in _choices(pins.virtual_stages, vs):
+                        for v, schedule in ((v, s) for v in _choices(pins.virtual_stages, vs)
+                                            for s in _schedules(pins, runtime, pp, v, m)):
                             sps = [True, False] if tp > 1 else [False]
                             if runtime is not None and tp > 1 and runtime.sp != "optional":
                                 sps = [runtime.sp == "with-tp"]
@@ -287,7 +319,8 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                                         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp,
                                         zero_stage=zero, micro_batch=mbs,
                                         global_batch=global_batch, seq_len=seq_len,
-                                        virtual_stages=v, dtype=dtype, dp_shard=shard)
+                                        virtual_stages=v, dtype=dtype, dp_shard=shard,
+                                        pipeline_schedule=schedule)
                                     try:
                                         config.validate(model, cluster)
                                     except PlannerError:

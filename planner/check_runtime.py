@@ -47,6 +47,9 @@ def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
     schedule = c.schedule
     if c.pp > 1 and not prof.allows_schedule(schedule):
         bad(f"the {schedule} pipeline schedule: it offers {', '.join(prof.schedules)}")
+    elif c.pp > 1 and not prof.allows_schedule_with(schedule, c.virtual_stages):
+        bad(f"the {schedule} pipeline schedule with {c.virtual_stages} model chunk per rank: "
+            f"it runs it with at least 2")
     if c.virtual_stages > 1 and not prof.uneven_chunks:
         sizes = _chunk_sizes(plan)
         if len(set(sizes)) > 1:

@@ -138,9 +138,12 @@ def test_the_space_has_the_schedules_its_runtime_runs():
     assert (1, "zb-h1") not in tt and {(2, "zb-h1"), (2, "zbv"), (2, "dualpipev")} <= tt
     assert not {s for v, s in tt if v != 2} - {"1f1b", "interleaved-1f1b", "zb-h1"}
     with pytest.raises(PlannerError, match="schedule=zbv"):
-        schedules_pinned = Pins(schedule="zbv")
-        list(enumerate_configs(MODEL, TINY, 32, 1024, "bf16", schedules_pinned,
+        list(enumerate_configs(MODEL, TINY, 32, 1024, "bf16", Pins.parse({"schedule": "zbv"}),
                                PROFILES["megatron"]))
+    pinned = Pins.parse({"schedule": "1f1b,interleaved-1f1b", "pp": "4", "tp": "1"})
+    assert {c.schedule for c in enumerate_configs(MODEL, TINY, 32, 1024, "bf16", pinned,
+                                                  PROFILES["torchtitan"])} == \
+        {"1f1b", "interleaved-1f1b"}
 
 
 def test_solver_agrees_with_brute_force_with_the_schedules_in_the_space():

@@ -73,7 +73,8 @@ class Pins:
     layouts: str | None = None  # "mesh" (the default) or "per-layer"
     offload: str | None = None  # "none" (the default) or "optimizer"
     dp_shard: int | None = None  # HSDP shard group (dp ranks); = dp: plain ZeRO / FSDP
-    schedule: str | None = None  # pipeline schedule (planner.cost.pipeline.SCHEDULES)
+    # pipeline schedules to try (planner.cost.pipeline.SCHEDULES): "zbv", or "1f1b,zb-h1"
+    schedule: tuple[str, ...] | None = None
 
     @staticmethod
     def parse(items: Mapping[str, str]) -> "Pins":
@@ -94,10 +95,11 @@ class Pins:
                     raise invalid(f"pin layouts={raw!r}: expected {' or '.join(LAYOUT_CHOICES)}")
                 values[name] = text
             elif name == "schedule":
-                if text not in SCHEDULES:
-                    raise invalid(f"pin schedule={raw!r}: expected one of "
-                                  f"{', '.join(SCHEDULES)}")
-                values[name] = text
+                names = tuple(dict.fromkeys(x.strip() for x in text.split(",")))
+                if not names or any(x not in SCHEDULES for x in names):
+                    raise invalid(f"pin schedule={raw!r}: expected one or more (comma-"
+                                  f"separated) of {', '.join(SCHEDULES)}")
+                values[name] = names
             elif name == "offload":
                 if text not in OFFLOAD_CHOICES:
                     raise invalid(f"pin offload={raw!r}: expected {' or '.join(OFFLOAD_CHOICES)}")
@@ -157,8 +159,10 @@ class Pins:
         if self.virtual_stages is not None and self.virtual_stages > 1 and \
                 not runtime.allows_schedule("interleaved-1f1b"):
             bad.append(f"virtual_stages={self.virtual_stages} (no interleaved schedule)")
-        if self.schedule is not None and not runtime.allows_schedule(self.schedule):
-            bad.append(f"schedule={self.schedule} (it offers {', '.join(runtime.schedules)})")
+        if self.schedule is not None and \
+                not any(runtime.allows_schedule(x) for x in self.schedule):
+            bad.append(f"schedule={','.join(self.schedule)} (it offers "
+                       f"{', '.join(runtime.schedules)})")
         if self.etp is not None and self.etp > 1 and not runtime.allows_etp(self.etp, self.tp or
                                                                              self.etp):
             bad.append(f"etp={self.etp} (its expert tensor parallelism: "
@@ -176,7 +180,8 @@ class Pins:
                           f"{'; '.join(bad)}", "drop the pin, or choose another --runtime")
 
     def as_dict(self) -> dict:
-        return {f.name: (v.value if isinstance(v, Recompute) else v)
+        return {f.name: (v.value if isinstance(v, Recompute) else
+                         ",".join(v) if isinstance(v, tuple) else v)
                 for f in fields(self) if (v := getattr(self, f.name)) is not None}
 
 
@@ -191,7 +196,7 @@ def _schedules(pins: Pins, runtime, pp: int, v: int, m: int) -> list[str]:
     out = []
     for name in names:
         spec = SCHEDULES[name]
-        if pins.schedule is not None and name != pins.schedule:
+        if pins.schedule is not None and name not in pins.schedule:
             continue
         if v < spec.min_chunks or (spec.max_chunks and v > spec.max_chunks) or \
                 m < spec.min_micro_batches_per_rank * pp:

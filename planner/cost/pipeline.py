@@ -53,7 +53,7 @@ class PipelineSchedule:
     w_credit: float  # W chunks each bubble unit hides (0 without a B/W split)
     b_extra: float  # extra full-backward chunks per bubble unit (DualPipeV's F&B + B)
     in_flight: str  # "1f1b" (Megatron's warm-up count), "v" (p stages), "v+1" (p + 1/2)
-    min_micro_batches_per_rank: int = 1  # m >= this x p
+    min_micro_batches_per_rank: int = 0  # m >= this x p (1F1B runs any m)
     source: str = ""
 
     @property

@@ -134,9 +134,13 @@ def test_the_space_has_the_schedules_its_runtime_runs():
     assert schedules(None) == {(1, "1f1b"), (2, "interleaved-1f1b")}
     assert schedules("megatron") == {(1, "1f1b"), (2, "interleaved-1f1b")}
     tt = schedules("torchtitan")
-    # InterleavedZeroBubble needs >= 2 chunks in torchtitan; the V schedules exactly 2
-    assert (1, "zb-h1") not in tt and {(2, "zb-h1"), (2, "zbv"), (2, "dualpipev")} <= tt
-    assert not {s for v, s in tt if v != 2} - {"1f1b", "interleaved-1f1b", "zb-h1"}
+    # InterleavedZeroBubble needs >= 2 chunks in torchtitan; the V schedules exactly 2. ZB-H1
+    # dominates interleaved 1F1B with the same chunks, ZB-V DualPipeV: not searched unpinned
+    assert tt == {(1, "1f1b"), (2, "zb-h1"), (2, "zbv")}  # 8 blocks: pp x v <= 8
+    pinned = Pins(pp=4, tp=1, micro_batch=1, schedule=("dualpipev", "interleaved-1f1b"))
+    assert {(c.virtual_stages, c.schedule) for c in enumerate_configs(
+        MODEL, TINY, 32, 1024, "bf16", pinned, PROFILES["torchtitan"])} == \
+        {(2, "dualpipev"), (2, "interleaved-1f1b")}
     with pytest.raises(PlannerError, match="schedule=zbv"):
         list(enumerate_configs(MODEL, TINY, 32, 1024, "bf16", Pins.parse({"schedule": "zbv"}),
                                PROFILES["megatron"]))

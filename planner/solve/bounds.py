@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from planner.cost.pipeline import bubble_credit_s
 from planner.solve.costs import StageProblem
+from planner.strategy import interleaved_rank
 
 
 def time_lower_bound(p: StageProblem) -> float:
@@ -37,10 +38,32 @@ def time_lower_bound(p: StageProblem) -> float:
         wgrad = sum(max(x.wgrad_s for x in cls.costs) * cls.count for cls in p.classes) + \
             p.fixed_extreme("wgrad_s", max)
         credit = bubble_credit_s(t.pp, v, t.bubble_wgrad_credit, t.bubble_bwd_extra, bwd, wgrad)
-        pipeline = m * work / t.pp + max(0.0, (work - work / t.pp) / v + credit)
+        slowest = max(work / t.pp, _fixed_rank_time_lb(p)) if v > 1 else work / t.pp
+        pipeline = m * slowest + max(0.0, (work - slowest) / v + credit)
     optimizer = (sum(min(x.optimizer_s for x in cls.costs) * cls.count for cls in p.classes)
                  + p.fixed_extreme("optimizer_s")) / t.pp
     return pipeline + optimizer + t.embedding_sync_s
+
+
+def _fixed_rank_time_lb(p: StageProblem) -> float:
+    """The slowest rank's least time per micro-batch when chunks fix which blocks each rank
+    holds (``virtual_stages > 1``: :func:`planner.strategy.interleaved_rank`): its blocks at
+    their fastest options, its non-block layers (the embedding on rank 0, the head on the head
+    stage) at their fastest, and its boundary transfers."""
+    t = p.terms
+    pp, v, L = t.pp, t.virtual_stages, p.num_blocks
+    placement = p.ctx.config.schedule_spec.placement
+    ranks = [t.boundary_s] * pp
+    for cls in p.classes:
+        fastest = min(x.time_s for x in cls.costs)
+        for blk in range(cls.first_block, cls.first_block + cls.count):
+            ranks[interleaved_rank(blk, L, pp, v, placement)] += fastest
+    head = t.head_stage % pp
+    for i in p.pre:
+        ranks[0] += min(x.time_s for _, x in p.edge_choices(i))
+    for i in p.post:
+        ranks[head] += min(x.time_s for _, x in p.edge_choices(i))
+    return max(ranks)
 
 
 def memory_lower_bound(p: StageProblem) -> float:

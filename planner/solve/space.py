@@ -203,8 +203,19 @@ def _schedules(pins: Pins, runtime, pp: int, v: int, m: int) -> list[str]:
             continue
         if runtime is not None and not runtime.allows_schedule_with(name, v):
             continue
-        out.append("" if name == default_schedule(v) else name)
-    return out
+        out.append(name)
+    if pins.schedule is None:
+        out = [name for name in out if not any(_dominates(other, name) for other in out)]
+    return ["" if name == default_schedule(v) else name for name in out]
+
+
+def _dominates(a: str, b: str) -> bool:
+    """Schedule ``a`` is never slower than ``b`` on the same placement and holds no more
+    activations (planner/cost/pipeline.py), so the search need not solve ``b`` (a pin still
+    can): ZB-H1 over interleaved 1F1B / 1F1B with the same chunks (same in-flight count, a W
+    credit <= 0), and ZB-V over DualPipeV (same V, p instead of p + 1/2 micro-batches in
+    flight, no extra backward: DualPipeV's F&B overlap is not modelled)."""
+    return (a, b) in (("zb-h1", "1f1b"), ("zb-h1", "interleaved-1f1b"), ("zbv", "dualpipev"))
 
 
 def _divisors(n: int) -> list[int]:

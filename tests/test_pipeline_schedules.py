@@ -144,10 +144,14 @@ def test_the_space_has_the_schedules_its_runtime_runs():
     with pytest.raises(PlannerError, match="schedule=zbv"):
         list(enumerate_configs(MODEL, TINY, 32, 1024, "bf16", Pins.parse({"schedule": "zbv"}),
                                PROFILES["megatron"]))
-    pinned = Pins.parse({"schedule": "1f1b,interleaved-1f1b", "pp": "4", "tp": "1"})
-    assert {c.schedule for c in enumerate_configs(MODEL, TINY, 32, 1024, "bf16", pinned,
-                                                  PROFILES["torchtitan"])} == \
-        {"1f1b", "interleaved-1f1b"}
+    pinned = Pins.parse({"schedule": "1f1b,interleaved-1f1b", "tp": "1"})
+    got = {(c.pp > 1, c.schedule) for c in enumerate_configs(MODEL, TINY, 32, 1024, "bf16",
+                                                             pinned, PROFILES["torchtitan"])}
+    # pp 1 stays (1F1B's degenerate case) with 1F1B allowed, and goes with zbv pinned
+    assert got == {(False, "1f1b"), (True, "1f1b"), (True, "interleaved-1f1b")}
+    assert all(c.pp > 1 for c in enumerate_configs(MODEL, TINY, 32, 1024, "bf16",
+                                                   Pins(schedule=("zbv",)),
+                                                   PROFILES["torchtitan"]))
 
 
 def test_solver_agrees_with_brute_force_with_the_schedules_in_the_space():

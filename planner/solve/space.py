@@ -189,8 +189,8 @@ def _schedules(pins: Pins, runtime, pp: int, v: int, m: int) -> list[str]:
     """The pipeline schedules to try with ``v`` chunks per rank ("" = the default 1F1B or
     interleaved 1F1B first): those the runtime profile runs with v chunks (without a profile
     the default only), or the pinned one."""
-    if pp == 1:
-        return [""] if pins.schedule is None else []
+    if pp == 1:  # no pipeline: 1F1B's degenerate case, kept when the pins allow 1F1B
+        return [""] if pins.schedule is None or "1f1b" in pins.schedule else []
     names = [default_schedule(v)] + ([] if runtime is None else
                                      [s for s in SCHEDULES if s != default_schedule(v)])
     out = []

@@ -232,3 +232,18 @@ def test_report_says_the_zero_bubble_timeline_is_not_drawn(zbv_plan):
 
     html = page(Plan.from_dict(zbv_plan))
     assert "not drawn for the zbv schedule" in html
+
+
+def test_the_v_head_keeps_one_micro_batch():
+    from planner.cost.context import make_context
+    from planner.cost.terms import config_terms, layer_terms
+    from planner.strategy import NO_OPTION
+
+    head = MODEL.layers[-1]
+    one = make_context(MODEL, AMPLE, _config(), TORCHTITAN)
+    v = make_context(MODEL, AMPLE, _config(virtual_stages=2, pipeline_schedule="zbv"),
+                     TORCHTITAN)
+    last = config_terms(one).in_flight[-1]  # 1F1B's last stage: 1
+    held = config_terms(v).in_flight[0] * layer_terms(v, head, NO_OPTION).act_stored_bytes
+    assert last == 1.0 and held == pytest.approx(layer_terms(one, head, NO_OPTION)
+                                                 .act_stored_bytes)

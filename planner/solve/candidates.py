@@ -59,7 +59,7 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
         memory_lb = memory_lower_bound(problem)
         if memory_lb > capacity:
             over.add(family)
-        out.append(Candidate(config, problem, time_lower_bound(problem), memory_lb))
+        out.append(Candidate(config, problem, time_lower_bound(problem, capacity), memory_lb))
     # stable, deterministic order: bound first, then the config's fields
     out.sort(key=lambda c: (c.time_lb_s, config_key(c.config)))
     return out

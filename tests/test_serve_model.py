@@ -141,12 +141,14 @@ def test_pareto_frontier_is_non_dominated():
 
 
 def test_llama70b_8xh100_target_search_is_fast(llama70, h100):
+    # The search is single-threaded Python: its CPU time, unlike wall time, does not grow when
+    # other jobs share the machine. Wall-clock numbers live in bench/, not in a unit test.
     import time
-    start = time.perf_counter()
+    start = time.process_time()
     wl = ServingWorkload(isl=1024, osl=1024, ttft_ms=500, tpot_ms=30, dtype="fp8",
                          kv_dtype="fp8")
     best = search_serving(llama70, h100, wl, "vllm").best
-    assert time.perf_counter() - start < 5.0
+    assert time.process_time() - start < 5.0
     assert best is not None and best.meets_targets()
     assert best.ttft_s <= 0.5 and best.tpot_s <= 0.030
 

@@ -152,11 +152,19 @@ def test_bad_replan_input_exits_2(tmp_path, capsys, argv, needle):
     assert "Traceback" not in out + err
 
 
-def test_no_surviving_replica_is_infeasible(tmp_path):
-    old = Plan.load(plan_file(tmp_path, tp=8, pp=4, dp=1))
+@pytest.mark.parametrize("kw,failed,why", [
+    (dict(tp=8, pp=4, dp=1), [3], "the plan has dp 1"),
+    # tp 4 on 8-GPU nodes: replicas 0 and 1 share node 0 and leave with it (dp 2, not dp 1)
+    (dict(tp=4, pp=2, dp=2, global_batch=64, nodes=2), [0], "hit every node group of replicas"),
+    (dict(tp=8, pp=2, dp=2, global_batch=64), [0, 8], "hit all 2 replicas"),
+])
+def test_no_surviving_replica_is_infeasible_and_says_why(tmp_path, kw, failed, why):
+    old = Plan.load(plan_file(tmp_path, **({"nodes": 4} | kw)))
     with pytest.raises(PlannerError) as info:
-        replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=[3])
+        replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=failed)
     assert info.value.kind is ErrorKind.INFEASIBLE
+    assert why in info.value.message
+    assert "dp 1" not in info.value.message or old.config.dp == 1
 
 
 def test_replan_of_gpt3_175b_on_1024_gpus_is_fast(tmp_path):

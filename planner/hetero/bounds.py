@@ -95,10 +95,13 @@ def _capacity(options: list[tuple[float, float]], time_s: float, room: float) ->
     return best
 
 
-def memory_time_bound(terms: Sequence[PoolTerms], pp: int) -> float:
+def memory_time_bound(terms: Sequence[PoolTerms], pp: int, slowest: float | None = None
+                      ) -> float:
     """Step-time lower bound with each stage's memory (see the module docstring); inf when no
-    arrangement can hold the blocks at all."""
-    slowest = slowest_stage_bound(terms, pp)
+    arrangement can hold the blocks at all. ``slowest``: :func:`slowest_stage_bound`, when the
+    caller has it already."""
+    if slowest is None:
+        slowest = slowest_stage_bound(terms, pp)
     if math.isinf(slowest):
         return math.inf
     m = terms[0].inner.num_micro_batches

@@ -215,6 +215,19 @@ class _Replanner:
             survivors = survivors[:-self.group]
         return None
 
+    def why_none_survive(self, dropped: list[int]) -> str:
+        """What really leaves no replica: dp 1, or failures in every replica (or node group).
+        (When a node group survives, dp = the group size divides the batch: shrink never
+        runs out for the batch alone.)"""
+        c, group = self.config, self.group
+        if c.dp == 1:
+            return "the plan has dp 1 (its one replica holds every GPU)"
+        if group > 1:
+            return (f"they hit every node group of replicas (the {c.dp} replicas share nodes "
+                    f"{group} at a time, tp x cp = {c.tp * c.cp} of "
+                    f"{self.cluster.gpus_per_node} GPUs a node, and leave with their node)")
+        return f"they hit all {c.dp} replicas"
+
     def rank_map(self, survivors: Sequence[int], config: ParallelConfig) -> tuple[int, ...]:
         new = config.mesh
         out = []
@@ -338,9 +351,10 @@ class _Replanner:
             if shrunk is None:
                 raise PlannerError(ErrorKind.INFEASIBLE,
                                    f"no data-parallel replica survives the failure of ranks "
-                                   f"{', '.join(map(str, self.failed))}",
-                                   ("the plan has dp 1: re-plan from scratch on the remaining "
-                                    "GPUs with `shardplan plan`",))
+                                   f"{', '.join(map(str, self.failed))}: "
+                                   f"{self.why_none_survive(dropped)}",
+                                   ("re-plan from scratch on the remaining GPUs with "
+                                    "`shardplan plan`",))
             survivors, config = shrunk
             for strategy, rebalance in (("drop-replicas", False),
                                         ("drop-replicas+rebalance", True)):

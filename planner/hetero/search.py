@@ -20,8 +20,9 @@ stage average of states and one micro-batch of activations plus the least reserv
 largest pool memory. A candidate whose bound is not below the incumbent is skipped, so a search
 that ends within its time limit is OPTIMAL within the cost model. Two passes: each candidate
 first gets a short CP-SAT budget (so that one hard proof does not delay the incumbent that
-prunes the rest); the unproven ones are solved again, with the full budget, against the final
-incumbent. Each CP-SAT model also gets the memory bound's least slowest-stage time as a cut
+prunes the rest); the unproven ones are solved again, with the full budget, against the best
+plan (the certificate needs that none of them beats it; runners-up are the best plans the
+first pass found for their configurations, not proven optima of them). Each CP-SAT model also gets the memory bound's least slowest-stage time as a cut
 (``T >= slowest_stage_bound``): valid for every placement, and it closes the proofs that the
 model's own relaxation leaves open.
 """
@@ -152,10 +153,9 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
     def cutoff_now() -> float:
         return kept[-1][0] if len(kept) >= options.top_k else math.inf
 
-    def solve(config, terms, lb: float, budget: float, slowest: float) -> str:
-        """Solve one configuration; keep its plan; the CP-SAT status."""
+    def solve(config, terms, lb: float, budget: float, slowest: float, cutoff: float) -> str:
+        """Solve one configuration below ``cutoff``; keep its plan; the CP-SAT status."""
         nonlocal evaluated
-        cutoff = cutoff_now()
         result = solve_pools(terms, config.pp,
                              cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),
                              workers=options.workers, seed=options.seed,
@@ -192,23 +192,27 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
             pruned_memory += 1
             continue
         slowest = slowest_stage_bound(terms, config.pp) if lb < cutoff else math.inf
-        if lb >= cutoff or max(lb, memory_time_bound(terms, config.pp)) >= cutoff:
+        if lb >= cutoff or max(lb, memory_time_bound(terms, config.pp, slowest)) >= cutoff:
             pruned_bound += 1
             continue
-        if solve(config, terms, lb, first_budget, slowest) in ("OPTIMAL", "INFEASIBLE"):
+        if solve(config, terms, lb, first_budget, slowest, cutoff) in ("OPTIMAL", "INFEASIBLE"):
             optimal += 1
-    # Second pass: the unproven ones against the final incumbent, with the full budget.
+    # Second pass: the unproven ones with the full budget, against the best plan (not the k-th):
+    # what the certificate needs is that none of them beats the best; a runner-up keeps the
+    # best plan its configuration gave in the first pass (proving its own optimum costs
+    # seconds per configuration and certifies nothing about the chosen plan).
     second, deferred = sorted(deferred, key=lambda item: (item[0], item[1])), []
     for bound_s, _, config, terms, slowest in second:
-        if bound_s >= cutoff_now():
+        best_now = kept[0][0] if kept else math.inf
+        if bound_s >= best_now:
             pruned_bound += 1
             continue
         if deadline - time.monotonic() <= 0:
             timed_out = True
             open_bound = min(open_bound, bound_s)
             continue
-        if solve(config, terms, bound_s, options.inner_deterministic_time, slowest) in (
-                "OPTIMAL", "INFEASIBLE"):
+        if solve(config, terms, bound_s, options.inner_deterministic_time, slowest,
+                 best_now) in ("OPTIMAL", "INFEASIBLE"):
             optimal += 1
     for bound_s, *_ in deferred:  # still unproven after the full budget
         open_bound = min(open_bound, bound_s)

@@ -17,7 +17,8 @@ How an entry becomes inputs (no entry is special-cased; every rule reads the ent
 * cluster: the preset of the entry's system (DGX-H100 -> ``dgx-h100``, DGX-GB200 ->
   ``dgx-gb200-nvl72``, ...) with the entry's GPU count; entries whose system has no preset
   are listed as not evaluated;
-* parallelism, batch, interleaving, recomputation as published (not published: the fastest
+* parallelism, batch, interleaving, recomputation as published, with its module list
+  (Megatron ``recompute_modules``; not published: the fastest
   uniform policy -- none, selective, full -- that fits, as ``plan`` with the layout pinned would
   choose; none when nothing fits); dtype fp8 for FP8 / MXFP8 runs;
   sequence parallelism whenever tp > 1 (Megatron-Core requires it with MoE and TP);
@@ -164,6 +165,15 @@ def recompute_of(entry: dict) -> Recompute | None:
     return Recompute.NONE
 
 
+def recompute_modules_of(entry: dict) -> tuple[str, ...]:
+    """The module list of a published selective recomputation (``recompute_modules=[a, b]``,
+    Megatron's ``--recompute-modules``); Megatron's default ``core_attn`` otherwise."""
+    text = entry["training"].get("recompute") or ""
+    match = re.search(r"recompute_modules=\[([^\]]*)\]", text)
+    names = [n.strip() for n in match.group(1).split(",") if n.strip()] if match else []
+    return tuple(names) if names else ("core_attn",)
+
+
 def config_of(entry: dict) -> ParallelConfig:
     t = entry["training"]
     zero = t.get("zero_stage")
@@ -186,19 +196,62 @@ def dispatcher_of(entry: dict) -> str:
     return "deepep" if "deepep" in framework or "megatron-bridge" in framework else "alltoall"
 
 
+# Megatron-Bridge perf recipes that capture the whole training iteration in one CUDA graph
+# (``cuda_graph_impl = "full_iteration"``, with sync-free dropless MoE: paged stash and an
+# expert-rank capacity factor of 1.5), and the first NeMo container that ships them; earlier
+# containers, other systems and precisions run TE-captured partial scopes (attn, moe_router,
+# moe_preprocess) or none. (model preset, systems, precision, first container):
+# Megatron-Bridge #4211 (2026-06-10, Qwen3 GB200 / GB300 / B300 MXFP8), #4226 (2026-06-10,
+# DeepSeek-V3 GB200 MXFP8), #3983 (2026-06-06, DeepSeek-V3 GB300 MXFP8) and #4458 (2026-06-25,
+# DeepSeek-V3 B300 MXFP8, after the 26.06 container: its B300 run still has the earlier pp8
+# micro-batch-2 layout).
+FULL_ITERATION_RECIPES = (
+    ("qwen3-30b-a3b", ("DGX-GB200", "DGX-GB300", "DGX-B300"), "MXFP8", (26, 6)),
+    ("qwen3-235b-a22b", ("DGX-GB200", "DGX-GB300", "DGX-B300"), "MXFP8", (26, 6)),
+    ("deepseek-v3", ("DGX-GB200", "DGX-GB300"), "MXFP8", (26, 6)),
+    ("deepseek-v3", ("DGX-B300",), "MXFP8", (26, 8)),
+)
+
+
+def container_of(entry: dict) -> tuple[int, int] | None:
+    """The NeMo container release of a Megatron-Bridge entry: ``(26, 6)`` for 26.06.01."""
+    framework = entry["training"].get("framework") or ""
+    match = re.search(r"NeMo (\d+)\.(\d+)", framework)
+    if match is None or "megatron-bridge" not in framework.lower():
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
+def cuda_graph_of(entry: dict) -> str:
+    """What the entry's recipe captures in CUDA graphs (:data:`FULL_ITERATION_RECIPES`):
+    ``full_iteration`` or ``none`` (partial TE scopes leave the expert part to the host)."""
+    release = container_of(entry)
+    if release is None:
+        return "none"
+    precision = (entry["training"].get("precision") or "").upper()
+    for model, systems, dtype, first in FULL_ITERATION_RECIPES:
+        if preset_of(entry) == model and entry["cluster"]["system"] in systems \
+                and precision.startswith(dtype) and release >= first:
+            return "full_iteration"
+    return "none"
+
+
 def options_of(entry: dict) -> RuntimeOptions:
     """The runtime profile of the entry's framework with the library's calibrated constants
     (what ``shardplan evaluate --runtime`` uses), routing as the entry states it
     (token-dropping runs: capacity factor 1, padded, as the Megatron-Bridge token-drop recipes
-    set it) and the framework's dispatcher (:func:`dispatcher_of`)."""
+    set it), the framework's dispatcher (:func:`dispatcher_of`) and its recipe's CUDA graphs
+    (:func:`cuda_graph_of`)."""
     t = entry["training"]
     framework = t.get("framework") or ""
     prof = profile_for_framework(framework)
     routing = (t.get("moe_routing") or "").lower()
     capacity = 1.0 if "token-dropping" in routing else 0.0
     options = RuntimeOptions(runtime=prof.state_layout_for(dtype_of(entry)), profile=prof.name,
+                             recompute_modules=recompute_modules_of(entry),
                              moe=MoeOptions(capacity_factor=capacity,
-                                            dispatcher=dispatcher_of(entry)))
+                                            dispatcher=dispatcher_of(entry),
+                                            cuda_graph=cuda_graph_of(entry)))
     profile = shipped()
     if profile is None:
         return options

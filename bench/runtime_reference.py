@@ -64,8 +64,21 @@ def _megatron_parser() -> _Parser:
     parser.add_argument("--moe-expert-capacity-factor", type=float, default=None)
     for flag in ("--moe-grouped-gemm", "--moe-permute-fusion", "--moe-enable-deepep",
                  "--moe-pad-expert-input-to-capacity", "--overlap-moe-expert-parallel-comm",
-                 "--delay-wgrad-compute"):
+                 "--delay-wgrad-compute", "--moe-paged-stash",
+                 "--use-transformer-engine-op-fuser"):
         parser.add_argument(flag, action="store_true")
+    parser.add_argument("--moe-flex-dispatcher-backend", choices=("deepep", "hybridep"),
+                        default=None)
+    parser.add_argument("--moe-expert-rank-capacity-factor", type=float, default=None)
+    # --recompute-modules and CUDA graphs (_add_training_args; transformer_config.py)
+    parser.add_argument("--recompute-modules", nargs="+", default=None,
+                        choices=("core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp",
+                                 "moe", "shared_experts"))
+    parser.add_argument("--cuda-graph-impl", choices=("none", "local", "transformer_engine"),
+                        default="none")
+    parser.add_argument("--cuda-graph-scope", nargs="+", default=[],
+                        choices=("attn", "mlp", "moe", "moe_router", "moe_preprocess", "mamba",
+                                 "full_iteration"))
     return parser
 
 
@@ -85,6 +98,20 @@ def _moe_rules(a: argparse.Namespace, world_size: int, tp: int, pp: int, ep: int
     if a.moe_pad_expert_input_to_capacity and a.moe_expert_capacity_factor is None:
         raise Rejected("moe_expert_capacity_factor must be set to use "
                        "moe_pad_expert_input_to_capacity")
+    if a.recompute_modules is not None and a.recompute_granularity != "selective":
+        raise Rejected("recompute_modules is only used with recompute_granularity selective")
+    if "full_iteration" in a.cuda_graph_scope and (a.cuda_graph_impl != "local"
+                                                   or len(a.cuda_graph_scope) > 1):
+        raise Rejected("full_iteration CUDA graph scope needs --cuda-graph-impl local and "
+                       "cannot be combined with other scopes")
+    if a.moe_paged_stash and (a.moe_expert_rank_capacity_factor is None
+                              or a.moe_flex_dispatcher_backend != "hybridep"):
+        # MoE paged stash (Megatron-LM docs): sync-free expert execution first
+        raise Rejected("moe_paged_stash needs sync-free experts: "
+                       "--moe-flex-dispatcher-backend hybridep and "
+                       "--moe-expert-rank-capacity-factor")
+    if a.moe_flex_dispatcher_backend is not None and a.moe_token_dispatcher_type != "flex":
+        raise Rejected("moe_flex_dispatcher_backend needs the flex token dispatcher")
     if a.num_experts is not None and tp > 1 and not a.sequence_parallel:
         raise Rejected("When using MoE and tensor parallelism, sequence parallelism must be used")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import click
 
 from cli.params import FiniteFloat
-from planner.moe import DEFAULT_A2A_OVERLAP, DISPATCHERS, MoeOptions
+from planner.moe import CUDA_GRAPHS, DEFAULT_A2A_OVERLAP, DISPATCHERS, MoeOptions
 
 _OPTIONS = (
     click.option("--moe-imbalance", type=FiniteFloat(1.0, 64.0), default=1.0, show_default=True,
@@ -25,6 +25,16 @@ _OPTIONS = (
                  show_default=True,
                  help="Fraction of the dispatch/combine time hidden behind compute (the "
                       "default is fitted on measured MoE runs)."),
+    click.option("--cuda-graph", type=click.Choice(CUDA_GRAPHS), default="none",
+                 show_default=True,
+                 help="What the runtime captures in CUDA graphs: none (or only attention / "
+                      "router), moe (each MoE layer; needs a capacity factor) or "
+                      "full_iteration (the whole step, sync-free dropless MoE). Captured "
+                      "layers do not wait on the host to issue their kernels."),
+    click.option("--recompute-modules", default="core_attn", show_default=True,
+                 metavar="M[,M...]",
+                 help="What a selective layer recomputes (Megatron --recompute-modules): "
+                      "core_attn, mla_up_proj, moe_act, layernorm, mlp, shared_experts."),
     click.option("--mtp-layers", type=click.IntRange(0, 8), default=0, show_default=True,
                  help="Multi-token prediction modules on the last pipeline stage (DeepSeek-V3; "
                       "Megatron --mtp-num-layers): each one more block and loss head."),
@@ -43,11 +53,24 @@ def with_mtp_from(kwargs: dict, graph):
     return with_mtp(graph, kwargs.pop("mtp_layers"))
 
 
+def recompute_modules_from(kwargs: dict) -> tuple[str, ...]:
+    """Pop ``--recompute-modules`` (comma- or space-separated names), checked."""
+    from planner.cost.recompute_modules import validate_modules
+    from planner.errors import invalid
+
+    names = [n for n in kwargs.pop("recompute_modules").replace(",", " ").split() if n]
+    try:
+        return validate_modules(names)
+    except ValueError as error:
+        raise invalid(f"--recompute-modules: {error}") from None
+
+
 def moe_options_from(kwargs: dict) -> MoeOptions:
     """Pop the MoE options from a command's keyword arguments."""
     options = MoeOptions(imbalance=kwargs.pop("moe_imbalance"),
                          capacity_factor=kwargs.pop("moe_capacity_factor"),
                          dispatcher=kwargs.pop("moe_dispatcher"),
-                         a2a_overlap=kwargs.pop("moe_a2a_overlap"))
+                         a2a_overlap=kwargs.pop("moe_a2a_overlap"),
+                         cuda_graph=kwargs.pop("cuda_graph"))
     options.validate()
     return options

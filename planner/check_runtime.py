@@ -141,8 +141,8 @@ def _chunk_sizes(plan: Plan) -> list[int]:
 def runtime_options(plan: Plan, runtime: str, calibration: str | None = None
                     ) -> tuple[RuntimeProfile, RuntimeOptions]:
     """The profile ``runtime`` and the options the cost model uses for it: the runtime's
-    state layout, overlap and calibrated constants; the plan's kernel, dropout and MoE
-    options (properties of the model and job, not of the runtime)."""
+    state layout, overlap and calibrated constants; the plan's kernel, dropout, MoE options and
+    recompute modules (properties of the model and job, not of the runtime)."""
     from planner.calibration.session import runtime_setup
 
     prof = profile(runtime)
@@ -150,7 +150,8 @@ def runtime_options(plan: Plan, runtime: str, calibration: str | None = None
     setup = runtime_setup(plan.cluster if pools is None else pools.pools[0].as_cluster(),
                           runtime, plan.config.dtype, plan.runtime.attention_kernel, calibration,
                           moe=plan.runtime.moe)
-    options: RuntimeOptions = replace(setup.options, dropout=plan.runtime.dropout)
+    options: RuntimeOptions = replace(setup.options, dropout=plan.runtime.dropout,
+                                      recompute_modules=plan.runtime.recompute_modules)
     if pools is not None:  # each pool's generation's efficiencies (planner/hetero/plan_file.py)
         from planner.hetero.plan_file import pool_options
 

@@ -227,6 +227,9 @@ class RuntimeOptions:
     matmul_efficiency: float | None = None
     attention_efficiency: float | None = None
     moe: MoeOptions = MoeOptions()  # routing and token dispatch of MoE layers (planner/moe.py)
+    # what a SELECTIVE layer recomputes: Megatron --recompute-modules (default core_attn; the
+    # names and their bytes / work in planner/cost/recompute_modules.py)
+    recompute_modules: tuple[str, ...] = ("core_attn",)
     # on a multi-pool cluster, each pool's generation: (pool, matmul_efficiency,
     # attention_efficiency), replacing the two above on that pool (planner/hetero/terms.py)
     pool_efficiency: tuple[tuple[str, float | None, float | None], ...] = ()

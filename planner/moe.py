@@ -19,6 +19,15 @@ Consumed by :class:`planner.config.RuntimeOptions` (its ``moe`` field) and the M
   flex``, DeepSeek-V3 report §3.2.2).
 * ``a2a_overlap``: fraction of the dispatch / combine time hidden behind independent compute
   (0: none; Megatron ``--overlap-moe-expert-parallel-comm`` and DualPipe hide most of it).
+* ``cuda_graph``: what the runtime captures in CUDA graphs, which the host then replays with
+  one launch instead of issuing every kernel (Megatron-Core ``--cuda-graph-impl`` /
+  ``--cuda-graph-scope``). ``none``: nothing of the expert computation (also the partial TE
+  scopes ``attn``, ``moe_router``, ``moe_preprocess``, which leave the permutation, dispatch,
+  grouped GEMMs and combine to the host); ``moe``: each MoE layer's expert part (scope ``moe``;
+  it needs static shapes, i.e. a capacity factor with padded inputs); ``full_iteration``: the
+  whole forward-backward step (``--cuda-graph-impl local --cuda-graph-scope full_iteration``;
+  dropless routing then runs sync-free: dispatch and grouped-GEMM buffers pre-sized at
+  ``--moe-expert-rank-capacity-factor`` times the balanced share, Megatron-Core's paged stash).
 """
 from __future__ import annotations
 
@@ -27,6 +36,12 @@ from dataclasses import dataclass
 from planner.errors import invalid
 
 DISPATCHERS = ("alltoall", "deepep")
+CUDA_GRAPHS = ("none", "moe", "full_iteration")
+# Expert-rank buffer capacity of sync-free dropless execution under a full-iteration CUDA graph:
+# dispatch and grouped-GEMM buffers are sized at this multiple of the balanced share (the value
+# Megatron-Bridge's full-iteration MoE perf recipes set: ``moe_expert_rank_capacity_factor =
+# 1.5``, recipes for Qwen3 and DeepSeek-V3 MXFP8 on GB200 / GB300 / B300).
+SYNC_FREE_RANK_CAPACITY = 1.5
 # Fraction of the all-to-all a runtime hides by default behind independent compute (shared
 # experts, the other micro-batch of Megatron's 1F1B EP overlap, the attention of DualPipe):
 # fitted by bench/moe_fit.py on the measured runs (grid 0 / 0.5: 0.5, the lower mean error);
@@ -40,6 +55,7 @@ class MoeOptions:
     capacity_factor: float = 0.0  # 0: dropless
     dispatcher: str = "alltoall"
     a2a_overlap: float = DEFAULT_A2A_OVERLAP
+    cuda_graph: str = "none"
 
     def validate(self) -> None:
         for name in ("imbalance", "capacity_factor", "a2a_overlap"):
@@ -58,10 +74,36 @@ class MoeOptions:
         if self.dispatcher not in DISPATCHERS:
             raise invalid(f"--moe-dispatcher must be one of {', '.join(DISPATCHERS)}, got "
                           f"{self.dispatcher!r}")
+        if self.cuda_graph not in CUDA_GRAPHS:
+            raise invalid(f"--cuda-graph must be one of {', '.join(CUDA_GRAPHS)}, got "
+                          f"{self.cuda_graph!r}")
+        if self.cuda_graph == "moe" and self.dropless:
+            raise invalid("--cuda-graph moe captures the MoE layer, which needs static shapes: "
+                          "give a --moe-capacity-factor (padded to capacity)",
+                          "or use --cuda-graph full_iteration (sync-free dropless)")
 
     @property
     def dropless(self) -> bool:
         return self.capacity_factor == 0
+
+    @property
+    def host_synchronised(self) -> bool:
+        """Whether each MoE layer pass waits for the host to read the token counts back
+        (dropless routing without a full-iteration graph's sync-free buffers)."""
+        return self.dropless and self.cuda_graph != "full_iteration"
+
+    @property
+    def host_captured(self) -> bool:
+        """Whether a CUDA graph replays the MoE layer's kernels (no per-kernel host issue)."""
+        return self.cuda_graph != "none"
+
+    @property
+    def buffer_factor(self) -> float:
+        """Dispatch buffers over the balanced share: the load factor, or the sync-free rank
+        capacity where a full-iteration graph pre-sizes them."""
+        if self.dropless and self.cuda_graph == "full_iteration":
+            return max(self.load_factor, SYNC_FREE_RANK_CAPACITY)
+        return self.load_factor
 
     @property
     def load_factor(self) -> float:

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions
+from planner.cost.recompute_modules import DEFAULT_RECOMPUTE_MODULES, validate_modules
 from planner.errors import invalid
 from planner.hardware import Cluster, MultiPoolCluster
 from planner.ir import ModelGraph
@@ -38,7 +39,8 @@ _RUNTIME_KEYS = ("runtime", "attention_kernel", "dropout", "overlap_grad_reduce"
                  # runtime profile and calibrated behaviour (planner/profiles.py, calibration)
                  "profile", "allocator_overhead", "comm_slowdown", "micro_batch_overhead_s",
                  "block_overhead_s", "elementwise_factor", "fp8_gemm_factor", "fp8_saved_inputs",
-                 "matmul_efficiency", "attention_efficiency", "pool_efficiency")
+                 "matmul_efficiency", "attention_efficiency", "pool_efficiency",
+                 "recompute_modules")
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,7 +102,10 @@ class Plan:
                       for layer in layers))
             r = doc["runtime"]
             runtime = RuntimeOptions(**{k: r[k] for k in _RUNTIME_KEYS
-                                        if k in r and k != "pool_efficiency"},
+                                        if k in r and k not in ("pool_efficiency",
+                                                                "recompute_modules")},
+                                     recompute_modules=validate_modules(
+                                         r.get("recompute_modules", DEFAULT_RECOMPUTE_MODULES)),
                                      pool_efficiency=tuple(tuple(x) for x in
                                                            r.get("pool_efficiency", ())),
                                      moe=MoeOptions(**r["moe"]) if "moe" in r else MoeOptions())
@@ -142,6 +147,9 @@ class Plan:
                 value = [list(row) for row in value]
                 if value or key in doc["runtime"]:
                     doc["runtime"][key] = value
+            elif key == "recompute_modules":
+                if key in doc["runtime"] or value != DEFAULT_RECOMPUTE_MODULES:
+                    doc["runtime"][key] = list(value)
             elif key in doc["runtime"] or value != getattr(RuntimeOptions(), key):
                 doc["runtime"][key] = value
         if self.stage_pools is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.cost.model import Evaluation
+from planner.cost.recompute_modules import DEFAULT_RECOMPUTE_MODULES
 
 FLOAT_DIGITS = 6
 
@@ -90,23 +91,27 @@ def predicted_dict(ev: Evaluation) -> dict[str, Any]:
 
 def runtime_dict(o) -> dict[str, Any]:
     """The RuntimeOptions a plan records: check and export rebuild the same options."""
-    return {"runtime": o.runtime, "attention_kernel": o.attention_kernel,
-            "dropout": o.dropout, "overlap_grad_reduce": o.overlap_grad_reduce,
-            "overlap_param_gather": o.overlap_param_gather,
-            "tp_comm_overlap": o.tp_comm_overlap,
-            # runtime profile and calibrated behaviour (planner/profiles.py,
-            # planner/calibration)
-            "profile": o.profile, "allocator_overhead": o.allocator_overhead,
-            "comm_slowdown": o.comm_slowdown,
-            "micro_batch_overhead_s": o.micro_batch_overhead_s,
-            "block_overhead_s": o.block_overhead_s,
-            "elementwise_factor": o.elementwise_factor,
-            "fp8_gemm_factor": o.fp8_gemm_factor,
-            "fp8_saved_inputs": o.fp8_saved_inputs,
-            "matmul_efficiency": o.matmul_efficiency,
-            "attention_efficiency": o.attention_efficiency,
-            "moe": {"imbalance": o.moe.imbalance, "capacity_factor": o.moe.capacity_factor,
-                    "dispatcher": o.moe.dispatcher, "a2a_overlap": o.moe.a2a_overlap}}
+    out = {"runtime": o.runtime, "attention_kernel": o.attention_kernel,
+           "dropout": o.dropout, "overlap_grad_reduce": o.overlap_grad_reduce,
+           "overlap_param_gather": o.overlap_param_gather,
+           "tp_comm_overlap": o.tp_comm_overlap,
+           # runtime profile and calibrated behaviour (planner/profiles.py,
+           # planner/calibration)
+           "profile": o.profile, "allocator_overhead": o.allocator_overhead,
+           "comm_slowdown": o.comm_slowdown,
+           "micro_batch_overhead_s": o.micro_batch_overhead_s,
+           "block_overhead_s": o.block_overhead_s,
+           "elementwise_factor": o.elementwise_factor,
+           "fp8_gemm_factor": o.fp8_gemm_factor,
+           "fp8_saved_inputs": o.fp8_saved_inputs,
+           "matmul_efficiency": o.matmul_efficiency,
+           "attention_efficiency": o.attention_efficiency,
+           "moe": {"imbalance": o.moe.imbalance, "capacity_factor": o.moe.capacity_factor,
+                   "dispatcher": o.moe.dispatcher, "a2a_overlap": o.moe.a2a_overlap,
+                   "cuda_graph": o.moe.cuda_graph}}
+    if o.recompute_modules != DEFAULT_RECOMPUTE_MODULES:  # Megatron --recompute-modules
+        out["recompute_modules"] = list(o.recompute_modules)
+    return out
 
 
 def evaluation_dict(ev: Evaluation) -> dict[str, Any]:

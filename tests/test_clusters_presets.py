@@ -9,8 +9,9 @@ from planner.errors import ErrorKind, PlannerError
 from planner.hardware import Cluster, Gpu
 
 CLUSTER_PRESETS = ["dgx-a100-40g", "dgx-a100-80g", "dgx-b200", "dgx-b300", "dgx-gb200-nvl72",
-                   "dgx-h100", "dgx-h200", "hgx-h800", "mi300x", "tiny"]
-GPU_PRESETS = ["a100-sxm4-40gb", "a100-sxm4-80gb", "b200", "b300", "gb200", "h100-sxm", "h200-sxm",
+                   "dgx-gb300-nvl72", "dgx-h100", "dgx-h200", "hgx-h800", "mi300x", "tiny"]
+GPU_PRESETS = ["a100-sxm4-40gb", "a100-sxm4-80gb", "b200", "b300", "gb200", "gb300", "h100-sxm",
+               "h200-sxm",
                "h800-sxm", "mi300x", "tiny-gpu", "v100-sxm2-32gb"]
 
 
@@ -46,6 +47,7 @@ def test_every_gpu_preset_loads():
     ("b200", 180, 8000, 2250, 148),
     ("gb200", 185, 8000, 2500, 148),
     ("b300", 288, 8000, 2250, 148),
+    ("gb300", 277.5, 8000, 2500, 160),
     ("mi300x", 192, 5300, 1307.4, 304),
     ("tiny-gpu", 2, 100, 10, 8),
 ])

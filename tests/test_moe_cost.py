@@ -32,6 +32,7 @@ def no_host_floor(monkeypatch):
     whole time, tested on its own below) would mask them where the tiny layers are host-bound."""
     from planner.cost import compute, terms
     monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 0.0)
+    monkeypatch.setattr(moe, "DROPLESS_SYNC_S", 0.0)
     for fn in (compute._layer_compute, terms._layer_terms, terms._config_terms):
         fn.cache_clear()
     yield
@@ -150,9 +151,9 @@ def test_flat_all_to_all_is_the_collective_over_the_ep_link():
                            ctx.links.ep_inter, ctx.links.ep_domains)
     from planner.cost import comm
     assert one == comm.all_to_all_s(elements * 2, 16, ctx.links.ep)
-    # dispatch + combine, forward and backward, less the default overlap, plus the host syncs
+    # dispatch + combine, forward and backward, less the default overlap
     overlap = MoeOptions().a2a_overlap
-    assert t.comm_s == pytest.approx(4 * one * (1 - overlap) + 2 * moe.DROPLESS_SYNC_S)
+    assert t.comm_s == pytest.approx(4 * one * (1 - overlap))
 
 
 def test_hierarchical_dispatch_sends_each_token_once_per_remote_domain():
@@ -177,13 +178,12 @@ def test_a2a_overlap_hides_a_fraction_and_recompute_repeats_the_forward():
     none = RuntimeOptions(moe=MoeOptions(a2a_overlap=0.0))
     _, plain = block_terms(config(ep=16), none)
     _, half = block_terms(config(ep=16), RuntimeOptions(moe=MoeOptions(a2a_overlap=0.5)))
-    sync = 2 * moe.DROPLESS_SYNC_S
-    assert half.comm_s - sync == pytest.approx(0.5 * (plain.comm_s - sync))
+    assert half.comm_s == pytest.approx(0.5 * plain.comm_s)
     _, full = block_terms(config(ep=16), none, recompute=Recompute.FULL)
     assert full.comm_s == pytest.approx(1.5 * plain.comm_s)
     _, dropping = block_terms(config(ep=16), RuntimeOptions(moe=MoeOptions(capacity_factor=1.0,
                                                                            a2a_overlap=0.0)))
-    assert dropping.comm_s == pytest.approx(plain.comm_s - sync)
+    assert dropping.comm_s == pytest.approx(plain.comm_s)  # capacity 1 = the balanced share
 
 
 def test_expert_tensor_parallel_gathers_over_its_group():
@@ -264,15 +264,43 @@ def test_plan_writes_the_expert_mesh_and_check_reads_it_back(tmp_path, capsys):
 def test_host_floor_binds_small_micro_batches_only(monkeypatch):
     """A MoE layer pass takes at least the host's time to issue it: the floor lifts a tiny
     micro-batch's layer to passes x the per-pass time (3 passes under full recomputation) and
-    leaves a layer whose device work is longer untouched."""
+    leaves a layer whose device work is longer untouched. Dropless routing adds the read-back
+    of the token counts to each pass; a capacity factor does not read back; a CUDA graph that
+    captures the layer removes the floor."""
     monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 4e-3)
+    monkeypatch.setattr(moe, "DROPLESS_SYNC_S", 1e-3)
     from planner.cost import terms
     terms._layer_terms.cache_clear()
     _, small = block_terms(config(ep=4))
-    assert small.time_s == pytest.approx(2 * 4e-3)
+    assert small.time_s == pytest.approx(2 * 5e-3)
     _, full = block_terms(config(ep=4), recompute=Recompute.FULL)
-    assert full.time_s == pytest.approx(3 * 4e-3)
+    assert full.time_s == pytest.approx(3 * 5e-3)
     _, selective = block_terms(config(ep=4), recompute=Recompute.SELECTIVE)
     assert selective.time_s > small.time_s  # re-issues the attention core
+    _, dropping = block_terms(config(ep=4), RuntimeOptions(moe=MoeOptions(capacity_factor=1.0)))
+    assert dropping.time_s == pytest.approx(2 * 4e-3)
+    for graph in (MoeOptions(cuda_graph="full_iteration"),
+                  MoeOptions(capacity_factor=1.0, cuda_graph="moe")):
+        _, captured = block_terms(config(ep=4), RuntimeOptions(moe=graph))
+        assert captured.time_s < 2 * 4e-3  # the device time alone
     assert moe.host_floor_s(1.0, 2) == 0.0
-    assert moe.host_floor_s(0.0, 3) == pytest.approx(3 * 4e-3)
+    assert moe.host_floor_s(0.0, 3) == pytest.approx(3 * 5e-3)
+    assert moe.host_floor_s(0.0, 3, options=MoeOptions(capacity_factor=1.25)) == \
+        pytest.approx(3 * 4e-3)
+    assert moe.host_floor_s(0.0, 3, options=MoeOptions(cuda_graph="full_iteration")) == 0.0
+
+
+def test_cuda_graph_options_are_checked_and_size_sync_free_buffers():
+    with pytest.raises(PlannerError):  # a MoE-layer graph needs static shapes
+        MoeOptions(cuda_graph="moe").validate()
+    with pytest.raises(PlannerError):
+        MoeOptions(cuda_graph="layers").validate()
+    MoeOptions(capacity_factor=1.0, cuda_graph="moe").validate()
+    sync_free = MoeOptions(cuda_graph="full_iteration")
+    assert not sync_free.host_synchronised and sync_free.host_captured
+    assert MoeOptions().host_synchronised and not MoeOptions(capacity_factor=1.0).host_synchronised
+    # sync-free dropless buffers are pre-sized at the rank capacity (1.5 x the balanced share)
+    mlp = MOE.layers[1].mlp
+    base = moe.dispatch_buffer_bytes(2048, 1024, mlp, 1, 1, 2, MoeOptions())
+    assert moe.dispatch_buffer_bytes(2048, 1024, mlp, 1, 1, 2, sync_free) == \
+        pytest.approx(1.5 * base)

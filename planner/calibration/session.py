@@ -32,8 +32,10 @@ class Setup:
 
 def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf16",
                   attention_kernel: str = "flash", calibration: str | Path | None = None,
-                  compiled: bool = False, moe=None) -> Setup:
-    """``moe``: MoE routing / dispatch options (planner.moe.MoeOptions) of the runtime."""
+                  compiled: bool = False, moe=None, recompute_modules=None) -> Setup:
+    """``moe``: MoE routing / dispatch options (planner.moe.MoeOptions) of the runtime;
+    ``recompute_modules``: what selective recomputation repeats (Megatron
+    ``--recompute-modules``; planner/cost/recompute_modules.py)."""
     prof, layout = resolve_runtime(runtime, dtype)
     cal = load(calibration) if calibration is not None else shipped()
     if cal is not None and cal.runtime is not None and cal.runtime != prof.name:
@@ -46,6 +48,8 @@ def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf1
                              overlap_param_gather=prof.param_gather_overlap and overlap)
     if moe is not None:
         options = replace(options, moe=moe)
+    if recompute_modules is not None:
+        options = replace(options, recompute_modules=tuple(recompute_modules))
     cluster, options = calibrate(cluster, options, cal.constants if cal else None, compiled)
     return Setup(cluster, options, prof, cal)
 

@@ -28,6 +28,7 @@ from functools import lru_cache
 
 from planner.config import RuntimeOptions
 from planner.cost import moe
+from planner.cost.recompute_modules import DEFAULT_RECOMPUTE_MODULES, recomputed_gemm_names
 from planner.strategy import Recompute
 from planner.hardware import Gpu
 from planner.ir import Attention, Layer, LayerKind, Mlp
@@ -35,6 +36,7 @@ from planner.ir import Attention, Layer, LayerKind, Mlp
 # Calibrated defaults (see docs/accuracy.md for how they were set; every one is a physical
 # quantity in a plausible range, none is fitted per entry).
 HBM_EFFICIENCY = 0.80  # achievable fraction of HBM bandwidth for streaming kernels (STREAM-like)
+ACT_BYTES_16 = 2  # 16-bit activations
 KERNEL_LAUNCH_S = 4e-6  # per kernel launch and tail; CUDA launch overhead is 3-5 us
 K_PROLOGUE = 64  # K-elements worth of per-tile prologue/epilogue work
 FLASH_DEFAULT_RELATIVE = 0.80  # flash forward vs matmul_efficiency when the GPU gives none
@@ -106,6 +108,10 @@ class LayerCompute:
     attn_core_bwd_s: float = 0.0  # the attention core's share of bwd_s
     gemm_fwd_s: float = 0.0  # the GEMMs' share of fwd_s
     gemm_fwd_flops: float = 0.0
+    # what SELECTIVE repeats under the runtime's recompute modules (None: the attention core,
+    # Megatron's default core_attn; planner.cost.recompute_modules)
+    selective_fwd_s: float | None = None
+    selective_fwd_flops: float | None = None
 
     @property
     def attn_core_s(self) -> float:
@@ -118,7 +124,7 @@ class LayerCompute:
         if recompute is Recompute.FULL:
             return self.fwd_s
         if recompute is Recompute.SELECTIVE:
-            return self.attn_core_fwd_s
+            return self.attn_core_fwd_s if self.selective_fwd_s is None else self.selective_fwd_s
         return 0.0
 
     def recompute_flops(self, recompute: Recompute) -> float:
@@ -127,7 +133,8 @@ class LayerCompute:
         if recompute is Recompute.FULL:
             return self.fwd_flops
         if recompute is Recompute.SELECTIVE:
-            return self.attn_core_fwd_flops
+            return self.attn_core_fwd_flops if self.selective_fwd_flops is None \
+                else self.selective_fwd_flops
         return 0.0
 
 
@@ -363,12 +370,14 @@ def layer_compute(layer: Layer, shard: Shard, gpu: Gpu, options: RuntimeOptions)
                       attention_efficiency=options.attention_efficiency
                       or gpu.attention_efficiency)
     return _layer_compute(layer, shard, gpu, options.attention_kernel, options.dropout,
-                          options.elementwise_factor, options.fp8_gemm_factor)
+                          options.elementwise_factor, options.fp8_gemm_factor,
+                          options.recompute_modules)
 
 
 @lru_cache(maxsize=16384)
 def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: bool,
-                   elementwise_factor: float = 1.0, fp8_factor: float = 1.0) -> LayerCompute:
+                   elementwise_factor: float = 1.0, fp8_factor: float = 1.0,
+                   modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> LayerCompute:
     """``elementwise_factor``: HBM traffic of the element-wise ops relative to fused kernels
     (eager PyTorch launches norms, activations and residual adds separately and re-reads their
     inputs; Transformer Engine / torch.compile fuse them: calibrated per runtime)."""
@@ -396,4 +405,46 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
         fwd += core_fwd
         bwd += core_bwd
         flops += core_flops
-    return LayerCompute(fwd, bwd, core_fwd, flops, core_flops, core_bwd, gemm_fwd, gemm_flops)
+    selective_s = selective_flops = None
+    if modules != DEFAULT_RECOMPUTE_MODULES and layer.kind is not LayerKind.EMBEDDING:
+        keep_core = "core_attn" in modules
+        extra_s, extra_flops = _module_recompute(layer, shard, gpu, fp8_factor, modules)
+        selective_s = (core_fwd if keep_core else 0.0) + extra_s
+        selective_flops = (core_flops if keep_core else 0.0) + extra_flops
+    return LayerCompute(fwd, bwd, core_fwd, flops, core_flops, core_bwd, gemm_fwd, gemm_flops,
+                        selective_s, selective_flops)
+
+
+def _module_recompute(layer: Layer, shard: Shard, gpu: Gpu, fp8_factor: float,
+                      modules: tuple[str, ...]) -> tuple[float, float]:
+    """(seconds, FLOPs) of the forward work beyond the attention core that the recompute
+    ``modules`` repeat (planner.cost.recompute_modules): their GEMMs, and the HBM traffic of the
+    element-wise modules (read the input, write the output, 16-bit)."""
+    t, h, tp = shard.tokens, layer.hidden, shard.tp
+    names = recomputed_gemm_names(layer, modules)
+    gemms: list[Gemm] = []
+    att, mlp = layer.attention, layer.mlp
+    if "mla_up" in names:
+        heads = att.num_heads // tp
+        if att.q_lora_rank:
+            gemms.append(Gemm(t, heads * att.head_dim, att.q_lora_rank))
+        nope = att.head_dim - att.rope_head_dim
+        gemms.append(Gemm(t, heads * (nope + att.v_head_dim), att.kv_lora_rank))
+    up = 2 if (mlp is not None and mlp.gated) else 1
+    if "mlp" in names:
+        width = mlp.ffn_hidden // tp
+        gemms += [Gemm(t, up * width, h), Gemm(t, h, width)]
+    if "shared" in names:
+        shared = mlp.shared_ffn_hidden // tp
+        gemms += [Gemm(t, up * shared, h), Gemm(t, h, shared)]
+    seconds = sum(gemm_time_s(g, gpu, shard.dtype, fp8_factor) for g in gemms)
+    flops = sum(g.flops for g in gemms)
+    moved = 0.0
+    if "layernorm" in modules and layer.num_norms:
+        moved += 2 * 2 * ACT_BYTES_16 * t * h / (tp if shard.sp else 1)
+    if "moe_act" in modules and mlp is not None and mlp.is_moe:
+        copies = t / tp * mlp.top_k * shard.expert_tp * shard.expert_load
+        moved += copies * (up + 1) * ACT_BYTES_16 * mlp.ffn_hidden / shard.expert_tp
+    if moved:
+        seconds += moved / hbm_bytes_per_s(gpu) + KERNEL_LAUNCH_S
+    return seconds, flops

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from planner.config import StateBytes
+from planner.cost.recompute_modules import DEFAULT_RECOMPUTE_MODULES, saved_bytes_per_token
 from planner.strategy import Recompute
 from planner.ir import Attention, Layer, LayerKind
 
@@ -182,19 +183,23 @@ def conv_activation_bytes(layer: Layer, micro_batch: int, tp: int,
 def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int, cp: int,
                            sp: bool, recompute: Recompute, kernel: str,
                            dropout: bool, etp: int = 0, expert_load: float = 1.0,
-                           fp8_inputs: bool = False) -> tuple[float, float]:
+                           fp8_inputs: bool = False,
+                           modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
+                           ) -> tuple[float, float]:
     """(stored, working) activation bytes of one layer for one micro-batch on one GPU.
 
     ``stored`` stays alive until the micro-batch's backward reaches the layer; ``working`` is the
     transient extra while the layer's backward runs (the recomputed activations under FULL).
     ``fp8_inputs``: the runtime keeps FP8 GEMM inputs (:func:`fp8_input_saving_per_token`).
+    ``modules``: what SELECTIVE recomputes (:mod:`planner.cost.recompute_modules`).
     """
     if layer.convs:
         conv = conv_activation_bytes(layer, micro_batch, tp, recompute)
         if layer.attention is None and layer.mlp is None:
             return conv
         rest = layer_activation_bytes(replace(layer, convs=()), micro_batch, seq_len, tp, cp, sp,
-                                      recompute, kernel, dropout, etp, expert_load, fp8_inputs)
+                                      recompute, kernel, dropout, etp, expert_load, fp8_inputs,
+                                      modules)
         return conv[0] + rest[0], max(conv[1], rest[1])
     tokens = micro_batch * seq_len / cp
     h = layer.hidden
@@ -217,6 +222,9 @@ def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int
     if recompute is Recompute.FULL:
         return tokens * ACT_BYTES * h / seq_split, tokens * full
     if recompute is Recompute.SELECTIVE:
+        if modules != DEFAULT_RECOMPUTE_MODULES:
+            core = min(saved_bytes_per_token(layer, tp, sp, modules, core, etp, expert_load,
+                                             fp8_inputs), full)
         return tokens * (full - core), tokens * core
     return tokens * full, 0.0
 

@@ -28,9 +28,11 @@ Model (Megatron-Core ``MoEAlltoAllTokenDispatcher`` / ``MoEFlexTokenDispatcher``
   at most 4 nodes).
 * ETP. With ``etp > 1`` the received copies are all-gathered over the ETP group before the
   experts and reduce-scattered after them (and the transposes backward).
-* Dropless routing with the flat dispatcher sizes the grouped GEMMs from token counts the host
-  reads back, one device-to-host synchronisation per layer pass (Megatron-Core
-  ``tokens_per_expert.cpu()``); a capacity factor makes the shapes static.
+* Host. Issued from Python, a MoE layer pass takes at least the host's time to issue it, and
+  dropless routing reads the token counts back once per pass (Megatron-Core
+  ``tokens_per_expert.cpu()``), exposing the host's issue of the rest of the layer; a
+  capacity factor makes the shapes static (no read-back) and a CUDA graph that captures the
+  layer removes the issue time (:attr:`planner.moe.MoeOptions.cuda_graph`).
 * Overlap: ``MoeOptions.a2a_overlap`` of the all-to-all time is hidden behind independent
   compute.
 """
@@ -43,13 +45,18 @@ from planner.cost import comm
 from planner.ir import Mlp
 from planner.moe import MoeOptions
 
-# One device-to-host synchronisation of the dropless flat dispatcher per layer pass: the host
-# waits for the token counts, builds the all-to-all splits and launches the permutation and
-# grouped GEMMs while the GPU idles. A CUDA synchronisation is tens of microseconds (CUDA
-# programming guide, "Asynchronous concurrent execution"); with the host work after it a few
-# hundred. Fitted by bench/moe_fit.py on the measured MoE runs (grid 0 / 200 us: 0 once the host
-# floor below is modelled, which covers the same host wait).
-DROPLESS_SYNC_S = 0.0
+# Host time a dropless MoE layer pass adds to its issue: the grouped GEMMs and the all-to-all
+# splits are sized from token counts the host reads back (Megatron-Core
+# ``tokens_per_expert.cpu()``; DeepEP's normal-mode dispatch likewise waits on the CPU for the
+# received counts), so the host waits for the router, then builds the splits and allocates the
+# dynamically sized buffers before it can issue the rest of the layer. Seconds per layer pass,
+# on top of :data:`HOST_PER_LAYER_PASS_S` in the host's issue time (what a GPU-bound layer
+# hides); absent with a capacity factor (static shapes) and under a full-iteration CUDA graph
+# (sync-free buffers). The synchronisation alone is tens of microseconds (CUDA programming
+# guide, "Asynchronous concurrent execution"); with the host work around it, milliseconds in
+# Python-issued MoE layers: the token-dropping Qwen3-30B-A3B run on 8 B200 at micro-batch 1 took
+# 14.5 s per step, its dropless twins of the next releases 27-28 s. Fitted by bench/moe_fit.py.
+DROPLESS_SYNC_S = 2.5e-3
 
 
 # Grouped-GEMM kernels (Transformer Engine / cuBLASLt grouped GEMM, CUTLASS grouped) run one
@@ -70,7 +77,7 @@ GROUPED_GEMM_EFFICIENCY = 0.8
 # bench/moe_fit.py on the measured MoE runs (the Megatron-Bridge Qwen3-30B-A3B runs at
 # micro-batch 1 take 8.8-9.6 ms per layer and micro-batch on B200 and H100 where the GPU needs
 # 3-6 ms).
-HOST_PER_LAYER_PASS_S = 4.4e-3
+HOST_PER_LAYER_PASS_S = 2.0e-3
 
 
 def routed_tokens(tokens: float, mlp: Mlp, tp: int, etp: int, load: float = 1.0) -> float:
@@ -136,25 +143,28 @@ def dispatch_combine_s(tokens: float, h: int, mlp: Mlp, tp: int, etp: int, ep: i
                        inter: Link, domains: int, etp_link: Link, passes: int) -> float:
     """Exposed seconds of a MoE layer's token movement for one micro-batch: ``passes`` of
     dispatch + combine (2 forward and backward, 3 when the block is recomputed), each with its
-    ETP gather and scatter, less the overlapped fraction; plus the dropless host syncs."""
+    ETP gather and scatter, less the overlapped fraction."""
     elements = dispatch_elements(tokens, h, mlp, tp)
     one = 2 * all_to_all_s(elements, elem_bytes, mlp, ep, options, flat, intra, inter, domains)
     if etp > 1:
         gathered = elements * etp * elem_bytes * options.load_factor
         one += comm.all_gather_s(gathered, etp, etp_link) + comm.reduce_scatter_s(
             gathered, etp, etp_link)
-    exposed = passes * one * (1.0 - options.a2a_overlap)
-    if ep > 1 and options.dropless and options.dispatcher == "alltoall":
-        exposed += passes * DROPLESS_SYNC_S
-    return exposed
+    return passes * one * (1.0 - options.a2a_overlap)
 
 
-def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0) -> float:
+def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0,
+                 options: MoeOptions = MoeOptions()) -> float:
     """Seconds a MoE layer's ``passes`` (forward, backward, recomputed forward) wait on the host
-    beyond their ``gpu_s`` of device work: the host needs :data:`HOST_PER_LAYER_PASS_S` to
-    issue each pass (plus ``extra_host_s`` of other launches the option repeats), and the
-    layer takes the longer of the two."""
-    return max(0.0, passes * HOST_PER_LAYER_PASS_S + extra_host_s - gpu_s)
+    beyond their ``gpu_s`` of device work. Issued from Python, the host needs
+    :data:`HOST_PER_LAYER_PASS_S` per pass, :data:`DROPLESS_SYNC_S` more where dropless routing
+    reads the token counts back, plus ``extra_host_s`` of other launches the option repeats;
+    the layer takes the longer of the host's and the GPU's time. A CUDA graph that captures the
+    layer replays it with one launch (no floor)."""
+    if options.host_captured:
+        return 0.0
+    per_pass = HOST_PER_LAYER_PASS_S + (DROPLESS_SYNC_S if options.host_synchronised else 0.0)
+    return max(0.0, passes * per_pass + extra_host_s - gpu_s)
 
 
 def host_passes(recompute: str) -> tuple[float, int]:
@@ -173,8 +183,9 @@ def host_passes(recompute: str) -> tuple[float, int]:
 def dispatch_buffer_bytes(tokens: float, h: int, mlp: Mlp, tp: int, etp: int,
                           elem_bytes: float, options: MoeOptions) -> float:
     """Transient bytes while a MoE layer runs backward: the send and receive buffers of one
-    all-to-all (the permuted copies and the received ones, gathered over ETP)."""
-    elements = dispatch_elements(tokens, h, mlp, tp) * options.load_factor
+    all-to-all (the permuted copies and the received ones, gathered over ETP), sized by the
+    busiest rank's load or, sync-free, by the pre-sized rank capacity."""
+    elements = dispatch_elements(tokens, h, mlp, tp) * options.buffer_factor
     return elements * elem_bytes * (1 + etp)
 
 

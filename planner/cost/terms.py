@@ -530,11 +530,12 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     if mlp is not None and mlp.is_moe:  # the layer is no faster than the host issues it
         gpu_s = compute.fwd_s + compute.bwd_s + compute.recompute_s(recompute) + tp_comm + other
         passes, launches = moe.host_passes(recompute.value)
-        other += moe.host_floor_s(gpu_s, passes, launches * KERNEL_LAUNCH_S)
+        other += moe.host_floor_s(gpu_s, passes, launches * KERNEL_LAUNCH_S, opts.moe)
     stored, working = layer_activation_bytes(layer, view.micro_batch, seq_len, tp, c.cp, sp,
                                              recompute, opts.attention_kernel, opts.dropout,
                                              mesh.expert_tp, opts.moe.load_factor,
-                                             opts.fp8_saved_inputs and c.dtype == "fp8")
+                                             opts.fp8_saved_inputs and c.dtype == "fp8",
+                                             opts.recompute_modules)
     working += moe_buffer
     dense, expert = layer_params_on_gpu(layer, tp, c.ep, mesh.expert_tp)
     state = opts.state_bytes

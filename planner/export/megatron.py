@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.moe import DEFAULT_A2A_OVERLAP
+from planner.cost.recompute_modules import DEFAULT_RECOMPUTE_MODULES
+from planner.moe import DEFAULT_A2A_OVERLAP, SYNC_FREE_RANK_CAPACITY
 from planner.plan_types import Plan
 from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
                                  headline, launch_size, memory_note, recompute_counts)
@@ -84,15 +85,19 @@ def _recompute(plan: Plan, doc: dict[str, Any], args: list, warnings: list[str],
         args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                  ("--recompute-num-layers", 1)]
         return
+    modules = tuple(plan.runtime.recompute_modules)
+    selective = [("--recompute-granularity", "selective")]  # core_attn by default
+    if modules != DEFAULT_RECOMPUTE_MODULES:
+        selective.append(("--recompute-modules", *modules))
     if counts["selective"] == len(values):
-        args.append(("--recompute-granularity", "selective"))  # core_attn by default
+        args += selective
         return
     planned = describe_recompute(doc)
     if counts["full"] == 0:
         # selective on some blocks only: Megatron's selective switch covers every layer
-        args.append(("--recompute-granularity", "selective"))
+        args += selective
         warnings.append(
-            f"recompute: the plan recomputes the attention core of some blocks only "
+            f"recompute: the plan recomputes {', '.join(modules)} of some blocks only "
             f"({planned}); Megatron's --recompute-granularity selective applies to every layer, "
             f"so the remaining {counts['none']} blocks also recompute it (a little slower, never "
             f"more memory)")
@@ -149,13 +154,30 @@ def _experts(plan: Plan, args: list, warnings: list[str], notes: list[str]) -> N
     if mlp.shared_ffn_hidden:
         args.append(("--moe-shared-expert-intermediate-size", mlp.shared_ffn_hidden))
     args += [("--moe-grouped-gemm",), ("--moe-permute-fusion",)]
-    if opts.dispatcher == "deepep":
+    sync_free = opts.cuda_graph == "full_iteration" and opts.dropless
+    if opts.dispatcher == "deepep" and sync_free:  # sync-free needs the HybridEP backend
+        args += [("--moe-token-dispatcher-type", "flex"),
+                 ("--moe-flex-dispatcher-backend", "hybridep")]
+    elif opts.dispatcher == "deepep":
         args += [("--moe-token-dispatcher-type", "flex"), ("--moe-enable-deepep",)]
     else:
         args.append(("--moe-token-dispatcher-type", "alltoall"))
     if not opts.dropless:
         args += [("--moe-expert-capacity-factor", opts.capacity_factor),
                  ("--moe-pad-expert-input-to-capacity",)]
+    if opts.cuda_graph == "full_iteration":  # Megatron-Core full-iteration graph, sync-free MoE
+        args += [("--cuda-graph-impl", "local"), ("--cuda-graph-scope", "full_iteration")]
+        if sync_free:  # buffers pre-sized: Megatron-Core paged stash (docs: MoE paged stash)
+            args += [("--use-transformer-engine-op-fuser",),
+                     ("--moe-expert-rank-capacity-factor", SYNC_FREE_RANK_CAPACITY),
+                     ("--moe-paged-stash",)]
+            if opts.dispatcher != "deepep":
+                warnings.append("megatron: sync-free dropless MoE under a full-iteration CUDA "
+                                "graph needs the flex dispatcher with the HybridEP backend "
+                                "(--moe-dispatcher deepep); the plan's alltoall dispatcher "
+                                "reads token counts back, which the graph cannot capture")
+    elif opts.cuda_graph == "moe":  # each MoE layer captured by Transformer Engine
+        args += [("--cuda-graph-impl", "transformer_engine"), ("--cuda-graph-scope", "moe")]
     if opts.a2a_overlap > DEFAULT_A2A_OVERLAP and mesh.ep > 1:  # more than runtimes hide anyway
         args += [("--overlap-moe-expert-parallel-comm",), ("--delay-wgrad-compute",)]
         notes.append(f"megatron: the plan hides {opts.a2a_overlap:g} of the expert all-to-all "

@@ -96,3 +96,53 @@ def test_cli_calibrate_bad_runs_file_is_a_clear_error(tmp_path, capsys):
         main(["calibrate", str(bad), "-o", str(tmp_path / "p.yaml"), "--json"])
     assert done.value.code == 2
     assert "entries" in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+def test_prior_rows_pull_toward_the_start_and_ties_toward_their_mean():
+    from planner.calibration.constants import PARAMS
+    from planner.calibration.fit import PRIOR_WEIGHT, TIE_WEIGHT, TIES, prior_residuals
+    tie = next(t for t in TIES if t[0].startswith("block_overhead_s"))
+    chosen = [p for p in PARAMS if p.name in tie]
+    start = Constants()
+    at_prior = [start.get(p.name) for p in chosen]
+    assert len(set(at_prior)) == 1  # the tied eager runtimes share their prior
+    assert prior_residuals(chosen, at_prior, start) == [0.0] * (2 * len(chosen))
+    moved = at_prior[:-1] + [at_prior[-1] + 0.003]
+    rows = prior_residuals(chosen, moved, start)
+    half = (chosen[-1].high - chosen[-1].low) / 2
+    assert rows[:len(chosen)] == pytest.approx([0.0] * (len(chosen) - 1)
+                                               + [PRIOR_WEIGHT * 0.003 / half])
+    mean_shift = 0.003 / len(chosen)  # the tie's mean moved by 1/n of the step
+    assert rows[len(chosen):] == pytest.approx(
+        [-TIE_WEIGHT * mean_shift / half] * (len(chosen) - 1)
+        + [TIE_WEIGHT * (0.003 - mean_shift) / half])
+
+
+def test_a_run_depends_only_on_the_constants_that_reach_its_options():
+    """The fit's grouped finite differences skip a constant for a run when the constant does
+    not change the run's options; then it must not change its residuals either."""
+    from planner.calibration.constants import PARAMS
+    from planner.calibration.fit import depends, run_residuals
+    runs = _mpt_runs()[:2]
+    start = Constants()
+    for run in runs:
+        base = run_residuals(run, start)
+        independent = [p for p in PARAMS if not depends(run, p.name, start)]
+        assert "matmul_efficiency.blackwell" in {p.name for p in independent}
+        assert "block_overhead_s.fsdp" not in {p.name for p in independent}
+        for p in independent:
+            other = p.high if start.get(p.name) != p.high else p.low
+            moved = start.with_values(**{p.name.replace(".", "__"): other})
+            assert run_residuals(run, moved) == base, p.name
+
+
+def test_widened_bands_add_the_between_source_spread_in_quadrature():
+    from planner.calibration.bands import BandTable, Spread, band, widened
+    table = BandTable({"step_time": Spread(40, 0.0, 0.03)},
+                      {"step_time": {"runtime:fsdp": Spread(10, 0.01, 0.04)}})
+    wide = widened(table, {"step_time": 0.03})
+    assert wide.pooled["step_time"].sigma == pytest.approx(0.03 * 2 ** 0.5)
+    assert wide.labels["step_time"]["runtime:fsdp"].sigma == pytest.approx(0.05)
+    narrow = band(table, "step_time", 1.0, ["runtime:fsdp"], 8, 1e9)
+    broad = band(wide, "step_time", 1.0, ["runtime:fsdp"], 8, 1e9)
+    assert broad.low < narrow.low < 1.0 < narrow.high < broad.high

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Sequence
 
 NOMINAL_COVERAGE = 0.80
@@ -108,6 +108,21 @@ def build_table(samples: Iterable[tuple]) -> BandTable:
         per_label[q] = {k: spread_of([x[0] for x in v], [x[2] for x in v], [x[3] for x in v],
                                      [x[4] for x in v]) for k, v in groups.items()}
     return BandTable(pooled, per_label)
+
+
+def widened(table: BandTable, between: Mapping[str, float]) -> BandTable:
+    """``table`` with every spread of quantity q combined with ``between[q]``, the spread of
+    the errors between calibration sources (``sigma^2 = s^2 + tau^2``): the in-sample residuals
+    of a regime describe runs like the fitted ones; a run from another setup (another cluster,
+    software version or measuring convention) also carries its source's own offset, which the
+    leave-one-source-out estimate measures (bench/holdout.py)."""
+    def wide(s: Spread, tau: float) -> Spread:
+        return replace(s, sigma=math.sqrt(s.sigma ** 2 + tau ** 2))
+
+    pooled = {q: wide(s, between.get(q, 0.0)) for q, s in table.pooled.items()}
+    labels = {q: {k: wide(s, between.get(q, 0.0)) for k, s in v.items()}
+              for q, v in table.labels.items()}
+    return BandTable(pooled, labels)
 
 
 def mfu_reason(table: BandTable, mfu: float, generation: str) -> str | None:

@@ -6,8 +6,10 @@ mesh for every layer (``--pin layouts=mesh``, today's space) and with per-layer 
 stage's ``tp x dp`` ranks, the embedding and LM head also the whole node's (``tp=node``), with
 resharding between layers costed on the topology). It reports both step times, the gain, the
 solve times (wall and CPU seconds: the solver is single-threaded, CPU seconds are what it takes
-on an idle core) and which layers changed layout. The per-layer search starts from the best
-uniform plan (planner/solve/search.py), so the gain is never negative. Run::
+on an idle core), the status and which layers changed layout. A per-layer search that ends
+OPTIMAL is never worse than the best uniform plan (its space contains the uniform one); one
+that stops on its limits ran the uniform search in its second half (planner/solve/search.py).
+Run::
 
     python bench/layouts.py              # prints a Markdown table (many minutes)
     python bench/layouts.py --quick      # one model
@@ -181,15 +183,12 @@ def run(case, time_limit: float) -> dict:
     label, make, cluster_name, nodes, batch, seq = case
     model, cluster = make(), load_cluster(cluster_name, nodes=nodes)
     out = {"model": label, "cluster": f"{cluster_name} x{nodes}", "batch": batch, "seq": seq}
-    uniform = None
     for key, pins in (("uniform", Pins()), ("layered", Pins(layouts="per-layer"))):
         start, cpu = time.perf_counter(), time.process_time()
-        # the per-layer search starts from the uniform search's plans (as the CLI does with
-        # half its time limit): the two solve times add up to the CLI's
-        seeds = (uniform.best, *uniform.alternatives) if uniform is not None else ()
+        # the per-layer search as the CLI runs it (alone; the uniform search only runs in the
+        # second half of its limits if it stops on the first half)
         result = search(model, cluster, batch, seq, pins=pins,
-                        options=SearchOptions(time_limit_s=time_limit, incumbents=seeds))
-        uniform = uniform or result
+                        options=SearchOptions(time_limit_s=time_limit))
         out[key] = result.best.step_time_s
         out[f"{key}_solve_s"] = time.perf_counter() - start
         out[f"{key}_cpu_s"] = time.process_time() - cpu

@@ -73,7 +73,7 @@ class _Builder:
     that every term matters to the ILP's agreement with ``evaluate``."""
 
     def __init__(self, problem: StageProblem, cutoff_s: float | None,
-                 drop: frozenset[str] = frozenset()):
+                 drop: frozenset[str] = frozenset(), slowest_stage_s: float = 0.0):
         self.p = problem
         self.ctx = problem.ctx
         self.c = self.ctx.config
@@ -85,6 +85,7 @@ class _Builder:
         m, v = self.T.num_micro_batches, self.T.virtual_stages
         self.scale_s = max(work * (m * v + 1), 1e-12) / TICKS
         self.cutoff_s = cutoff_s
+        self.slowest_stage_s = slowest_stage_s
 
     # -- integer scaling -------------------------------------------------------------------
     def ticks(self, seconds: float) -> int:
@@ -146,10 +147,18 @@ class _Builder:
         # the runtime's recompute rule (planner/recompute_rules.py, solve/recompute_model.py)
         add_rule(M, rule_of(P), P.classes, L, pp, v, self.x, self.n,
                  None if single and v == 1 else b)
+        if not single and v == 1:
+            # redundant cut: the stages hold every block (the min/max of blocks_in relax weakly)
+            for ci, cls in enumerate(P.classes):
+                M.add(sum(self.x[i, ci] for i in range(pp)) == cls.count)
         reshard = self.layouts(b)
 
         # (M), (Z), (T), (D), (O) per stage: planner.solve.stage_model
         T_var = M.new_int_var(0, 2**50, "T")
+        if 0 < self.slowest_stage_s < math.inf:
+            # redundant cut: a proven floor of the slowest stage (planner.solve.bounds), less
+            # a margin for the rounding of each coefficient to ticks
+            M.add(T_var >= max(0, int(self.slowest_stage_s / self.scale_s) - L - 64))
         d = M.new_int_var(0, 2**50, "d")
         o = M.new_int_var(0, 2**50, "o")
         self.t, slack = [], 0
@@ -321,8 +330,11 @@ _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",
 def solve_stages(problem: StageProblem, *, hint: LayerPlacement | None = None,
                  cutoff_s: float | None = None, workers: int = 1, seed: int = 0,
                  max_time_s: float = 10.0, deterministic_time: float = 5.0,
-                 drop_terms: frozenset[str] = frozenset(), tie_break: bool = True) -> InnerResult:
+                 drop_terms: frozenset[str] = frozenset(), tie_break: bool = True,
+                 slowest_stage_s: float = 0.0) -> InnerResult:
     """Solve one outer configuration exactly (within the limits). ``drop_terms``: see _Builder.
+    ``slowest_stage_s``: a proven lower bound on the slowest stage's seconds per micro-batch
+    (:func:`planner.solve.bounds.slowest_stage_lb_s`), added as a redundant cut.
 
     Lexicographic objective: step time first; then (``tie_break``), among the placements of
     that step time (in objective ticks), the lowest peak memory: a second solve of the same
@@ -330,7 +342,7 @@ def solve_stages(problem: StageProblem, *, hint: LayerPlacement | None = None,
     with the first solution (so it can only keep or improve the peak), within the remaining
     time and the same deterministic budget."""
     start = time.monotonic()
-    builder = _Builder(problem, cutoff_s, drop_terms)
+    builder = _Builder(problem, cutoff_s, drop_terms, slowest_stage_s)
     builder.build()
     if hint is not None:
         builder.hint(hint)

@@ -24,12 +24,14 @@ from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError, invalid
 from planner.hardware import GIB, Cluster
 from planner.ir import ModelGraph
+from planner.solve.bounds import contiguous_split_exceeds, slowest_stage_lb_s, stage_lp_bound
 from planner.solve.candidates import candidates, config_key
 from planner.solve.explain import does_not_fit
 from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.inner import solve_stages
 from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins
+from planner.solve.split_hint import best_split
 from planner.strategy import LayerOption, Layout, default_placement
 
 
@@ -113,16 +115,24 @@ def rank(ev: Evaluation) -> tuple[float, float]:
 
 
 def _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, options,
-                        deadline) -> list[tuple[tuple[float, float], tuple, Evaluation]]:
-    """The best uniform (mesh-layout) plans, as (rank, key, evaluation) entries."""
-    budget = (deadline - time.monotonic()) / 2
-    work = None if options.work_limit is None else max(1, options.work_limit // 2)
+                        deadline, work) -> list[tuple[tuple[float, float], tuple, Evaluation]]:
+    """The best uniform (mesh-layout) plans within ``deadline`` and ``work`` solves, as
+    (rank, key, evaluation) entries."""
     try:
         found = search(model, cluster, global_batch, seq_len, dtype, replace(pins, layouts=None),
-                       replace(options, time_limit_s=budget, work_limit=work))
+                       replace(options, time_limit_s=max(deadline - time.monotonic(), 0.01),
+                               work_limit=work))
     except PlannerError:
         return []
     return [(rank(ev), config_key(ev.config), ev) for ev in [found.best, *found.alternatives]]
+
+
+def _cannot_beat(problem, cutoff_s: float) -> bool:
+    """The bounds that cost more than the candidate's sort key, tried before a CP-SAT solve:
+    the integrality of contiguous stages, then the LP with the stages kept
+    (:mod:`planner.solve.bounds`)."""
+    return (contiguous_split_exceeds(problem, cutoff_s)
+            or stage_lp_bound(problem) > cutoff_s)
 
 
 def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
@@ -149,7 +159,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             ("check that the global batch is divisible by some data-parallel degree",
              "remove pins that contradict each other (see --pin)"),
             {"pins": pins.as_dict()})
-    fitting = [c for c in cands if c.memory_lb_bytes <= limit]
+    fitting = [c for c in cands if c.memory_lb_bytes <= limit and math.isfinite(c.fit_lb_s)]
     pruned_memory = total - len(fitting)
     prof = runtime_profile(options.runtime.profile)
 
@@ -158,11 +168,14 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         kept = sorted(((rank(ev), config_key(ev.config), ev) for ev in options.incumbents
                        if ev.fits and ev.peak_memory_bytes <= limit),
                       key=lambda item: (item[0], item[1]))[:options.top_k]
-    elif pins.layouts == "per-layer":
-        # the per-layer space contains the uniform one: its best plan (in half the time) is
-        # the incumbent, so the per-layer plan is never worse and its bound prunes earlier
-        kept = _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, options,
-                                   deadline)
+    # The per-layer space contains the uniform one, so a complete per-layer search is never
+    # worse than the best uniform plan. Should it stop on its limits, it has had half of
+    # them, and the uniform search runs in the other half: the plan is the better of the two.
+    fallback = pins.layouts == "per-layer" and not options.incumbents
+    loop_deadline, work_limit = deadline, options.work_limit
+    if fallback:
+        loop_deadline = start + options.time_limit_s / 2
+        work_limit = None if work_limit is None else max(1, work_limit // 2)
     evaluated = optimal = 0
     open_bound = math.inf  # smallest bound among candidates not proven
     timed_out = False
@@ -170,37 +183,46 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     scale = 0.0
     for index, cand in enumerate(fitting):
         cutoff = kept[-1][0][0] if len(kept) >= options.top_k else math.inf
-        if cand.time_lb_s > cutoff:
+        if cand.fit_lb_s > cutoff:
             break  # every remaining candidate's bound is above the k-th best (a tie may win
             # on memory, so a bound equal to it is still solved)
-        remaining = deadline - time.monotonic()
+        remaining = loop_deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
-            open_bound = min(open_bound, cand.time_lb_s)
+            open_bound = min(open_bound, cand.fit_lb_s)
             break
-        if options.work_limit is not None and evaluated >= options.work_limit:
+        if work_limit is not None and evaluated >= work_limit:
             out_of_work = True
-            open_bound = min(open_bound, cand.time_lb_s)
+            open_bound = min(open_bound, cand.fit_lb_s)
             break
+        if math.isfinite(cutoff) and _cannot_beat(cand.problem, cutoff * (1 + 1e-9)):
+            continue  # proven by the finer bounds: no fitting placement reaches the k-th best
         # the hint: the best uniform plan of this configuration over the mesh layout (a
         # uniform non-mesh layout is rarely the best start and costs an evaluation each)
         allowed = pins.block_options(cand.config, prof)
         hint = uniform_placement(model, cluster, cand.config, options.runtime,
                                  tuple(o for o in allowed if o.layout is Layout.MESH) or allowed,
                                  limit)
+        if hint is None or len(cand.problem.classes) > 1:
+            # blocks that differ (or an even split that does not fit): a balanced uneven split
+            split = best_split(cand.problem, limit, options.runtime)
+            if split is not None and (hint is None or rank(split) < rank(hint)):
+                hint = split
+        # blocks that differ: CP-SAT's relaxation does not see the integrality of stages
+        slowest = slowest_stage_lb_s(cand.problem) if len(cand.problem.classes) > 1 else 0.0
         result = solve_stages(
-            cand.problem, hint=hint.placement if hint else None,
+            cand.problem, hint=hint.placement if hint else None, slowest_stage_s=slowest,
             cutoff_s=None if math.isinf(cutoff) else cutoff * (1 + 1e-6),
             workers=options.workers, seed=options.seed, max_time_s=remaining,
             deterministic_time=options.inner_deterministic_time)
         evaluated += 1
-        if time.monotonic() >= deadline:  # the wall clock may have cut this solve short
+        if time.monotonic() >= loop_deadline:  # the wall clock may have cut this solve short
             timed_out = True
         scale = max(scale, result.scale_s)
         if result.status == "OPTIMAL" or result.status == "INFEASIBLE":
             optimal += 1
         else:
-            open_bound = min(open_bound, max(result.bound_s, cand.time_lb_s))
+            open_bound = min(open_bound, max(result.bound_s, cand.fit_lb_s))
         placement = result.placement
         ev = None
         if placement is not None:
@@ -213,7 +235,12 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             del kept[options.top_k:]
         if progress is not None:
             progress(index + 1, len(fitting), kept[0][0][0] if kept else math.inf,
-                     min(cand.time_lb_s, open_bound))
+                     min(cand.fit_lb_s, open_bound))
+    if fallback and (timed_out or out_of_work):
+        work = None if options.work_limit is None else max(1, options.work_limit - work_limit)
+        kept = sorted(kept + _uniform_incumbents(model, cluster, global_batch, seq_len, dtype,
+                                                 pins, options, deadline, work),
+                      key=lambda item: (item[0], item[1]))[:options.top_k]
     if not kept:
         raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out, deadline, pins,
                            options.memory_headroom)

@@ -128,3 +128,18 @@ def groups(rule: str, values: Iterable[str]) -> list[frozenset[str]]:
         out = [frozenset(("none", "full"))]
         return out + [frozenset((v,)) for v in sorted(values - out[0])]
     return [values]
+
+
+def placement_expressible(rule: str, model, placement) -> bool:
+    """A :class:`~planner.strategy.LayerPlacement` of ``model`` costs what one of ``rule``'s
+    settings costs (:func:`equivalent`)."""
+    if rule == "per-block":
+        return True
+    from planner.ir import LayerKind
+
+    blocks = [(s, o) for s, o, layer in zip(placement.stage, placement.options, model.layers)
+              if layer.kind is LayerKind.BLOCK]
+    classes = [ci for ci, cls in enumerate(model.layer_classes())
+               if cls.layer.kind is LayerKind.BLOCK for _ in range(cls.count)]
+    return equivalent(rule, chunk_runs([s for s, _ in blocks]), classes,
+                      [o.recompute.value for _, o in blocks]) is not None

@@ -5,7 +5,8 @@ For each mixed cluster (the ``h100-a100`` preset, 16 DGX H100 + 32 DGX A100 80GB
 (global batch 1,536, sequence 2,048) three ways and reports, under the cost model:
 
 * **mixed**: :func:`planner.hetero.search.hetero_search` over both pools (stage-to-pool in the
-  CP-SAT model), with its status and solve time;
+  CP-SAT model, split stages -- DP groups across pools -- where whole stages cannot make pp),
+  with its status and solve time;
 * **only the faster pool**: the one-pool search on the H100 pool alone;
 * **all as the slower GPU**: the one-pool search on a cluster of the same number of GPUs, all
   A100 with the A100 pool's fabric (what a homogeneous planner assumes when it treats the mixed
@@ -42,11 +43,12 @@ def plan_pools(spec: str, time_limit: float, repeat: int) -> dict:
     model = load_model(MODEL)
     cluster = load_cluster(spec, multi_pool=True)
     options = SearchOptions(time_limit_s=time_limit)
-    times, result = [], None
+    times, cpus, result = [], [], None
     for _ in range(repeat):
-        start = time.monotonic()
+        start, cpu = time.monotonic(), time.process_time()
         result = hetero_search(model, cluster, GLOBAL_BATCH, SEQ, options=options)
         times.append(time.monotonic() - start)
+        cpus.append(time.process_time() - cpu)
     fast, slow = cluster.pools  # h100 first, a100 second in both files
     fast_only = search(model, fast.as_cluster(), GLOBAL_BATCH, SEQ, options=options)
     as_slow = search(model, slow.as_cluster(num_nodes=cluster.num_gpus // slow.gpus_per_node),
@@ -55,11 +57,14 @@ def plan_pools(spec: str, time_limit: float, repeat: int) -> dict:
     c = best.config
     return {"cluster": cluster.name, "gpus": cluster.num_gpus, "mixed_s": best.step_time_s,
             "status": result.record["status"], "solve_s": statistics.median(times),
+            "solve_cpu_s": statistics.median(cpus),
             "fast_only_s": fast_only.best.step_time_s, "as_slow_s": as_slow.best.step_time_s,
             "mesh": f"tp {c.tp} x dp {c.dp} x pp {c.pp}, ZeRO {c.zero_stage}, mb {c.micro_batch}",
             "stages": " ".join(f"{p}:{len([i for i in s.layers if model.layers[i].kind.value == 'block'])}"
                                for p, s in zip(best.stage_pools.pools, best.stages)),
-            "used": best.gpus_per_pool()}
+            "used": best.gpus_per_pool(),
+            "split_configs": result.record["candidates_with_split_stages"],
+            "split_used": any("+" in p for p in best.stage_pools.pools)}
 
 
 def replan_rows(repeat: int) -> list[dict]:
@@ -100,17 +105,19 @@ def replan_rows(repeat: int) -> list[dict]:
 def render(pools: list[dict], replans: list[dict]) -> str:
     out = ["GPT-3 175B, global batch 1,536, sequence 2,048; step times in seconds under the cost "
            "model (`python -m bench.hetero`).", "",
-           "| cluster | GPUs | mixed plan | status, solve s | only H100 pool | all as A100 | gain vs H100 only | gain vs all-A100 |",
+           "| cluster | GPUs | mixed plan | status, solve s (CPU s) | only H100 pool | all as A100 | gain vs H100 only | gain vs all-A100 |",
            "|---|---|---|---|---|---|---|---|"]
     for p in pools:
         out.append(f"| {p['cluster']} | {p['gpus']:,} | {p['mixed_s']:.2f} | {p['status']}, "
-                   f"{p['solve_s']:.1f} | {p['fast_only_s']:.2f} | {p['as_slow_s']:.2f} | "
+                   f"{p['solve_s']:.1f} ({p['solve_cpu_s']:.1f}) | {p['fast_only_s']:.2f} | {p['as_slow_s']:.2f} | "
                    f"{p['fast_only_s'] / p['mixed_s'] - 1:+.0%} | "
                    f"{p['as_slow_s'] / p['mixed_s'] - 1:+.0%} |")
     out.append("")
     for p in pools:
         out.append(f"* {p['cluster']}: {p['mesh']}; blocks per stage {p['stages']}; GPUs used "
-                   + ", ".join(f"{k} {v}" for k, v in p["used"].items()))
+                   + ", ".join(f"{k} {v}" for k, v in p["used"].items())
+                   + f"; {p['split_configs']:,} configurations with a split stage (a DP group "
+                   f"across pools) weighed, {'one' if p['split_used'] else 'none'} chosen")
     out += ["", "Re-plan of a 1,024-GPU DGX H100 plan of GPT-3 175B (tp 8 x dp 16 x pp 8, "
             "ZeRO-1, selective recomputation):", "",
             "| case | chosen | replan s | throughput lost | layers moved | state moved GiB | state lost GiB | GPUs | batch |",

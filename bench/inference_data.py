@@ -13,7 +13,10 @@ calibration file) turned into serving-planner inputs, by rules that read each en
   aiconfigurator's fp8 modes quantise the KV cache), else bf16;
 * runtime by framework (TensorRT-LLM, vLLM, SGLang); degrees, workers and batches from
   ``serving``; concurrency from ``workload`` ("unbounded" = offline, as many as fit; missing =
-  the decode batch x decode workers).
+  the decode batch x decode workers);
+* offline TensorRT-LLM rows are trtllm-bench ``throughput`` runs (the perf-overview method):
+  unless the entry states them, the batch and token caps are what trtllm-bench derives
+  (:func:`trtllm_bench_settings`).
 
 Measured values: per-GPU output throughput where the source prints it (perf-overview rows),
 TTFT / TPOT (silicon rows). ``derived.output_tokens_per_sec_per_gpu_est`` (a closed-loop
@@ -111,6 +114,44 @@ def _cluster(entry: dict) -> Cluster:
     return replace(cluster, gpu=gpu)
 
 
+# trtllm-bench's bytes per weight / KV element by quantisation (tensorrt_llm/bench/build/
+# tuning.py BYTES_PER_ELEM: NVFP4 counted as 0.5, scales not counted)
+BENCH_BYTES = {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
+BENCH_KV_FRACTION = 0.95  # calc_engine_setting's kv_cache_gpu_mem_fraction default
+
+
+def trtllm_bench_settings(model: ModelGraph, memory_gib: float, dtype: str, kv_dtype: str,
+                          tp: int, pp: int, isl: int, osl: int) -> tuple[int, int]:
+    """(max_batch_size, max_num_tokens) trtllm-bench picks when none is given
+    (TensorRT-LLM ``tensorrt_llm/bench/build/tuning.py``: ``calc_engine_setting`` and
+    ``finetune_setting``): the requests of ``isl + osl`` tokens whose KV fits in 0.95 of the
+    group's memory less the weights, per pipeline stage, rounded up to a multiple of 32 (at
+    least 64) below 256, of 128 below 1024, else of 256; tokens = that batch x (1 + isl/osl)
+    rounded up (at least 2048, at most 32768)."""
+    attention = [layer.attention for layer in model.blocks() if layer.attention is not None]
+    kv_heads = max(tp, attention[0].num_kv_heads) if attention else tp
+    head = attention[0].head_dim if attention else 0
+    gib_per_token = 2 * len(attention) * kv_heads * head * BENCH_BYTES[kv_dtype] / 1024 ** 3
+    engine_gib = model.params * BENCH_BYTES[dtype] / 1024 ** 3
+    cache_gib = (memory_gib * tp * pp - engine_gib) * BENCH_KV_FRACTION
+    requests = cache_gib / (gib_per_token * (isl + osl)) if gib_per_token else 4096
+    raw_bs = min(requests, 4096) / pp
+    raw_tokens = min(raw_bs * (1 + isl / osl), 32768)
+    if raw_bs < 256:
+        batch = max(64, 32 * math.ceil(raw_bs / 32))
+    elif raw_bs < 1024:
+        batch = 128 * math.ceil(raw_bs / 128)
+    else:
+        batch = 256 * math.ceil(raw_bs / 256)
+    if raw_tokens < 4096:
+        tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
+    elif raw_tokens < 8192:
+        tokens = 512 * math.ceil(raw_tokens / 512)
+    else:
+        tokens = 1024 * math.ceil(raw_tokens / 1024)
+    return batch, tokens
+
+
 def _adp(value: Any, tp: int) -> tuple[int, int]:
     """(tp, attention_dp) from the entry's attention_dp (bool or size)."""
     if value is True:
@@ -135,8 +176,16 @@ def case(entry: dict) -> Case:
     kv = s.get("kv_cache_dtype") or ("fp8" if dtype in ("fp8", "fp4") else "bf16")
     kv = "fp8" if "fp8" in str(kv).lower() else "bf16"
     conc = w.get("concurrency")
+    cluster = _cluster(entry)
+    model = _model(entry)
     batch = s.get("max_batch_size") or rt.max_batch
-    tokens = s.get("max_num_tokens") or rt.max_num_tokens
+    tokens = s.get("max_num_tokens") or rt.default_max_num_tokens(cluster.gpu)
+    if rt.name == "trtllm" and not isinstance(conc, int) and not s["mode"].startswith("disagg"):
+        bench_batch, bench_tokens = trtllm_bench_settings(
+            model, cluster.gpu.memory_gib, dtype, kv, s.get("tp") or 1, s.get("pp") or 1,
+            w["isl"], w["osl"])
+        batch = s.get("max_batch_size") or bench_batch
+        tokens = s.get("max_num_tokens") or bench_tokens
     if s["mode"].startswith("disaggregated"):
         p, d = s["prefill"], s["decode"]
         # the decode batch caps a worker only when it sets the load (no concurrency given)
@@ -164,7 +213,7 @@ def case(entry: dict) -> Case:
     derived = (entry.get("derived") or {}).get("output_tokens_per_sec_per_gpu_est")
     group = (entry["model"]["name"], entry["cluster"]["gpu"], entry["framework"]["name"],
              str(entry["framework"].get("version")), dtype, w["isl"], w["osl"])
-    return Case(entry["id"], _model(entry), _cluster(entry), workload, config, rt.name,
+    return Case(entry["id"], model, cluster, workload, config, rt.name,
                 measured, derived, group, regime)
 
 

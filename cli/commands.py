@@ -259,7 +259,6 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
          top_k, pins, dp_shard, memory_headroom, attention_kernel, runtime, calibration, output,
          force, timings, fallbacks, fallback_max_moved_layers, as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
-    from planner.errors import ErrorKind, PlannerError
     from planner.plan import make_plan
     from planner.report import rounded
     from planner.solve.headroom import MemoryHeadroom
@@ -294,9 +293,6 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options,
                                 memory_headroom=headroom)
-        if pools is not None and fallbacks:
-            raise PlannerError(ErrorKind.INVALID_INPUT, "--fallbacks: plans across pools have "
-                               "no fallbacks yet", ("plan without --fallbacks",))
         if pools is not None:  # a plan across pools (planner/hetero/planning.py)
             from planner.hetero.planning import plan_across_pools
 
@@ -304,6 +300,14 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
                 graph, pools, global_batch, dtype, pinned, options,
                 setup.calibration.constants if setup.calibration else None,
                 model_spec=model, cluster_spec=cluster, timings=timings)
+            if fallbacks:  # re-plans for the likeliest failures (planner/hetero/fallbacks.py)
+                from planner.hetero.fallbacks import compute_fallbacks
+
+                b = pool_result.best
+                doc["fallbacks"] = rounded(compute_fallbacks(
+                    b.model, b.cluster, b.config, b.placement, b.options, fallbacks,
+                    max_moved_layers=fallback_max_moved_layers,
+                    stage_pools=b.stage_pools.pools))
             _finish_plan(doc, output, force, plan_to_stdout, as_json,
                          pool_result.record["solve_time_s"])
             return

@@ -52,12 +52,29 @@ def parse_slow(items) -> dict[int, float]:
     return out
 
 
+def measured_slowdown(path) -> dict[int, float]:
+    """--slow-from FILE: the slowdown factors of planner.hetero.replan.slowdown_from_step_times."""
+    from planner.hetero.replan import slowdown_from_step_times
+    from planner.plan_io import read_json_file
+
+    doc = read_json_file(path, "step-time file", max_bytes=64 << 20)
+    if not isinstance(doc, dict) or not all(isinstance(k, str) and k.isdigit() and len(k) <= 9
+                                            for k in doc):
+        raise invalid(f"--slow-from {path}: expected a JSON object of rank: seconds, e.g. "
+                      f'{{"0": 1.02, "9": 1.55}}')
+    return slowdown_from_step_times({int(k): v for k, v in doc.items()})
+
+
 @click.command("replan")
 @click.argument("plan_path", metavar="PLAN", type=PATH)
 @click.option("--failed", "failed", default="", metavar="RANKS",
               help="Failed GPUs: a comma list of global ranks of the plan.")
 @click.option("--slow", "slow", multiple=True, metavar="RANK:FACTOR",
               help="A straggler and its slowdown (1.5: takes 1.5x as long). Repeatable.")
+@click.option("--slow-from", "slow_from", type=PATH, default=None, metavar="FILE",
+              help="Measured per-rank step times, a JSON object {\"RANK\": seconds, ...}: each "
+                   "rank's slowdown is its time over the median (ranks above it); --slow "
+                   "overrides a rank given in both.")
 @click.option("--max-moved-layers", type=click.IntRange(min=0), default=None,
               help="Churn budget: layers that may change pipeline stage (default: any).")
 @click.option("--allow-batch-change", is_flag=True,
@@ -70,8 +87,8 @@ def parse_slow(items) -> dict[int, float]:
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the new plan (with its replan section) as one JSON document.")
-def replan_command(plan_path, failed, slow, max_moved_layers, allow_batch_change, time_limit,
-                   output, force, as_json):
+def replan_command(plan_path, failed, slow, slow_from, max_moved_layers, allow_batch_change,
+                   time_limit, output, force, as_json):
     """Re-plan after failed GPUs or around slow ones; write the new plan with a replan section."""
     from planner.cost.model import Evaluation
     from planner.hetero.replan import replan
@@ -80,7 +97,8 @@ def replan_command(plan_path, failed, slow, max_moved_layers, allow_batch_change
     from planner.writer import check_target
 
     failed_ranks = parse_ranks(failed) if str(failed).strip() else []
-    slow_ranks = parse_slow(slow)
+    slow_ranks = measured_slowdown(slow_from) if slow_from is not None else {}
+    slow_ranks.update(parse_slow(slow))
     to_stdout = as_json or output == "-"
     if output == "-":
         output = None
@@ -90,15 +108,23 @@ def replan_command(plan_path, failed, slow, max_moved_layers, allow_batch_change
     with signals.deadline(time_limit, max(1.0, 0.1 * time_limit)):
         result = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
                         failed=failed_ranks, slow=slow_ranks, max_moved_layers=max_moved_layers,
-                        allow_batch_change=allow_batch_change, time_limit_s=time_limit)
+                        allow_batch_change=allow_batch_change, time_limit_s=time_limit,
+                        stage_pools=old.stage_pools)
     chosen = result.chosen
     ev = chosen.evaluation
-    new = Evaluation(old.model, chosen.cluster, chosen.config, chosen.placement, old.runtime,
-                     ev.stages, ev.breakdown, ev.model_flops, ev.hw_flops)
     inputs = old.document["inputs"]
-    doc = make_plan(new, model_spec=inputs["model"]["spec"], cluster_spec=inputs["cluster"]["spec"],
-                    nodes=chosen.cluster.num_nodes,
-                    solver={"status": chosen.solver_status, "objective_s": ev.step_time_s})
+    solver = {"status": chosen.solver_status, "objective_s": ev.step_time_s}
+    if old.across_pools:  # the new plan across the pools' surviving nodes (schema version 2)
+        from planner.hetero.plan_file import make_pool_plan
+
+        doc = make_pool_plan(ev, model_spec=inputs["model"]["spec"],
+                             cluster_spec=inputs["cluster"]["spec"], solver=solver)
+    else:
+        new = Evaluation(old.model, chosen.cluster, chosen.config, chosen.placement,
+                         old.runtime, ev.stages, ev.breakdown, ev.model_flops, ev.hw_flops)
+        doc = make_plan(new, model_spec=inputs["model"]["spec"],
+                        cluster_spec=inputs["cluster"]["spec"], nodes=chosen.cluster.num_nodes,
+                        solver=solver)
     doc["replan"] = result.as_dict() | {"old_plan": str(plan_path)}
     deliver_plan(doc, output, force=force, to_stdout=to_stdout)
     if not as_json:

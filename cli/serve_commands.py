@@ -124,7 +124,8 @@ def serve_evaluate(model, cluster, nodes, isl, osl, concurrency, request_rate, t
     rt = runtime(runtime_name)
     graph, hw, wl = _inputs(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms,
                             tpot_ms, mode, dtype, kv_dtype, speculative)
-    caps = dict(batch=batch or rt.max_batch, max_num_tokens=max_num_tokens or rt.max_num_tokens)
+    caps = dict(batch=batch or rt.max_batch,
+                max_num_tokens=max_num_tokens or rt.default_max_num_tokens(hw.gpu))
     if prefill_workers is not None or decode_workers is not None or mode == "disaggregated":
         if prefill_workers is None or decode_workers is None:
             raise invalid("disaggregated serving needs both --prefill-workers and "
@@ -243,11 +244,15 @@ def print_serving(doc: dict, written_to: str | None = None,
         console.print(line(("problem", "red"), ": ", problem), soft_wrap=True)
     frontier = inf.get("frontier") or []
     if frontier:
-        t = Table(title="Pareto frontier (tok/s/GPU vs tok/s/user)")
+        shown = _spread(frontier, FRONTIER_ROWS)
+        title = "Pareto frontier (tok/s/GPU vs tok/s/user)" + (
+            f": {len(shown)} of its {len(frontier)} points (all in the plan file)"
+            if len(shown) < len(frontier) else "")
+        t = Table(title=title)
         for column in ("deployment", "concurrency", "tok/s/user", "tok/s/GPU", "TTFT ms",
                        "TPOT ms"):
             t.add_column(column, justify="right")
-        for point in frontier:
+        for point in shown:
             d, q = point["deployment"], point["predicted"]
             t.add_row(_label(d), f"{q['concurrency']:g}",
                       f"{q['output_tokens_per_s_per_user']:.1f}",
@@ -358,3 +363,14 @@ def install(group: click.Group) -> None:
         train = group.commands.get(name)
         if train is not None and not isinstance(train, WorkloadCommand):
             group.add_command(WorkloadCommand(train, serve), name)
+
+
+FRONTIER_ROWS = 24  # frontier points the table shows (evenly spread, both ends included)
+
+
+def _spread(points: list, most: int) -> list:
+    """At most ``most`` of ``points``, evenly spread, the first and last included."""
+    if len(points) <= most:
+        return points
+    step = (len(points) - 1) / (most - 1)
+    return [points[round(i * step)] for i in range(most)]

@@ -35,6 +35,8 @@ ONE_POOL_ONLY = ("gpu", "gpu_overrides", "gpus_per_node", "num_nodes", "nics_per
 
 ClusterPreset = Callable[[str], Cluster]
 
+RESERVED = ("+", ":")  # planner/hetero/layout.py: a split stage is "pool:replicas+..."
+
 
 def multi_pool_from_mapping(data: dict[str, Any], where: str,
                             gpu_presets: Mapping[str, dict[str, Any]],
@@ -111,6 +113,11 @@ def _pool(item: Any, where: str, path: str, gpu_presets: Mapping[str, dict[str, 
         name = text(item.get("name", cluster.gpu.name), where, f"{path}.name")
         cluster = with_nodes(replace(cluster, name=name), cluster.num_nodes, where,
                              f"{path}.num_nodes")
+    if any(ch in name for ch in RESERVED):
+        raise _fail(where, f"{path}.name", f"pool name {name!r} contains "
+                                           f"{' or '.join(repr(c) for c in RESERVED)}",
+                    "Those spell a stage split over pools in a plan (h100:8+a100:24); "
+                    "rename the pool.")
     return Pool.from_cluster(cluster, name=name, first_rank=first_rank)
 
 

@@ -75,7 +75,7 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
     if runtime is not None:
         prof, options = runtime_options(plan, runtime, calibration)
         problems += runtime_problems(plan, prof)
-    if plan.document.get("fallbacks") and not plan.across_pools:  # planner/hetero/fallbacks.py
+    if plan.document.get("fallbacks"):  # planner/hetero/fallbacks.py
         from planner.hetero.fallbacks import fallback_problems
 
         problems += [Problem("fallback", f"the fallback for a {kind} failure no longer holds: "

@@ -106,3 +106,46 @@ def test_check_validates_the_fallbacks(planned, capsys, tmp_path):
     report = json.loads(out)
     assert code == 1 and any("node failure" in p["message"] and "GiB" in p["message"]
                              for p in report["problems"] if p["code"] == "fallback")
+
+
+def test_fallbacks_of_a_plan_across_pools_equal_replan_and_are_checked(tmp_path, capsys):
+    from test_hetero_solver import POOLS
+
+    cluster = tmp_path / "pools.yaml"
+    cluster.write_text(POOLS.replace("memory_gib: 0.16", "memory_gib: 0.3"))
+    out = tmp_path / "plan.json"
+    pins = [x for kv in ("tp=1", "dp=4", "pp=2", "micro_batch=2") for x in ("--pin", kv)]
+    code, _, err = run_cli(["plan", "-m", "tiny", "-c", cluster, "--global-batch", "16",
+                            "--time-limit", "60", "--fallbacks", "2", "-o", out, "--json",
+                            *pins], capsys)
+    assert code == 0, err
+    doc = load_plan(out)
+    plan = Plan.from_dict(doc)
+    assert plan.across_pools and sorted(plan.stage_pools) == ["fast", "slow"]
+    gpu, node = doc["fallbacks"]
+    # runtime rank 0 is stage 0's first GPU; its node (2 GPUs) holds replicas 0 and 1 of
+    # that stage, which leave: dp 4 -> 2 on one node of each pool
+    assert gpu["failed_ranks"] == [0] and node["failed_ranks"] == [0, 1]
+    for entry in (gpu, node):
+        assert entry["status"] == "ok" and entry["parallelism"]["dp"] == 2
+        assert entry["pool_nodes"] == {"fast": 1, "slow": 1}
+        assert sorted(entry["stage_pools"]) == ["fast", "slow"]
+    again = replan(plan.model, plan.cluster, plan.config, plan.placement, plan.runtime,
+                   failed=[0], stage_pools=plan.stage_pools)
+    assert again.chosen.step_time_s == pytest.approx(gpu["predicted"]["step_time_s"], rel=1e-4)
+    assert set(again.chosen.moved_state_by_link) <= {"nvlink", "ethernet", "inter_pool"}
+    code, report, _ = run_cli(["check", out, "--json"], capsys)
+    assert code == 0 and json.loads(report)["ok"], report
+    # `shardplan replan` on the plan across pools writes a checkable plan across the survivors
+    new = tmp_path / "new.json"
+    code, printed, err = run_cli(["replan", out, "--failed", "0", "-o", new, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(printed)["replan"]["failed_ranks"] == [0]
+    code, report, _ = run_cli(["check", new, "--json"], capsys)
+    assert code == 0 and json.loads(report)["ok"], report
+    bad = edited(doc, lambda d: d["fallbacks"][0]["parallelism"].update(dp=8, global_batch=32))
+    target = tmp_path / "bad.json"
+    target.write_text(json.dumps(bad))
+    code, report, _ = run_cli(["check", target, "--json"], capsys)
+    assert code == 1 and any(p["code"] == "fallback" and "gpu failure" in p["message"]
+                             for p in json.loads(report)["problems"])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from planner.hetero.layout import stage_shares
 from planner.plan_io import load_plan, validate_plan
 from planner.plan_types import Plan
 
@@ -49,9 +50,10 @@ def test_plan_across_pools_is_a_version_2_plan_file(planned):
     assert doc["schema_version"] == 2 and len(p["stage_pools"]) == p["pp"]
     assert {row["name"] for row in doc["cluster"]["pools"]} == {"fast", "slow"}
     assert [s["pool"] for s in doc["stages"]] == p["stage_pools"]
-    # each stage's capacity is its pool's GPU memory
+    # each stage's capacity is its pool's GPU memory (a split stage's: the smaller)
     caps = {"fast": 0.16, "slow": 0.3}
-    assert [s["capacity_gib"] for s in doc["stages"]] == [caps[x] for x in p["stage_pools"]]
+    assert [s["capacity_gib"] for s in doc["stages"]] == \
+        [min(caps[q] for q, _ in stage_shares(x, p["dp"])) for x in p["stage_pools"]]
     assert all(s["memory_gib"]["total"] <= s["capacity_gib"] for s in doc["stages"])
     used = sum(row["gpus_used"] for row in doc["cluster"]["pools"])
     assert used == p["tp"] * p["cp"] * p["dp"] * p["pp"]
@@ -89,14 +91,17 @@ def test_check_uses_each_stages_pool_memory(planned, capsys, tmp_path):
         [s["capacity_gib"] for s in load_plan(path)["stages"]]
     # the same cluster with less memory on one pool: that pool's stages fail, named
     doc = load_plan(path)
-    pool = doc["stages"][0]["pool"]
-    need = max(s["memory_gib"]["total"] for s in doc["stages"] if s["pool"] == pool)
+    dp = doc["parallelism"]["dp"]
+    pool = stage_shares(doc["stages"][0]["pool"], dp)[0][0]  # stage 0's (first) pool
+    need = max(s["memory_gib"]["total"] for s in doc["stages"]
+               if pool in dict(stage_shares(s["pool"], dp)))
     small = cluster_file(tmp_path, "small.yaml", **{f"{pool}_gib": round(need * 0.9, 4)})
     code, out, _ = run_cli(["check", path, "-c", small, "--allow-stale", "--json"], capsys)
     report = json.loads(out)
     assert code == 1 and not report["ok"]
     bad = [p["message"] for p in report["problems"] if p["code"] == "memory"]
-    assert bad and all(f"pool {pool!r}" in m for m in bad)
+    # that pool's stages (and split stages with a share on it) fail, naming the pool
+    assert bad and all(f"pool {pool!r}" in m or f"pool '{pool}:" in m for m in bad)
 
 
 def test_check_refuses_a_stage_on_a_missing_pool(planned, capsys, tmp_path):

@@ -178,3 +178,22 @@ def test_replan_of_gpt3_175b_on_1024_gpus_is_fast(tmp_path):
     assert r.chosen.moved_layers <= 4 and r.chosen.config.dp == 15
     assert r.chosen.moved_state_bytes / GIB > 0
     assert 0 < r.throughput_loss_pct < 10
+
+
+def test_slowdown_from_measured_step_times(tmp_path, capsys):
+    from planner.hetero.replan import slowdown_from_step_times
+
+    assert slowdown_from_step_times({0: 1.0, 1: 1.0, 2: 1.1, 9: 1.5, 4: 0.9}) == \
+        {2: pytest.approx(1.1), 9: pytest.approx(1.5)}
+    with pytest.raises(PlannerError):
+        slowdown_from_step_times({0: -1.0})
+    old = plan_file(tmp_path)
+    times = tmp_path / "times.json"
+    times.write_text(json.dumps({str(r): (1.5 if r == 9 else 1.0) for r in range(32)}))
+    code, out, err = run(capsys, "replan", str(old), "--slow-from", str(times), "--slow", "3:1.2",
+                         "--max-moved-layers", "2", "-o", str(tmp_path / "new.json"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["replan"]["slow_ranks"] == {"3": 1.2, "9": 1.5}
+    times.write_text(json.dumps({"x": 1.0}))
+    code, out, _ = run(capsys, "replan", str(old), "--slow-from", str(times), "--json")
+    assert code == 2 and "rank: seconds" in out

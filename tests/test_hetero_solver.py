@@ -84,13 +84,13 @@ def test_one_pool_evaluation_is_the_one_pool_cost_model():
 
 def test_stage_ranks_are_pool_major_and_contiguous(pools):
     pp = StagePools(("slow", "fast", "slow"))
-    assert [list(r) for r in stage_ranks(pools, pp, 2)] == [[4, 5], [0, 1], [6, 7]]
+    assert [list(r) for r in stage_ranks(pools, pp, 2, 1)] == [[4, 5], [0, 1], [6, 7]]
     assert pp.crossings() == (True, True) and pp.next_to_crossing(0)
 
 
 def test_a_stage_costs_its_pools_gpu(pools, tiny):
     cfg = config()
-    terms = {t.pool.name: t for t in pool_terms(tiny, pools, cfg)}
+    terms = {t.name: t for t in pool_terms(tiny, pools, cfg)}
     fast = terms["fast"].problem.classes[0].costs[0]
     slow = terms["slow"].problem.classes[0].costs[0]
     assert slow.fwd_s > 1.3 * fast.fwd_s  # 4 vs 10 TFLOP/s; memory-bound parts are equal

@@ -129,17 +129,6 @@ def test_disaggregated_kv_transfer_and_pools(h100):
     assert ev.ttft_s > ev.pools[0].iteration.total_s
 
 
-def test_pareto_frontier_is_non_dominated():
-    model = load_model("llama-3.1-8b")
-    cluster = load_cluster("dgx-h100")
-    result = search_serving(model, cluster, ServingWorkload(isl=1024, osl=256, dtype="fp8"))
-    front = result.frontier
-    assert len(front) >= 3
-    users = [p.output_tokens_per_s_per_user for p in front]
-    gpus = [p.output_tokens_per_s_per_gpu for p in front]
-    assert users == sorted(users, reverse=True) and gpus == sorted(gpus)
-
-
 def test_llama70b_8xh100_target_search_is_fast(llama70, h100):
     # The search is single-threaded Python: its CPU time, unlike wall time, does not grow when
     # other jobs share the machine. Wall-clock numbers live in bench/, not in a unit test.

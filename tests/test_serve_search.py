@@ -104,3 +104,33 @@ def test_ttft_bound_is_below_every_ttft_it_bounds():
         # the bound is tight on one batch: the TTFT without its queueing term's rate slack
         assert aggregated_ttft_bound_s(model, cluster, wl, cfg, 7, 7, rt) == pytest.approx(
             ttft[7], rel=1e-9)
+
+
+def test_pareto_frontier_equals_every_batch():
+    """Without targets or load the frontier is that of every layout at every batch (not only
+    powers of two)."""
+    from planner.serve.search import pareto_frontier
+    model = load_model("llama-3.1-8b")
+    cluster = replace(load_cluster("dgx-h100"), gpus_per_node=2)
+    wl = ServingWorkload(isl=16384, osl=256, dtype="fp8", kv_dtype="fp8")
+    result = search_serving(model, cluster, wl, "vllm")
+    every = []
+    caps = runtime("vllm")
+    for w in worker_layouts(model, cluster.num_gpus, cluster.gpus_per_node):
+        base = ServingConfig("aggregated", worker=w, replicas=cluster.num_gpus // w.gpus,
+                             batch=caps.max_batch, max_num_tokens=caps.max_num_tokens)
+        probe = evaluate_serving(model, cluster, wl, base, "vllm")
+        if probe.fits:
+            every += [evaluate_serving(model, cluster, replace(
+                wl, concurrency=b * base.replicas), base, "vllm")
+                for b in range(1, probe.pools[0].max_batch + 1)]
+    values = [(round(p.output_tokens_per_s_per_user, 9), round(p.output_tokens_per_s_per_gpu, 9))
+              for p in pareto_frontier(every)]
+    assert [(round(p.output_tokens_per_s_per_user, 9), round(p.output_tokens_per_s_per_gpu, 9))
+            for p in result.frontier] == values
+    users = [p.output_tokens_per_s_per_user for p in result.frontier]
+    gpus = [p.output_tokens_per_s_per_gpu for p in result.frontier]
+    assert len(users) >= 3 and users == sorted(users, reverse=True) and gpus == sorted(gpus)
+    batches = {p.pools[0].batch for p in result.frontier}
+    assert any(b & (b - 1) for b in batches)  # batches other than powers of two
+    assert result.evaluated < len(every)

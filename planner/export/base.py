@@ -135,7 +135,11 @@ def launch_size(doc: dict[str, Any]) -> tuple[int, int]:
     c = doc["cluster"]
     if "pools" not in c:
         return c["gpus_per_node"], c["num_nodes"]
-    first = next(x for x in c["pools"] if x["name"] == doc["parallelism"]["stage_pools"][0])
+    from planner.hetero.layout import stage_shares
+
+    p = doc["parallelism"]
+    pool = stage_shares(p["stage_pools"][0], p["dp"])[0][0]  # a split stage: its first pool
+    first = next(x for x in c["pools"] if x["name"] == pool)
     nodes = sum(-(-x["gpus_used"] // x["gpus_per_node"]) for x in c["pools"])
     return first["gpus_per_node"], nodes
 

@@ -16,9 +16,12 @@ bytes no placement of it can beat. Both read :mod:`planner.cost.terms` records o
   T and in its memory, at most the optimum of the linear program max sum_r k_r s.t.
   sum_r time_r k_r <= T - boundary and sum_r (states_r + in-flight_i x stored_r) k_r <= room_p
   (a fractional mix of options, every block at the least time and bytes over the classes; its
-  optimum is a vertex: one option, or two), rounded down to whole blocks. With two pools the best assignment of stages to
-  pools within the slots is exact (the k stages that gain most from pool 0); with more pools
-  each stage takes its best pool (slots relaxed).
+  optimum is a vertex: one option, or two), rounded down to whole blocks. With two pools the
+  best assignment of stages to pools within the slots is exact (the k stages that gain most
+  from pool 0); with more pools each stage takes its best pool (slots relaxed). A split stage
+  (replicas on two pools) holds no more than either pool's stage would: with two pools it
+  counts as the smaller of the two (exact over assignments: pool 0 takes the stages that gain
+  most from it, the split stages the next), at most one per split shape.
 """
 from __future__ import annotations
 
@@ -132,26 +135,41 @@ def slowest_stage_bound(terms: Sequence[PoolTerms], pp: int) -> float:
 
     if len(set(len(cls.costs) for cls in prob.classes)) != 1:
         return 0.0
+    # A split stage holds at most what either of its shares' pools would (its terms are the
+    # largest over the shares, its capacity the smallest): with two pools it counts as the
+    # smaller of the two pools' stages, at most ``extra`` of them.
+    pure = [t for t in terms if not t.shares]
+    names = {t.pool.name for t in pure}
+    extra = min(pp, sum(t.max_stages for t in terms if t.shares))
+    relaxed = any(p not in names for t in terms if t.shares for p, _ in t.shares)
+    if relaxed:  # a share's pool hosts no whole stage: every entry, slots relaxed
+        pure, extra = list(terms), 0
+    terms = pure
     P = len(terms)
     table = [[stage_options(t, i) for i in range(pp)] for t in terms]
-    slots = [t.max_stages for t in terms]
+    slots = [pp if relaxed else t.max_stages for t in terms]
 
     def held(T: float) -> float:
         # a stage holds a whole number of blocks: at most the floor of its LP optimum
         caps = [[math.floor(_capacity(opts, T - b, room) * (1 + 1e-9) + 1e-9)
                  for opts, room in table[p]] for p in range(P)]
         if P == 1:
-            return sum(caps[0]) if pp <= slots[0] else -1.0
-        if P == 2:  # the best k stages for pool 0, any k the slots allow: exact over assignments
+            return sum(caps[0]) if pp <= slots[0] + extra else -1.0
+        if P == 2:
+            # exact over assignments: the k0 stages that gain most from pool 0 there, the next
+            # km (the split stages, worth the smaller of the two) split, the rest on pool 1
             gains = sorted((caps[0][i] - caps[1][i] for i in range(pp)), reverse=True)
+            on0 = [0.0]
+            split = [0.0]
+            for g in gains:
+                on0.append(on0[-1] + g)
+                split.append(split[-1] + min(g, 0))
             base = sum(caps[1])
             best = -1.0
-            total = base
-            for k in range(pp + 1):
-                if k > 0:
-                    total += gains[k - 1]
-                if k <= slots[0] and pp - k <= slots[1]:
-                    best = max(best, total)
+            for k0 in range(min(slots[0], pp) + 1):
+                for km in range(min(extra, pp - k0) + 1):
+                    if pp - k0 - km <= slots[1]:
+                        best = max(best, base + on0[k0] + split[k0 + km] - split[k0])
             return best
         return sum(max(caps[p][i] for p in range(P)) for i in range(pp))  # slots relaxed
 
@@ -172,10 +190,11 @@ def slowest_stage_bound(terms: Sequence[PoolTerms], pp: int) -> float:
 
 
 
-def cheap_bounds(model, cluster, config, options) -> tuple[float, float, float]:
+def cheap_bounds(model, cluster, config, options, splits=()) -> tuple[float, float, float]:
     """(time, memory, largest capacity) bounds from the leaf formulas only, before any cost
     term is built: the compute of every block without recomputation (communication and
-    recomputation only add) balanced over the fastest stage slots as in :func:`quick_bounds`,
+    recomputation only add) balanced over the fastest stage slots as in :func:`quick_bounds`
+    (``splits``: the split stage shapes offered, each slot at its slowest share's compute),
     and the stage average of the model states plus one micro-batch of fully recomputed
     activations (the least any option stores) plus the least runtime reserve."""
     from planner.cost.compute import Shard, layer_compute
@@ -188,17 +207,26 @@ def cheap_bounds(model, cluster, config, options) -> tuple[float, float, float]:
     size = c.tp * c.cp * c.dp
     shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype)
     classes = model.layer_classes()
-    rates, works = [], []
+    rates, works, by_pool = [], [], {}
     for pool in cluster.pools:
-        slots = pool.num_gpus // size
-        if not slots or c.dtype not in pool.gpu.peak_tflops:
+        if c.dtype not in pool.gpu.peak_tflops:
             continue
         work = 0.0
         for cls in classes:
             lc = layer_compute(cls.layer, shard, pool.gpu, options)
             work += (lc.fwd_s + lc.bwd_s) * cls.count
+        by_pool[pool.name] = work
+        slots = pool.num_gpus // size
+        if slots:
+            works.append(work)
+            rates += [1.0 / work] * slots
+    pools = {p.name: p for p in cluster.pools}
+    for shares in splits:  # a split stage computes at its slowest share's pace, or slower
+        if any(p not in by_pool for p, _ in shares):
+            continue
+        work = max(by_pool[p] for p, _ in shares)
         works.append(work)
-        rates += [1.0 / work] * slots
+        rates += [1.0 / work] * min(pools[p].num_gpus // (d * c.tp * c.cp) for p, d in shares)
     rates = sorted(rates, reverse=True)[:c.pp]
     if len(rates) < c.pp:
         return math.inf, math.inf, 0.0

@@ -1,5 +1,5 @@
 """Brute-force oracle across pools: every stage-to-pool assignment the CP-SAT model allows (each
-pool's stages contiguous, within the pool's GPUs), every split of the blocks into contiguous
+pool's -- and split stage shape's -- stages contiguous, within every pool's GPUs), every split of the blocks into contiguous
 stages, every multiset of options per stage whose recomputation the runtime's rule expresses
 (:func:`planner.recompute_rules.equivalent`), each scored with
 :func:`planner.hetero.evaluate.hetero_evaluate`. Exponential: small instances only (the tests
@@ -62,15 +62,26 @@ def brute_force_pools(model: ModelGraph, cluster, config: ParallelConfig,
                       options: RuntimeOptions = RuntimeOptions(),
                       block_options: tuple[LayerOption, ...] = BLOCK_OPTIONS,
                       slowdown: Sequence[float] | None = None,
-                      fixed_pools: StagePools | None = None) -> HeteroBruteForce:
-    """The fastest placement that fits (None if none does), and how many were scored."""
-    terms = pool_terms(model, cluster, config, options, block_options)
-    names = [t.pool.name for t in terms]
+                      fixed_pools: StagePools | None = None,
+                      splits: Sequence[tuple[tuple[str, int], ...]] = ()) -> HeteroBruteForce:
+    """The fastest placement that fits (None if none does), and how many were scored.
+    ``splits``: the split stage shapes offered besides the pools (as to the CP-SAT model)."""
+    terms = pool_terms(model, cluster, config, options, block_options, splits=splits)
+    names = [t.name for t in terms]
     slots = [t.max_stages for t in terms]
     blocks = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK]
     pp = config.pp
+    room = {pool: total for t in terms for pool, _, total in t.gpus}
+
+    def within_gpus(stage_pools: StagePools) -> bool:
+        used: dict[str, int] = {}
+        for name in stage_pools.pools:
+            for pool, per_stage, _ in terms[names.index(name)].gpus:
+                used[pool] = used.get(pool, 0) + per_stage
+        return all(n <= room[pool] for pool, n in used.items())
+
     assignments = [fixed_pools] if fixed_pools is not None else \
-        list(contiguous_assignments(names, slots, pp))
+        [a for a in contiguous_assignments(names, slots, pp) if within_gpus(a)]
     best: HeteroEvaluation | None = None
     scored = 0
     rule = runtime_profile(options.profile).recompute_rule

@@ -14,14 +14,14 @@ from planner.check_report import Problem, StageCheck
 from planner.errors import PlannerError
 from planner.hardware import GIB, MultiPoolCluster
 from planner.hetero.evaluate import HeteroEvaluation, hetero_evaluate
-from planner.hetero.layout import StagePools, check_fits, stage_ranks
+from planner.hetero.layout import (StagePools, check_fits, gpus_by_pool, stage_ranks,
+                                   stage_shares)
 
 
 def pool_structure_problems(doc: dict[str, Any], cluster) -> list[Problem]:
     """The pool placement is impossible: no such pool, more stages than a pool's GPUs hold,
     interleaving across pools, or recorded pools / ranks that differ from the placement."""
     p = doc["parallelism"]
-    size = p["tp"] * p["cp"] * p["dp"]
     pools = tuple(p["stage_pools"])
     if not isinstance(cluster, MultiPoolCluster):
         return [Problem("degrees", f"the plan places its stages on pools "
@@ -32,23 +32,23 @@ def pool_structure_problems(doc: dict[str, Any], cluster) -> list[Problem]:
         return [Problem("degrees", f"parallelism.stage_pools lists {len(pools)} pools for pp "
                                    f"{p['pp']}")]
     try:
-        check_fits(cluster, StagePools(pools), size)
+        check_fits(cluster, StagePools(pools), p["dp"], p["tp"] * p["cp"])
     except PlannerError as error:
         return [Problem("degrees", error.message)]
     if p["virtual_stages"] != 1 and len(set(pools)) > 1:
         out.append(Problem("config", "a plan across pools uses the 1F1B schedule (virtual "
                                      "stages 1): interleaved chunks are equal, stages on "
                                      "different GPUs are not"))
-    ranks = stage_ranks(cluster, StagePools(pools), size)
+    ranks = stage_ranks(cluster, StagePools(pools), p["dp"], p["tp"] * p["cp"])
     for entry in doc["stages"]:
         i = entry["index"]
         if 0 <= i < len(pools) and (entry.get("pool") != pools[i]
-                                    or entry.get("first_rank") != ranks[i].start):
+                                    or entry.get("first_rank") != ranks[i][0]):
             out.append(Problem("stages", f"stages[{i}] records pool {entry.get('pool')!r} from "
                                          f"rank {entry.get('first_rank')} but stage_pools puts "
-                                         f"it on {pools[i]!r} from rank {ranks[i].start}"))
+                                         f"it on {pools[i]!r} from rank {ranks[i][0]}"))
             break
-    used = {name: pools.count(name) * size for name in dict.fromkeys(pools)}
+    used = gpus_by_pool(StagePools(pools), p["dp"], p["tp"] * p["cp"])
     for row in doc["cluster"].get("pools", ()):
         if row["gpus_used"] != used.get(row["name"], 0):
             out.append(Problem("degrees", f"cluster.pools says pool {row['name']!r} uses "
@@ -67,9 +67,14 @@ def pool_stage_checks(plan, model, cluster, options=None
     stages = tuple(StageCheck(s.index, s.memory, cap, recorded.get(s.index))
                    for s, cap in zip(ev.stages, ev.capacity_bytes))
     pools = {p.name: p for p in cluster.pools}
+
+    def gpus(name: str) -> str:
+        return " / ".join(dict.fromkeys(pools[p].gpu.name
+                                        for p, _ in stage_shares(name, plan.config.dp)))
+
     problems = [Problem("memory", f"stage {s.index} needs {s.needed.total / GIB:.2f} GiB per GPU, "
                                   f"{s.over_gib:.2f} GiB more than the "
                                   f"{s.capacity_bytes / GIB:g} GiB of each "
-                                  f"{pools[name].gpu.name} of pool {name!r}")
+                                  f"{gpus(name)} of pool {name!r}")
                 for s, name in zip(stages, plan.stage_pools) if not s.fits]
     return ev, stages, problems

@@ -1,7 +1,7 @@
 """Step time and per-GPU memory of a plan whose pipeline stages run on different pools.
 
 Consumes a model, a cluster (multi-pool or one pool), a ParallelConfig, the pool of every stage
-(:class:`~planner.hetero.layout.StagePools`), a LayerPlacement, runtime options and optional
+(:class:`~planner.hetero.layout.StagePools`: a pool, or a split over pools), a LayerPlacement, runtime options and optional
 per-stage slowdown factors (stragglers); produces a :class:`HeteroEvaluation`.
 
 It is the one-pool composition of :mod:`planner.cost.terms` with one ConfigTerms per stage:
@@ -19,11 +19,11 @@ from typing import Sequence
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.strategy import LayerPlacement
 from planner.cost.model import StageResult, model_flops_per_step
-from planner.cost.terms import (ConfigTerms, LayerTerms, StepBreakdown,
-                                layer_terms, stage_memory, stage_time, step_time)
+from planner.cost.terms import (ConfigTerms, LayerTerms, StepBreakdown, stage_memory,
+                                stage_time, step_time)
 from planner.errors import invalid
 from planner.hardware import Cluster, MultiPoolCluster
-from planner.hetero.layout import StagePools, check_fits
+from planner.hetero.layout import StagePools, check_fits, gpus_by_pool, stage_shares
 from planner.hetero.terms import PoolTerms, pool_terms
 from planner.ir import ModelGraph
 from planner.strategy import default_placement
@@ -68,10 +68,9 @@ class HeteroEvaluation:
     @property
     def mfu(self) -> float:
         """Model FLOPs over the summed peak of the GPUs the plan uses (each its pool's GPU)."""
-        size = self.config.tp * self.config.cp * self.config.dp
         pools = {p.name: p for p in self.cluster.pools}
-        peak = sum(pools[name].gpu.peak_tflops[self.config.dtype] * 1e12 * size
-                   for name in self.stage_pools.pools)
+        peak = sum(pools[name].gpu.peak_tflops[self.config.dtype] * 1e12 * gpus
+                   for name, gpus in self.gpus_per_pool().items())
         return self.model_flops / self.step_time_s / peak
 
     @property
@@ -88,21 +87,21 @@ class HeteroEvaluation:
         return min(cap - s.memory.total for s, cap in zip(self.stages, self.capacity_bytes))
 
     def gpus_per_pool(self) -> dict[str, int]:
-        size = self.config.tp * self.config.cp * self.config.dp
-        return {p.name: len(self.stage_pools.stages_on(p.name)) * size
-                for p in self.cluster.pools}
+        c = self.config
+        used = gpus_by_pool(self.stage_pools, c.dp, c.tp * c.cp)
+        return {p.name: used.get(p.name, 0) for p in self.cluster.pools}
 
 
 def stage_terms(terms: Sequence[PoolTerms], stage_pools: StagePools) -> list[ConfigTerms]:
     """The ConfigTerms of every stage (its pool's, with the crossing link next to a crossing)."""
-    by_name = {t.pool.name: t for t in terms}
+    by_name = {t.name: t for t in terms}
     return [by_name[name].config_terms(stage_pools.next_to_crossing(i))
             for i, name in enumerate(stage_pools.pools)]
 
 
 def embedding_sync_s(terms: Sequence[PoolTerms], stage_pools: StagePools) -> float:
     """The tied-embedding all-reduce of the first and last stage: in-pool or across pools."""
-    by_name = {t.pool.name: t for t in terms}
+    by_name = {t.name: t for t in terms}
     first, last = stage_pools.pools[0], stage_pools.pools[-1]
     if first == last:
         return by_name[first].inner.embedding_sync_s
@@ -122,15 +121,16 @@ def hetero_evaluate(model: ModelGraph, cluster: Cluster | MultiPoolCluster,
         raise invalid("plans across pools use the 1F1B schedule (virtual stages 1): interleaved "
                       "chunks must be equal, stages on different GPUs are not")
     size = config.tp * config.cp * config.dp
-    check_fits(cluster, stage_pools, size)
+    check_fits(cluster, stage_pools, config.dp, config.tp * config.cp)
     if placement is None:
         placement = default_placement(model, config)
     factors = tuple(float(f) for f in (slowdown or (1.0,) * config.pp))
     if len(factors) != config.pp or any(not f >= 1.0 for f in factors):
         raise invalid(f"slowdown needs {config.pp} factors >= 1, got {factors}")
     if terms is None:
-        terms = pool_terms(model, cluster, config, options)
-    by_name = {t.pool.name: t for t in terms}
+        terms = pool_terms(model, cluster, config, options, splits=[
+            stage_shares(name, config.dp) for name in stage_pools.splits()])
+    by_name = {t.name: t for t in terms}
     for name in stage_pools.pools:
         if name not in by_name:
             raise invalid(f"pool {name!r} cannot host a stage of {size} GPUs with tp "
@@ -142,8 +142,7 @@ def hetero_evaluate(model: ModelGraph, cluster: Cluster | MultiPoolCluster,
     def cost(i: int, pool: str) -> LayerTerms:
         key = (model.layers[i].signature, placement.options[i], pool)
         if key not in cache:
-            cache[key] = layer_terms(by_name[pool].problem.ctx, model.layers[i],
-                                     placement.options[i])
+            cache[key] = by_name[pool].layer(model.layers[i], placement.options[i])
         return cache[key]
 
     stage_costs = [[cost(i, stage_pools.pools[s]) for i in placement.layers_of_stage(s)]

@@ -22,11 +22,12 @@ the ``fallbacks`` section (plain dicts).
 from __future__ import annotations
 
 import math
-from typing import Any
+from dataclasses import replace
+from typing import Any, Sequence
 
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.errors import PlannerError, invalid
-from planner.hardware import GIB, Cluster
+from planner.hardware import GIB, Cluster, MultiPoolCluster
 from planner.ir import ModelGraph
 from planner.strategy import LayerOption, LayerPlacement, Recompute
 
@@ -35,8 +36,22 @@ _DECISIONS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero_stage", "micro_batch", "
               "seq_len", "virtual_stages", "dtype")
 
 
-def failure_ranks(cluster: Cluster, config: ParallelConfig, kind: str) -> list[int]:
-    """The representative failed ranks of a failure class."""
+def failure_ranks(cluster, config: ParallelConfig, kind: str,
+                  stage_pools: Sequence[str] | None = None) -> list[int]:
+    """The representative failed ranks (runtime ranks) of a failure class. Across pools: the
+    GPU, node and leaf switch of the pool that holds runtime rank 0 (stage 0's first GPU)."""
+    if stage_pools is not None:
+        from planner.hetero.layout import StagePools
+        from planner.hetero.survivors import RankLayout
+
+        layout = RankLayout(cluster, config, StagePools(tuple(stage_pools)))
+        first = layout._global_of[0]
+        pool = cluster.pool_of_rank(first)
+        local = failure_ranks(pool.as_cluster(), replace(config, tp=1, cp=1, pp=1,
+                                                          dp=pool.num_gpus), kind)
+        # stage 0 is the first stage on its pool: its GPUs start at the pool's first rank
+        return layout.runtime_ranks([pool.first_rank + r for r in local
+                                     if pool.first_rank + r in pool.ranks])
     gpn = cluster.gpus_per_node
     if kind == "gpu":
         return [0]
@@ -54,24 +69,24 @@ def failure_ranks(cluster: Cluster, config: ParallelConfig, kind: str) -> list[i
 def compute_fallbacks(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
                       placement: LayerPlacement, runtime: RuntimeOptions, k: int, *,
                       max_moved_layers: int | None = None,
-                      time_limit_s: float = 5.0) -> list[dict[str, Any]]:
-    """The ``fallbacks`` section: one entry per failure class, the ``k`` most likely."""
+                      time_limit_s: float = 5.0, stage_pools: Sequence[str] | None = None
+                      ) -> list[dict[str, Any]]:
+    """The ``fallbacks`` section: one entry per failure class, the ``k`` most likely
+    (``stage_pools``: a plan across pools', ``cluster`` then a MultiPoolCluster)."""
     from planner.hetero.replan import replan
 
-    if not isinstance(cluster, Cluster):
-        raise invalid("--fallbacks: plans across pools have no fallbacks yet",
-                      "plan the pools, then `shardplan replan` is for one-pool plans")
     if not 1 <= k <= len(FAILURE_CLASSES):
         raise invalid(f"--fallbacks must be 1..{len(FAILURE_CLASSES)} (failure classes "
                       f"{', '.join(FAILURE_CLASSES)}), got {k}")
     out = []
     for kind in FAILURE_CLASSES[:k]:
-        ranks = failure_ranks(cluster, config, kind)
+        ranks = failure_ranks(cluster, config, kind, stage_pools)
         entry: dict[str, Any] = {"failure": kind, "failed_ranks": ranks,
                                  "max_moved_layers": max_moved_layers}
         try:
             result = replan(model, cluster, config, placement, runtime, failed=ranks,
-                            max_moved_layers=max_moved_layers, time_limit_s=time_limit_s)
+                            max_moved_layers=max_moved_layers, time_limit_s=time_limit_s,
+                            stage_pools=stage_pools)
         except PlannerError as error:
             entry.update(status="none", reason=error.message)
             out.append(entry)
@@ -80,6 +95,8 @@ def compute_fallbacks(model: ModelGraph, cluster: Cluster, config: ParallelConfi
         ev = c.evaluation
         entry.update({
             "status": "ok", "strategy": c.strategy, "num_nodes": c.cluster.num_nodes,
+            **({"pool_nodes": {p.name: p.num_nodes for p in c.cluster.pools},
+                "stage_pools": list(ev.stage_pools.pools)} if stage_pools is not None else {}),
             "parallelism": {key: getattr(c.config, key) for key in _DECISIONS},
             "stage": list(c.placement.stage),
             "recompute": [o.recompute.value for o in c.placement.options],
@@ -95,16 +112,18 @@ def compute_fallbacks(model: ModelGraph, cluster: Cluster, config: ParallelConfi
     return out
 
 
-def fallback_decisions(plan, entry: dict[str, Any]):
+def fallback_decisions(plan, entry: dict[str, Any], cluster=None):
     """(cluster of the survivors, ParallelConfig, LayerPlacement) of a stored fallback."""
-    from planner.hetero.replan import shrunk_cluster
+    from planner.hetero.survivors import cut_pools, shrunk_cluster
 
+    base = cluster or plan.cluster
     config = ParallelConfig(**entry["parallelism"])
     options = tuple(LayerOption(Recompute(r), o.layout)
                     for r, o in zip(entry["recompute"], plan.placement.options))
     placement = LayerPlacement(tuple(int(s) for s in entry["stage"]), options)
-    return shrunk_cluster(plan.cluster, entry["num_nodes"] * plan.cluster.gpus_per_node), \
-        config, placement
+    if isinstance(base, MultiPoolCluster):
+        return cut_pools(base, dict(entry["pool_nodes"])), config, placement
+    return shrunk_cluster(base, entry["num_nodes"] * base.gpus_per_node), config, placement
 
 
 def fallback_problems(plan, cluster: Cluster | None = None) -> list[tuple[str, str]]:
@@ -120,7 +139,7 @@ def fallback_problems(plan, cluster: Cluster | None = None) -> list[tuple[str, s
         if entry.get("status") != "ok":
             continue
         try:
-            survivors, config, placement = fallback_decisions(plan, entry)
+            survivors, config, placement = fallback_decisions(plan, entry, base)
             alive = base.num_gpus - len(set(entry["failed_ranks"]))
             if config.num_gpus > alive:
                 out.append((kind, f"it runs on {config.num_gpus} GPUs but only {alive} remain "
@@ -130,14 +149,26 @@ def fallback_problems(plan, cluster: Cluster | None = None) -> list[tuple[str, s
                 out.append((kind, f"it places {len(placement.stage)} layers; the model has "
                                   f"{len(plan.model.layers)}"))
                 continue
-            ev = evaluate(plan.model, survivors, config, placement, plan.runtime)
+            if isinstance(survivors, MultiPoolCluster):
+                from planner.hetero.evaluate import hetero_evaluate
+                from planner.hetero.layout import StagePools
+
+                ev = hetero_evaluate(plan.model, survivors, config,
+                                     StagePools(tuple(entry["stage_pools"])), placement,
+                                     plan.runtime)
+            else:
+                ev = evaluate(plan.model, survivors, config, placement, plan.runtime)
         except (PlannerError, KeyError, TypeError, ValueError) as error:
             out.append((kind, f"it cannot be evaluated: {getattr(error, 'message', error)}"))
             continue
         if not ev.fits:
+            if isinstance(survivors, MultiPoolCluster):
+                where = "its stages' pools' GPU memory (" + ", ".join(
+                    f"{p.name} {p.gpu.memory_gib:g} GiB" for p in survivors.pools) + ")"
+            else:
+                where = f"the {survivors.gpu.memory_gib:g} GiB of each {survivors.gpu.name}"
             out.append((kind, f"it needs {ev.peak_memory_bytes / GIB:.2f} GiB per GPU, more "
-                              f"than the {survivors.gpu.memory_gib:g} GiB of each "
-                              f"{survivors.gpu.name}"))
+                              f"than {where}"))
     return out
 
 

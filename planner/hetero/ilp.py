@@ -14,7 +14,11 @@ Variables (i stage, p pool, c block class, r option); the one-pool model's plus 
   x[i,c], n[i,c,r], u[i,c,r], present[i,c]   as in planner/solve/inner.py
   q[i,c,r,p]  n[i,c,r] if a[i,p] else 0 (q <= count a[i,p], sum_p q = n): the pool's share
   cross[i]    the boundary i | i+1 crosses pools; adj[i] = stage i is next to a crossing;
-              sum_i cross[i] <= pools - 1 (each pool's stages are contiguous)
+              sum_i cross[i] <= pools - 1 (each pool's stages are contiguous; with more than
+              two entries also at most one first stage per entry)
+A "pool" p may also be a split stage shape (its replicas on several pools,
+:mod:`planner.hetero.terms`): its stages take each share's GPUs from that pool, and each pool's
+GPUs bound the sum over the stages and shapes that use it.
 The per-stage constraints (memory against the capacity of the stage's pool, stage time, ZeRO and
 DP exposure, optimizer step) are :mod:`planner.solve.stage_model`'s, the same code as the
 one-pool model's: every per-stage quantity is sum_p (pool p's coefficients . q[., p]) + sum_p
@@ -91,7 +95,7 @@ class _Builder:
     # -- model -----------------------------------------------------------------------------
     def build(self) -> None:
         M, pp, L, P = self.model, self.pp, self.L, self.P
-        names = [t.pool.name for t in self.terms]
+        names = [t.name for t in self.terms]
         # stage-to-pool (constants when fixed: then the pool shares are the counts themselves)
         self.a = {}
         fixed = self.fixed_pools
@@ -103,6 +107,23 @@ class _Builder:
                 M.add_exactly_one(self.a[i, p] for p in range(P))
         for p in range(P):
             M.add(sum(self.a[i, p] for i in range(pp)) <= self.terms[p].max_stages)
+        # the GPUs of every pool (a split stage takes its shares' GPUs from several)
+        room: dict[str, tuple[int, list]] = {}
+        for p, t in enumerate(self.terms):
+            for pool, per_stage, total in t.gpus:
+                room.setdefault(pool, (total, []))[1].append((p, per_stage))
+        if any(t.shares for t in self.terms):
+            for total, users in room.values():
+                M.add(sum(self.a[i, p] * g for p, g in users for i in range(pp)) <= total)
+        # each pool's (and split shape's) stages contiguous: at most one first stage each
+        if fixed is None and P > 2:
+            for p in range(P):
+                starts = [self.a[0, p]]
+                for i in range(1, pp):
+                    s = M.new_bool_var(f"start[{i},{names[p]}]")
+                    M.add(s >= self.a[i, p] - self.a[i - 1, p])
+                    starts.append(s)
+                M.add(sum(starts) <= 1)
         cross: list = []
         for i in range(pp - 1):
             if fixed is not None:
@@ -197,7 +218,7 @@ class _Builder:
 
     # -- hints and solution ----------------------------------------------------------------
     def hint(self, stage_pools: StagePools, placement: LayerPlacement) -> None:
-        names = [t.pool.name for t in self.terms]
+        names = [t.name for t in self.terms]
         for i in range(self.pp):
             for p in range(self.P):
                 if self.fixed_pools is None:
@@ -211,7 +232,7 @@ class _Builder:
                     self.model.add_hint(self.n[i, ci, ri], count)
 
     def solution(self, solver: cp_model.CpSolver) -> tuple[StagePools, LayerPlacement]:
-        names = [t.pool.name for t in self.terms]
+        names = [t.name for t in self.terms]
         pools = tuple(next(names[p] for p in range(self.P) if _value(solver, self.a[i, p]))
                       for i in range(self.pp))
         placement = decode_placement(self.terms[0].problem, self.pp,

@@ -3,9 +3,9 @@
 Megatron-LM, torchtitan and DeepSpeed number ranks with the pipeline stage outermost: runtime
 rank ``r = i x S + j`` (``S = tp x cp x dp`` GPUs per stage) is GPU ``j`` of pipeline stage
 ``i``, and torchrun gives node ``k`` the ranks ``k x G .. k x G + G - 1`` (``G`` processes per
-node). The plan puts stage ``i`` on pool ``stage_pools[i]`` (each pool's stages contiguous), so
-the job runs as planned when its nodes are listed in stage order: each pool's used nodes, in
-the order of the stages they hold. Consumes a plan document (schema_version 2); produces the
+node). The plan puts stage ``i`` on pool ``stage_pools[i]`` (each pool's stages contiguous; a
+split stage's first replicas on its first pool), so the job runs as planned when its nodes are
+listed in runtime-rank order: each run of ranks on one pool as that pool's next nodes. Consumes a plan document (schema_version 2); produces the
 export notes (what the user must do) and warnings (what a torchrun launch cannot express).
 """
 from __future__ import annotations
@@ -19,21 +19,25 @@ def launch_notes(doc: dict[str, Any]) -> tuple[list[str], list[str]]:
     pools = p.get("stage_pools")
     if not pools:
         return [], []
-    size = p["tp"] * p["cp"] * p["dp"]
+    from planner.hetero.layout import stage_shares
+
+    s = p["tp"] * p["cp"]
     by_name = {row["name"]: row for row in doc["cluster"]["pools"]}
     notes, warnings = [], []
     order, node = [], 0
     first = 0
-    runs: list[tuple[str, int, int]] = []  # (pool, first stage, last stage)
+    # runs of consecutive runtime ranks on one pool: (pool, first stage, last stage, GPUs)
+    runs: list[list] = []
     for i, name in enumerate(pools):
-        if runs and runs[-1][0] == name:
-            runs[-1] = (name, runs[-1][1], i)
-        else:
-            runs.append((name, i, i))
+        for pool, replicas in stage_shares(name, p["dp"]):
+            if runs and runs[-1][0] == pool:
+                runs[-1][2] = i
+                runs[-1][3] += replicas * s
+            else:
+                runs.append([pool, i, i, replicas * s])
     gpn = {row["gpus_per_node"] for row in by_name.values()}
-    for name, lo, hi in runs:
+    for name, lo, hi, gpus in runs:
         row = by_name[name]
-        gpus = (hi - lo + 1) * size
         nodes = -(-gpus // row["gpus_per_node"])
         order.append(f"pool {name} ({row['gpu']}): {nodes} node{'s' if nodes != 1 else ''} as "
                      f"node ranks {node}-{node + nodes - 1} for stage{'s' if hi > lo else ''} "

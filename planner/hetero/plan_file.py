@@ -3,9 +3,10 @@
 A plan across pools is a plan file of ``schema_version`` 2 (one-pool plans stay version 1, byte
 for byte): the same sections as a one-pool plan (planner/plan.py, planner/report.py), plus
 
-* ``parallelism.stage_pools``: the pool of every pipeline stage (the stage-to-pool decision);
-* ``stages[i].pool``, ``.capacity_gib`` (that pool's GPU memory) and ``.first_rank`` (the
-  stage's first global rank, :mod:`planner.hetero.layout`);
+* ``parallelism.stage_pools``: the pool of every pipeline stage (the stage-to-pool decision),
+  or a split stage's spelling (``"h100:8+a100:24"``: replicas per pool, :mod:`planner.hetero.layout`);
+* ``stages[i].pool``, ``.capacity_gib`` (that pool's GPU memory; a split stage's smallest) and
+  ``.first_rank`` (the stage's first global rank, :mod:`planner.hetero.layout`);
 * ``cluster``: name, GPU and node counts and ``pools`` (name, GPU, nodes, memory, GPUs used);
 * ``inputs.cluster.ir``: the :class:`~planner.hardware.MultiPoolCluster`;
 * ``runtime.pool_efficiency``: each pool's generation's calibrated GEMM and attention
@@ -59,10 +60,10 @@ def pool_evaluation_dict(ev: HeteroEvaluation) -> dict[str, Any]:
            "stages": stages_list(ev), "predicted": predicted_dict(ev)}
     doc["parallelism"]["stage_pools"] = list(ev.stage_pools.pools)
     c = ev.config
-    ranks = stage_ranks(ev.cluster, ev.stage_pools, c.tp * c.cp * c.dp)
+    ranks = stage_ranks(ev.cluster, ev.stage_pools, c.dp, c.tp * c.cp)
     for entry, pool, cap, r, slow in zip(doc["stages"], ev.stage_pools.pools, ev.capacity_bytes,
                                          ranks, ev.slowdown):
-        entry.update(pool=pool, capacity_gib=cap / GIB, first_rank=r.start, num_gpus=len(r))
+        entry.update(pool=pool, capacity_gib=cap / GIB, first_rank=r[0], num_gpus=len(r))
         if slow != 1.0:
             entry["slowdown"] = slow
     if ev.options.pool_efficiency:

@@ -1,14 +1,16 @@
 """Re-planning after failures and around stragglers, under a churn budget.
 
-Consumes a plan's decisions (model, one-pool cluster, ParallelConfig, LayerPlacement, runtime
-options), the failed global ranks, per-rank slowdown factors and a budget (layers that may change
+Consumes a plan's decisions (model, cluster, ParallelConfig, LayerPlacement, runtime options;
+across pools also the stage pools), the failed runtime ranks, per-rank slowdown factors and a budget (layers that may change
 stage); produces a :class:`ReplanResult`: the fastest plan on the remaining GPUs that fits memory
 and stays within the budget, what it costs against the old plan (throughput, layers moved, TP
 groups re-formed, state that crosses each link, state lost with the failed GPUs), and every
 option considered.
 
 Options (each surviving GPU keeps its pipeline stage, TP and CP coordinates unless a layer
-moves; ranks are the Megatron order of :class:`~planner.mesh.Mesh`):
+moves; ranks are the Megatron order of :class:`~planner.mesh.Mesh`; across pools every stage
+keeps its pool, a split stage its shares recounted over the surviving replicas, and the new
+plan runs on each pool's nodes it uses, :mod:`planner.hetero.survivors`):
 
 * **drop replicas**: the data-parallel replicas holding a failed rank leave (with the replicas
   that share their nodes, so whole nodes leave); dp shrinks, the global batch is kept (the
@@ -30,8 +32,8 @@ State accounting (bytes, per GPU summed over GPUs): a layer that changes stage i
 ZeRO-1/2/3 shards of the layers that stay are re-partitioned: a GPU whose new shard interval
 (flat data-parallel index j' of n') is not inside its old one fetches the difference from its
 old owners; what only a failed GPU held is lost (restore it from the last checkpoint). A
-transfer crosses the network tier when source and destination are on different nodes, else
-the node's tier.
+transfer crosses the node's tier inside a node, the pool's network tier between its nodes, and
+the inter-pool link between pools.
 """
 from __future__ import annotations
 
@@ -43,10 +45,11 @@ from typing import Mapping, Sequence
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.terms import layer_terms
 from planner.errors import ErrorKind, PlannerError, invalid
-from planner.hardware import GIB, Cluster, Pool
+from planner.hardware import GIB, Cluster, MultiPoolCluster
 from planner.hetero.evaluate import HeteroEvaluation, hetero_evaluate
 from planner.hetero.ilp import solve_pools
-from planner.hetero.layout import StagePools
+from planner.hetero.layout import StagePools, stage_shares
+from planner.hetero.survivors import RankLayout, shrunk_cluster  # noqa: F401 (re-exported)
 from planner.hetero.terms import pool_terms
 from planner.ir import LayerKind, ModelGraph
 from planner.mesh import Mesh
@@ -59,7 +62,7 @@ class ReplanOption:
     strategy: str
     config: ParallelConfig
     placement: LayerPlacement
-    cluster: Cluster  # the GPUs the new plan runs on (renumbered from 0)
+    cluster: Cluster | MultiPoolCluster  # the GPUs the new plan runs on (renumbered from 0)
     evaluation: HeteroEvaluation
     rank_map: tuple[int, ...]  # new rank -> old global rank
     dropped_replicas: tuple[int, ...]
@@ -122,6 +125,26 @@ class ReplanResult:
         }
 
 
+def slowdown_from_step_times(times: Mapping[int, float]) -> dict[int, float]:
+    """Per-rank slowdown factors from a user's measurements: ``times`` maps ranks to measured
+    step (or per-micro-batch compute) seconds; a rank's factor is its time over the median of
+    the measured ranks, kept for the ranks above the median (those at it or faster run at the
+    plan's pace)."""
+    import statistics
+
+    if not times:
+        raise invalid("no measured step times", "give {rank: seconds, ...} for the ranks measured")
+    for r, t in times.items():
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise invalid(f"measured step times: {r!r} is not a rank")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) \
+                or t <= 0:
+            raise invalid(f"measured step time of rank {r}: {t!r} is not a positive number of "
+                          f"seconds")
+    median = statistics.median(float(t) for t in times.values())
+    return {r: float(t) / median for r, t in sorted(times.items()) if t > median}
+
+
 def _check_ranks(cluster: Cluster, failed: Sequence[int], slow: Mapping[int, float],
                  config: ParallelConfig) -> None:
     n = config.num_gpus
@@ -134,16 +157,6 @@ def _check_ranks(cluster: Cluster, failed: Sequence[int], slow: Mapping[int, flo
                 or not 1.0 <= f <= 1000.0:
             raise invalid(f"slowdown of rank {r}: {f!r} is not a factor in [1, 1000]",
                           "a factor of 1.5 means the rank takes 1.5x as long")
-
-
-def shrunk_cluster(cluster: Cluster, gpus: int) -> Cluster:
-    """The cluster cut to ``gpus`` GPUs (whole nodes; the plan's ranks are renumbered)."""
-    nodes = max(1, math.ceil(gpus / cluster.gpus_per_node))
-    if nodes == cluster.num_nodes:
-        return cluster
-    cut = Pool.from_cluster(cluster).as_cluster(cluster.name, num_nodes=nodes)
-    return replace(cut, source=cluster.source, description=cluster.description,
-                   extra=cluster.extra)
 
 
 def _stage_factors(mesh: Mesh, slow: Mapping[int, float], replicas: Sequence[int]) -> list[float]:
@@ -172,8 +185,9 @@ def _contiguous(model: ModelGraph, placement: LayerPlacement) -> bool:
 
 class _Replanner:
     def __init__(self, model, cluster, config, placement, runtime, failed, slow, budget,
-                 allow_batch_change, deadline):
+                 allow_batch_change, deadline, layout: RankLayout):
         self.model, self.cluster, self.config = model, cluster, config
+        self.layout = layout
         self.placement, self.runtime = placement, runtime
         self.failed, self.slow, self.budget = tuple(sorted(set(failed))), dict(slow), budget
         self.allow_batch_change = allow_batch_change
@@ -185,7 +199,7 @@ class _Replanner:
     @property
     def group(self) -> int:
         """Replicas whose GPUs share nodes (tp x cp smaller than a node): they leave together."""
-        c, gpn = self.config, self.cluster.gpus_per_node
+        c, gpn = self.config, self.layout.gpus_per_node
         group = gpn // (c.tp * c.cp) if c.tp * c.cp < gpn else 1
         return group if group > 1 and c.dp % group == 0 else 1
 
@@ -225,7 +239,7 @@ class _Replanner:
         if group > 1:
             return (f"they hit every node group of replicas (the {c.dp} replicas share nodes "
                     f"{group} at a time, tp x cp = {c.tp * c.cp} of "
-                    f"{self.cluster.gpus_per_node} GPUs a node, and leave with their node)")
+                    f"{self.layout.gpus_per_node} GPUs a node, and leave with their node)")
         return f"they hit all {c.dp} replicas"
 
     def rank_map(self, survivors: Sequence[int], config: ParallelConfig) -> tuple[int, ...]:
@@ -240,10 +254,10 @@ class _Replanner:
     def option(self, strategy: str, survivors: list[int], config: ParallelConfig,
                rebalance: bool) -> ReplanOption | None:
         dropped = tuple(r for r in range(self.config.dp) if r not in survivors)
-        cluster = shrunk_cluster(self.cluster, config.num_gpus)
-        pools = StagePools((cluster.name,) * config.pp)
+        cluster, pools = self.layout.after(config, survivors)
         factors = _stage_factors(self.mesh, self.slow, survivors)
-        terms = pool_terms(self.model, cluster, config, self.runtime)
+        terms = pool_terms(self.model, cluster, config, self.runtime,
+                           splits=[stage_shares(n, config.dp) for n in pools.splits()])
         placement, status = self.placement, "KEPT"
         if rebalance:
             if config.virtual_stages > 1 or not _contiguous(self.model, self.placement):
@@ -275,9 +289,7 @@ class _Replanner:
               rank_map: Sequence[int], terms) -> tuple[int, float, dict, float]:
         """(layers moved, bytes moved, bytes per link, bytes lost) of the new plan."""
         model, old_mesh, new_mesh = self.model, self.mesh, config.mesh
-        ctx = terms[0].problem.ctx
-        gpn = self.cluster.gpus_per_node
-        near, far = self.cluster.tiers[0].name, self.cluster.tiers[-1].name
+        ctx = terms[0].problem.ctx  # bytes: the same on every pool (the same shards)
         failed = set(self.failed)
         by_link: dict[str, float] = {}
         lost = 0.0
@@ -289,7 +301,7 @@ class _Replanner:
             if src in failed:
                 lost += nbytes
                 return
-            link = near if src // gpn == dst // gpn else far
+            link = self.layout.link(src, dst)
             by_link[link] = by_link.get(link, 0.0) + nbytes
 
         moved = {i for i in range(len(model.layers))
@@ -380,16 +392,19 @@ class _Replanner:
         return options
 
 
-def replan(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
+def replan(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: ParallelConfig,
            placement: LayerPlacement, runtime: RuntimeOptions = RuntimeOptions(), *,
            failed: Sequence[int] = (), slow: Mapping[int, float] | None = None,
            max_moved_layers: int | None = None, allow_batch_change: bool = False,
-           time_limit_s: float = 5.0) -> ReplanResult:
-    """The best plan on the remaining GPUs within the budget (see the module docstring)."""
+           time_limit_s: float = 5.0, stage_pools: Sequence[str] | None = None
+           ) -> ReplanResult:
+    """The best plan on the remaining GPUs within the budget (see the module docstring).
+    ``stage_pools``: a plan across pools' stage pools (``cluster`` a MultiPoolCluster)."""
     start = time.monotonic()
     slow = dict(slow or {})
-    if not isinstance(cluster, Cluster):
-        raise invalid("replan works on one-pool plans", "plans across pools: re-plan them")
+    if isinstance(cluster, MultiPoolCluster) != (stage_pools is not None):
+        raise invalid("a plan across pools is re-planned with its stage pools, a one-pool plan "
+                      "without")
     _check_ranks(cluster, failed, slow, config)
     if max_moved_layers is not None and max_moved_layers < 0:
         raise invalid(f"--max-moved-layers must be >= 0, got {max_moved_layers}")
@@ -397,10 +412,12 @@ def replan(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
         raise invalid("nothing to re-plan: give --failed RANKS or --slow RANK:FACTOR")
     for r in failed:
         slow.pop(r, None)
-    pools = StagePools((cluster.name,) * config.pp)
+    pools = StagePools(tuple(stage_pools) if stage_pools is not None
+                       else (cluster.name,) * config.pp)
     old = hetero_evaluate(model, cluster, config, pools, placement, runtime)
+    layout = RankLayout(cluster, config, pools if stage_pools is not None else None)
     planner = _Replanner(model, cluster, config, placement, runtime, failed, slow,
-                         max_moved_layers, allow_batch_change, start + time_limit_s)
+                         max_moved_layers, allow_batch_change, start + time_limit_s, layout)
     considered = planner.run()
     within = [o for o in considered if o.evaluation.fits
               and (max_moved_layers is None or o.moved_layers <= max_moved_layers)]

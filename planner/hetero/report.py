@@ -24,13 +24,12 @@ def pools_dict(cluster) -> list[dict[str, Any]]:
 
 def hetero_dict(ev: HeteroEvaluation, solver: dict | None = None) -> dict[str, Any]:
     c = ev.config
-    size = c.tp * c.cp * c.dp
-    ranks = stage_ranks(ev.cluster, ev.stage_pools, size)
+    ranks = stage_ranks(ev.cluster, ev.stage_pools, c.dp, c.tp * c.cp)
     names = [layer.name for layer in ev.model.layers]
     stages = []
     for s, pool, cap, r in zip(ev.stages, ev.stage_pools.pools, ev.capacity_bytes, ranks):
         stages.append({
-            "index": s.index, "pool": pool, "first_rank": r.start, "num_gpus": len(r),
+            "index": s.index, "pool": pool, "first_rank": r[0], "num_gpus": len(r),
             "layers": [names[i] for i in s.layers],
             "num_blocks": sum(1 for i in s.layers if ev.model.layers[i].kind is LayerKind.BLOCK),
             "recompute": [ev.placement.options[i].recompute.value for i in s.layers],

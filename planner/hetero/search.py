@@ -6,10 +6,14 @@ Consumes a model, a cluster (multi-pool, or one pool), the training inputs, pins
 
 Search space (documented like :mod:`planner.solve.space`): tp a divisor of every pool's GPUs per
 node that divides the heads (TP stays inside a node of any pool); cp as in one pool; dp a
-divisor of the global batch whose stage (tp x cp x dp GPUs) fits a pool; pp the number of stages
-some set of pools can host (sum over the set of floor(GPUs / stage size), at most the blocks):
-all pools, each pool alone, every subset -- so the plans that use only the faster pool are in the
-space; micro-batch divisors up to 16, ZeRO 0-3, SP on/off; 1F1B (no interleaving: chunks would
+divisor of the global batch whose stage (tp x cp x dp GPUs) fits the cluster; pp the number of
+stages some set of pools can host (sum over the set of floor(GPUs / stage size), at most the
+blocks): all pools, each pool alone, every subset -- so the plans that use only the faster pool
+are in the space -- and, beyond every pool's whole stages, the pp that **split stages** make
+possible (a stage whose data-parallel replicas sit on two pools, :mod:`planner.hetero.layout`:
+:func:`split_shapes` fill the GPUs whole stages leave over, one split stage of a shape per
+plan; offered only for such pp, since with enough whole-stage slots a split stage is never
+better); micro-batch divisors up to 16, ZeRO 0-3, SP on/off; 1F1B (no interleaving: chunks would
 be equal, stages on different GPUs are not). Dense models only (experts across pools: not yet).
 
 Bounds: with ``W_p`` the least work of the whole model per micro-batch on pool p (every block at
@@ -79,12 +83,64 @@ def stage_counts(cluster, size: int, blocks: int) -> list[int]:
     return sorted(out)
 
 
+def pure_slots(cluster, size: int) -> int:
+    """Stages of ``size`` GPUs the pools can host, each stage on one pool."""
+    return sum(p.num_gpus // size for p in cluster.pools)
+
+
+def split_shapes(cluster, tp: int, cp: int, dp: int) -> list[tuple[tuple[str, int], ...]]:
+    """The split stage shapes offered for a stage of ``tp x cp x dp`` GPUs: for every two pools
+    A before B, the replicas that fill the GPUs A's whole stages leave over (all of A when no
+    stage fits it), the rest on B; and the same with A and B swapped in role."""
+    s, size = tp * cp, tp * cp * dp
+    out = []
+    for a, b in combinations(cluster.pools, 2):
+        firsts = set()
+        for pool, on_a in ((a, True), (b, False)):
+            left = pool.num_gpus % size if size <= pool.num_gpus else pool.num_gpus
+            if left % s or not left:
+                continue
+            d = min(left // s, dp)
+            firsts.add(d if on_a else dp - d)
+        for d in sorted(firsts):
+            if 0 < d < dp and d * s <= a.num_gpus and (dp - d) * s <= b.num_gpus:
+                out.append(((a.name, d), (b.name, dp - d)))
+    return out
+
+
+def split_stage_counts(cluster, tp: int, cp: int, dp: int, blocks: int) -> list[int]:
+    """The pp beyond every pure stage slot that split stages make possible: one split stage of
+    a shape (it fills the GPUs the whole stages leave over) plus the whole stages its pools'
+    remaining GPUs hold (and the other pools')."""
+    s, size = tp * cp, tp * cp * dp
+    most = pure_slots(cluster, size)
+    pools = {p.name: p for p in cluster.pools}
+    out = set()
+    for shares in split_shapes(cluster, tp, cp, dp):
+        others = sum(p.num_gpus // size for p in cluster.pools if p.name not in dict(shares))
+        pp = 1 + others + sum((pools[p].num_gpus - d * s) // size for p, d in shares)
+        if most < pp <= blocks:
+            out.add(pp)
+    return sorted(out)
+
+
+def config_splits(cluster, config: ParallelConfig) -> list[tuple[tuple[str, int], ...]]:
+    """The split stage shapes a configuration may use: only where whole stages cannot make its
+    pp (otherwise a split stage is never better: it runs at its slower share's pace, reduces
+    over the slower inter-pool link and has the smaller memory)."""
+    c = config
+    if len(cluster.pools) < 2 or c.pp <= pure_slots(cluster, c.tp * c.cp * c.dp):
+        return []
+    return split_shapes(cluster, c.tp, c.cp, c.dp)
+
+
 def enumerate_hetero_configs(model: ModelGraph, cluster, global_batch: int, seq_len: int,
                              dtype: str, pins: Pins = Pins()):
     blocks = model.num_blocks
     heads = min((b.attention.num_heads for b in model.blocks() if b.attention), default=1)
     gpn = math.gcd(*[p.gpus_per_node for p in cluster.pools])
     largest = max(p.num_gpus for p in cluster.pools)
+    total = sum(p.num_gpus for p in cluster.pools)
     tps = [t for t in _divisors(gpn) if heads % t == 0]
     cps = [1] + ([c for c in (2, 4, 8) if seq_len % (2 * c) == 0]
                  if seq_len >= LONG_SEQUENCE else [])
@@ -92,9 +148,12 @@ def enumerate_hetero_configs(model: ModelGraph, cluster, global_batch: int, seq_
         for cp in ([pins.cp] if pins.cp else cps):
             for dp in ([pins.dp] if pins.dp else _divisors(global_batch)):
                 size = tp * cp * dp
-                if size > largest or global_batch % dp:
+                if size > total or global_batch % dp:
                     continue
-                for pp in ([pins.pp] if pins.pp else stage_counts(cluster, size, blocks)):
+                counts = stage_counts(cluster, size, blocks) if size <= largest else []
+                counts = sorted(set(counts) | set(split_stage_counts(cluster, tp, cp, dp,
+                                                                     blocks)))
+                for pp in ([pins.pp] if pins.pp else counts):
                     for mbs in ([pins.micro_batch] if pins.micro_batch else
                                 [b for b in _divisors(global_batch // dp) if b <= MAX_MICRO_BATCH]):
                         if global_batch % (dp * mbs):
@@ -132,13 +191,15 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
     block_options = _options(pins)
     # propose, bound cheaply from the leaf formulas, and sort; cost terms only when popped
     queue = []
-    total = pruned_memory = 0
+    total = pruned_memory = with_split = 0
     for config in enumerate_hetero_configs(model, cluster, global_batch, seq_len, dtype, pins):
         if time.monotonic() > deadline:
             raise PlannerError(ErrorKind.SOLVER_LIMIT, "the time limit ran out while enumerating "
                                "configurations across pools", ("raise --time-limit",))
         total += 1
-        lb, mem, cap = cheap_bounds(model, cluster, config, options.runtime)
+        splits = config_splits(cluster, config)
+        with_split += bool(splits)
+        lb, mem, cap = cheap_bounds(model, cluster, config, options.runtime, splits)
         if mem > cap:
             pruned_memory += 1
         elif math.isfinite(lb):
@@ -165,7 +226,7 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
         if result.placement is not None:
             ev = hetero_evaluate(model, cluster, config, result.stage_pools, result.placement,
                                  options.runtime, terms=terms)
-            if ev.fits:
+            if ev.fits and within_headroom(ev, options.memory_headroom):
                 kept.append((ev.step_time_s, _key(config), ev))
                 kept.sort(key=lambda item: (item[0], item[1]))
                 del kept[options.top_k:]
@@ -184,7 +245,9 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
             timed_out = True
             open_bound = min(open_bound, cheap_lb)
             break
-        terms = pool_terms(model, cluster, config, options.runtime, block_options)
+        terms = pool_terms(model, cluster, config, options.runtime, block_options,
+                           splits=config_splits(cluster, config),
+                           headroom=options.memory_headroom)
         if not terms:
             continue
         lb, mem, cap = quick_bounds(terms, config.pp)
@@ -229,12 +292,20 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
     record = {"status": status, "objective_s": best.step_time_s, "best_bound_s": bound,
               "gap": max(0.0, (best.step_time_s - bound) / best.step_time_s),
               "solve_time_s": time.monotonic() - start, "candidates_total": total,
+              "candidates_with_split_stages": with_split,
               "candidates_pruned_memory": pruned_memory,
               "candidates_pruned_bound": pruned_bound, "candidates_evaluated": evaluated,
               "inner_optimal": optimal,
+              "memory_headroom": options.memory_headroom.describe(),
               "time_limit_s": options.time_limit_s, "workers": options.workers,
               "seed": options.seed, "ortools_version": ortools.__version__}
     return HeteroSearchResult(best, [item[2] for item in kept[1:]], record)
+
+
+def within_headroom(ev: HeteroEvaluation, headroom) -> bool:
+    """Every stage within its pool's memory less the headroom (planner/solve/headroom.py)."""
+    return all(s.memory.total <= headroom.limit_bytes(cap)
+               for s, cap in zip(ev.stages, ev.capacity_bytes))
 
 
 def _key(c: ParallelConfig) -> tuple:

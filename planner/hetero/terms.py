@@ -18,21 +18,31 @@ Links of a stage on pool P (ranks as in :mod:`planner.hetero.layout`):
   estimate for a stage with one in-pool and one cross-pool neighbour);
 * the tied-embedding all-reduce between the first and the last stage: over the cross-pool link
   when they are on different pools.
+
+A **split** stage (its replicas on two pools or more, :mod:`planner.hetero.layout`) is costed
+with each share's terms -- its pool's GPU and TP/CP links, and the data-parallel group over the
+inter-pool link (:func:`~planner.pool_topology.cross_pool_link` with one segment per share,
+every split stage of that shape reducing at once) -- and takes, term by term, the largest over
+the shares (the smallest memory capacity): its replicas wait for each other at the gradient
+reduction, so the stage runs at its slower share's pace. Exact when one share is slower in
+every term (an A100 share against an H100 share); an upper estimate otherwise.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
+from typing import Sequence
 
 from planner.pool_topology import Segment, cross_pool_link
 from planner.topology import Link, group_link
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.compute import Shard
 from planner.cost.context import CostContext, Links
-from planner.cost.terms import ConfigTerms, config_terms
+from planner.cost.terms import Affine, ConfigTerms, LayerTerms, config_terms, layer_terms
 from planner.hardware import Cluster, MultiPoolCluster, Pool
 from planner.ir import ModelGraph
-from planner.solve.costs import StageProblem, stage_problem
+from planner.hetero.layout import split_name
+from planner.solve.costs import BlockClass, StageProblem, stage_problem
 from planner.strategy import BLOCK_OPTIONS, LayerOption
 
 
@@ -45,17 +55,69 @@ class PoolTerms:
     next to a pool crossing (None on a one-pool cluster). ``max_stages``: how many stages of
     ``tp x cp x dp`` GPUs the pool can host."""
 
-    pool: Pool
+    pool: Pool  # a split stage: its slowest share's pool
     problem: StageProblem
     cross: ConfigTerms | None
     max_stages: int
+    # ((pool, GPUs per stage, GPUs of the pool), ...): one row, or one per share of a split
+    gpus: tuple[tuple[str, int, int], ...] = ()
+    shares: tuple[tuple[str, int], ...] = ()  # a split stage's (pool, replicas); () one pool
+    share_contexts: tuple[CostContext, ...] = ()  # a split stage's per-share contexts
 
     @property
     def inner(self) -> ConfigTerms:
         return self.problem.terms
 
+    @property
+    def name(self) -> str:
+        """The stage-pool entry: the pool's name, or the split's spelling."""
+        return split_name(self.shares) if self.shares else self.pool.name
+
     def config_terms(self, next_to_crossing: bool) -> ConfigTerms:
         return self.cross if next_to_crossing and self.cross is not None else self.inner
+
+    def layer(self, layer, option) -> LayerTerms:
+        """The terms of ``layer`` with ``option`` on a stage placed here."""
+        if not self.share_contexts:
+            return layer_terms(self.problem.ctx, layer, option)
+        return _largest([layer_terms(ctx, layer, option) for ctx in self.share_contexts])
+
+
+@dataclass(frozen=True)
+class _SplitProblem(StageProblem):
+    """A split stage's StageProblem: the per-share terms combined (its ``terms`` are given,
+    not recomputed from ``ctx``, which is the slowest share's)."""
+
+    combined_terms: ConfigTerms | None = None
+
+    @property
+    def terms(self) -> ConfigTerms:
+        return self.combined_terms
+
+
+def _largest(records: Sequence):
+    """Term by term the largest of LayerTerms or ConfigTerms records (memory capacities: the
+    smallest): what a stage whose shares wait for each other costs."""
+    first = records[0]
+    if len(records) == 1:
+        return first
+    out = {}
+    for f in fields(first):
+        values = [getattr(r, f.name) for r in records]
+        if f.name in ("capacity_bytes", "host_capacity_bytes"):
+            out[f.name] = min(values)
+        elif isinstance(values[0], bool):
+            if len(set(values)) != 1:
+                raise ValueError(f"shares disagree on {f.name}")
+            out[f.name] = values[0]
+        elif isinstance(values[0], Affine):
+            out[f.name] = Affine(max(v.slope_s_per_byte for v in values),
+                                 max(v.intercept_s for v in values))
+        elif isinstance(values[0], tuple):
+            out[f.name] = tuple(max(x) for x in zip(*values))
+        else:
+            out[f.name] = max(values)
+    return replace(first, **out)
 
 
 def _infinite(tier: str) -> Link:
@@ -83,8 +145,26 @@ def _cross_link(cluster: MultiPoolCluster, pool: Pool, transfers: int) -> Link:
 
 def pool_terms(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: ParallelConfig,
                options: RuntimeOptions = RuntimeOptions(),
-               block_options: tuple[LayerOption, ...] = BLOCK_OPTIONS) -> tuple[PoolTerms, ...]:
-    """One :class:`PoolTerms` per pool of ``cluster`` that can host a stage of ``config``."""
+               block_options: tuple[LayerOption, ...] = BLOCK_OPTIONS,
+               splits: Sequence[tuple[tuple[str, int], ...]] = (),
+               headroom=None) -> tuple[PoolTerms, ...]:
+    """One :class:`PoolTerms` per pool of ``cluster`` that can host a stage of ``config``,
+    then one per split stage shape of ``splits`` (``((pool, replicas), ...)``). ``headroom``
+    (a :class:`~planner.solve.headroom.MemoryHeadroom`): each stage's problem may fill only
+    its pool's memory less the headroom (the CP-SAT model's limit; evaluate still judges the
+    whole capacity)."""
+    out = list(_pure_terms(model, cluster, config, options, block_options, headroom))
+    for shares in splits:
+        out.append(split_terms(model, cluster, config, options, block_options, tuple(shares),
+                               headroom))
+    return tuple(out)
+
+
+def _limit(headroom, pool: Pool) -> float | None:
+    return None if headroom is None else headroom.limit_bytes(pool.memory_bytes_per_gpu)
+
+
+def _pure_terms(model, cluster, config, options, block_options, headroom=None):
     c = config
     size = c.tp * c.cp * c.dp
     shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype)
@@ -97,20 +177,73 @@ def pool_terms(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: P
         tp, cp, dp, ep, boundary = _stage_links(one, c.tp, c.cp, c.dp, c.ep)
         mine = options.for_pool(pool.name)  # the pool's generation's calibrated efficiencies
         ctx = CostContext(model, one, config, mine, shard, Links(tp, cp, dp, ep, boundary))
-        problem = stage_problem(ctx, block_options)
+        problem = stage_problem(ctx, block_options, _limit(headroom, pool))
         cross = None
         if isinstance(cluster, MultiPoolCluster) and len(cluster.pools) > 1:
             link = _cross_link(cluster, pool, size)
             cross_ctx = CostContext(model, one, config, mine, shard,
                                     Links(tp, cp, dp, ep, link))
             cross = config_terms(cross_ctx)
-        out.append(PoolTerms(pool, problem, cross, pool.num_gpus // size))
+        out.append(PoolTerms(pool, problem, cross, pool.num_gpus // size,
+                             ((pool.name, size, pool.num_gpus),)))
     return tuple(out)
+
+
+def split_terms(model: ModelGraph, cluster: MultiPoolCluster, config: ParallelConfig,
+                options: RuntimeOptions, block_options: tuple[LayerOption, ...],
+                shares: tuple[tuple[str, int], ...], headroom=None) -> PoolTerms:
+    """The terms of a split stage (see the module docstring)."""
+    c = config
+    s, size = c.tp * c.cp, c.tp * c.cp * c.dp
+    pools = {p.name: p for p in cluster.pools}
+    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype)
+    # one split stage of a shape per plan (planner/hetero/search.py: it fills the GPUs the
+    # whole stages leave over); its tp data-parallel groups reduce at once
+    stages = min(1, *(pools[p].num_gpus // (d * s) for p, d in shares))
+    dp_link = cross_pool_link(cluster, [Segment(p, d * c.cp, c.tp) for p, d in shares],
+                              concurrent=c.tp)
+    problems, crosses, contexts = [], [], []
+    for p, d in shares:
+        pool = pools[p]
+        one = pool.as_cluster()
+        tp, cp, _, ep, boundary = _stage_links(one, c.tp, c.cp, d, c.ep)
+        mine = options.for_pool(p)
+        ctx = CostContext(model, one, config, mine, shard, Links(tp, cp, dp_link, ep, boundary))
+        contexts.append(ctx)
+        problems.append(stage_problem(ctx, block_options))
+        crosses.append(config_terms(CostContext(model, one, config, mine, shard,
+                                                Links(tp, cp, dp_link, ep,
+                                                      _cross_link(cluster, pool, size)))))
+    slowest = max(range(len(shares)), key=lambda k: sum(
+        x.time_s * cls.count for cls in problems[k].classes for x in cls.costs))
+    first = problems[0]
+    classes = []
+    for ci, cls in enumerate(first.classes):
+        if any(prob.classes[ci].options != cls.options for prob in problems):
+            raise ValueError("the shares of a split stage offer different options")
+        classes.append(BlockClass(cls.start, cls.first_block, cls.count, cls.options,
+                                  tuple(_largest([prob.classes[ci].costs[r] for prob in problems])
+                                        for r in range(len(cls.options)))))
+    problem = _SplitProblem(
+        problems[slowest].ctx, tuple(classes), first.num_blocks, first.pre, first.post,
+        tuple(_largest(xs) for xs in zip(*(p.pre_costs for p in problems))),
+        tuple(_largest(xs) for xs in zip(*(p.post_costs for p in problems))),
+        None if headroom is None else min(_limit(headroom, pools[p]) for p, _ in shares),
+        first.edge_options,
+        tuple(tuple(_largest(xs) for xs in zip(*rows))
+              for rows in zip(*(p.edge_costs for p in problems))),
+        combined_terms=_largest([p.terms for p in problems]))
+    return PoolTerms(pools[shares[slowest][0]], problem, _largest(crosses), stages,
+                     tuple((p, d * s, pools[p].num_gpus) for p, d in shares), shares,
+                     tuple(contexts))
 
 
 def stage_contexts(model: ModelGraph, cluster: MultiPoolCluster, config: ParallelConfig,
                    stage_pools: tuple[str, ...], options: RuntimeOptions = RuntimeOptions()
                    ) -> list[CostContext]:
     """The cost context of every stage of a plan across pools (its pool's GPU and links)."""
-    by_name = {t.pool.name: t for t in pool_terms(model, cluster, config, options)}
+    from planner.hetero.layout import StagePools, stage_shares
+
+    splits = [stage_shares(n, config.dp) for n in StagePools(tuple(stage_pools)).splits()]
+    by_name = {t.name: t for t in pool_terms(model, cluster, config, options, splits=splits)}
     return [by_name[name].problem.ctx for name in stage_pools]

@@ -349,6 +349,53 @@ def kv_transfer_s(model, cluster, workload, prefill: WorkerConfig, prompts: int,
     return comm.p2p_s(per_gpu, link)
 
 
+def prefill_pass(model, cluster, workload: ServingWorkload, worker: WorkerConfig,
+                 runtime_name: str, calib: Calibration, max_num_tokens: int,
+                 prompts: int = 1) -> tuple[float, IterationTime]:
+    """(seconds, one iteration) of a prefill-only worker running ``prompts`` prompts in
+    iterations of at most ``max_num_tokens`` tokens."""
+    tokens = prompts * workload.isl
+    chunks = math.ceil(tokens / max_num_tokens)
+    it = iteration_time(model, cluster, worker, workload.dtype, workload.kv_cache_dtype, calib,
+                        decode_seqs=0, context=0, prefill_tokens=tokens / chunks,
+                        prefill_isl=workload.isl, prefill_requests=prompts / chunks,
+                        runtime=runtime_name)
+    return chunks * it.total_s, it
+
+
+def decode_iteration(model, cluster, workload: ServingWorkload, worker: WorkerConfig,
+                     runtime_name: str, calib: Calibration, seqs: float) -> IterationTime:
+    """One step of a decode-only worker running ``seqs`` sequences at the average context
+    (``isl + osl / 2``); TPOT = its time / tokens per step."""
+    return iteration_time(model, cluster, worker, workload.dtype, workload.kv_cache_dtype, calib,
+                          decode_seqs=seqs, context=workload.isl + workload.osl / 2,
+                          runtime=runtime_name, draft_tokens=workload.draft_tokens)
+
+
+def pool_capacities(model, cluster, workload: ServingWorkload, worker: WorkerConfig,
+                    runtime_name: str, max_num_tokens: int, batch: int) -> tuple[int, int]:
+    """(prompts a prefill worker of ``worker`` holds, sequences a decode worker holds)."""
+    rt = runtime(runtime_name)
+    config = ServingConfig("aggregated", worker=worker, batch=batch,
+                           max_num_tokens=max_num_tokens)
+    isl, osl = workload.isl, workload.osl
+    prefill = _capacity(_pool_memory(model, cluster, workload, worker, rt, config, 1,
+                                     decode=False), worker, isl, rt)
+    decode = _capacity(_pool_memory(model, cluster, workload, worker, rt, config, batch),
+                       worker, isl + osl if rt.reserve_full_sequence else
+                       isl + math.ceil(osl / 2), rt)
+    return prefill, decode
+
+
+def prefill_burst(calib: Calibration, runtime_name: str, requests: float, prefill_workers: int,
+                  prompts: int) -> float:
+    """Prefill passes a new request waits for behind its arrival burst, in units of one pass:
+    the runtime's synchronisation fraction of the ``requests`` in flight per prefill worker
+    beyond one pass of ``prompts``. TTFT >= (1 + this) x the prefill pass."""
+    return calib.queue_fraction(runtime_name) * max(requests / prefill_workers - prompts,
+                                                    0) / prompts
+
+
 def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluation:
     isl, osl = workload.isl, workload.osl
     P, D = config.prefill, config.decode
@@ -368,22 +415,14 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
     if problems:
         return _not_fitting(model, cluster, workload, config, rt, mem_d, cap_d, problems)
     max_batch = min(config.batch, cap_d)
-    context = isl + osl / 2
-    tokens = k * isl
-    chunks = math.ceil(tokens / config.max_num_tokens)
-    it_p = iteration_time(model, cluster, P, workload.dtype, workload.kv_cache_dtype, calib,
-                          decode_seqs=0, context=0, prefill_tokens=tokens / chunks,
-                          prefill_isl=isl, prefill_requests=k / chunks, runtime=rt.name)
-    t_prefill = chunks * it_p.total_s
+    t_prefill, it_p = prefill_pass(model, cluster, workload, P, rt.name, calib,
+                                   config.max_num_tokens, k)
     t_kv = kv_transfer_s(model, cluster, workload, P, k, config.num_gpus)
     prefill_rate_cap = n_p * k / t_prefill  # requests/s
 
     def decode_at(c_total: float):
         b = min(c_total / n_d, max_batch)
-        it = iteration_time(model, cluster, D, workload.dtype, workload.kv_cache_dtype, calib,
-                            decode_seqs=b, context=context, runtime=rt.name,
-                            draft_tokens=workload.draft_tokens)
-        return b, it
+        return b, decode_iteration(model, cluster, workload, D, rt.name, calib, b)
 
     if workload.concurrency is not None:
         c = float(workload.concurrency)
@@ -407,7 +446,7 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
         if c is not None:
             rate = min(conc / (ttft + (osl - 1) * tpot), prefill_rate_cap, decode_rate_cap)
         rho = min(rate / prefill_rate_cap, 0.999)
-        burst = calib.queue_fraction(rt.name) * max(min(conc, n_d * max_batch) / n_p - k, 0) / k
+        burst = prefill_burst(calib, rt.name, min(conc, n_d * max_batch), n_p, k)
         new_ttft = t_prefill * (1 + burst + rho / (2 * (1 - rho))) + t_kv
         if abs(new_ttft - ttft) <= 1e-6 * ttft:
             ttft = new_ttft

@@ -47,6 +47,7 @@ from planner.cost.compute import (HBM_EFFICIENCY, KERNEL_LAUNCH_S, Shard, _mlp_g
 from planner.hardware import Cluster, Gpu
 from planner.ir import Attention, Layer, LayerKind, ModelGraph
 from planner.serve._cache import Ident
+from planner.serve.floor import experts_hit_fraction
 from planner.serve.memory import ACT_BYTES, kv_elements_per_token
 from planner.serve.workload import KV_BYTES, WorkerConfig
 
@@ -159,6 +160,12 @@ def attention_core_s(att: Attention, gpu: Gpu, tp: int, kv_dtype: str, decode_se
 def _links(cluster: Cluster, worker: WorkerConfig):
     """Links of the worker's groups, from its mesh's strides: TP, the expert-parallel group
     (all-to-all with data-parallel attention) and neighbouring pipeline stages."""
+    return _links_cached(Ident(cluster), worker)
+
+
+@lru_cache(maxsize=4096)
+def _links_cached(cluster_key, worker: WorkerConfig):
+    cluster = cluster_key.obj
     mesh = worker.mesh
     tp = group_link(cluster, mesh.tp, mesh.stride("tp"))
     moe = group_link(cluster, mesh.ep, mesh.stride("ep"))
@@ -189,7 +196,7 @@ def _moe_part_s(layer: Layer, tokens: float, tp: int, ep: int, dtype: str, gpu: 
     # each expert is hit with probability 1 - (1 - k/E)^T (uniform routing); only hit experts'
     # weights are read, each by a correspondingly larger share of the tokens.
     local = mlp.num_experts // ep
-    hit = 1.0 - (1.0 - mlp.top_k / mlp.num_experts) ** (tokens * ep)
+    hit = experts_hit_fraction(mlp.top_k, mlp.num_experts, tokens * ep)
     if hit < 1.0:
         gemms = [replace(g, m=max(1, round(g.m / hit)), count=max(1, math.ceil(local * hit)))
                  if g.count == local and local > 1 else g for g in gemms]

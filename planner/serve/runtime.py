@@ -16,18 +16,18 @@ CALIBRATED = {
     # attention and small-M GEMMs reach 60-90 % of STREAM bandwidth)
     "decode_hbm_efficiency": 0.9,
     # prefill GEMM and attention efficiency relative to the training cost model's
-    "prefill_efficiency": 0.916,
+    "prefill_efficiency": 0.899,
     # per runtime: fixed time per engine iteration beyond the kernels (scheduler, input
     # preparation, sampling, host synchronisation, CUDA-graph launch)
-    "step_overhead_s": {"sglang": 0.0, "trtllm": 0.0, "vllm": 0.00338},
+    "step_overhead_s": {"sglang": 0.0, "trtllm": 0.0, "vllm": 0.00343},
     # per runtime (its scheduler): fraction of the other concurrent requests whose prefill a
     # new request waits for (0: arrivals spread evenly; 1: fixed-length closed-loop clients
     # arrive in synchronised bursts)
-    "prefill_queue_fraction": {"sglang": 0.291, "trtllm": 0.329, "vllm": 0.0695},
+    "prefill_queue_fraction": {"sglang": 0.31, "trtllm": 0.33, "vllm": 0.05},
     # per runtime: share of the other requests' prefill work that lands between a request's
     # output tokens (1: every iteration carries its average share, chunked prefill mixed into
     # decode; lower: prefills batched apart or deferred)
-    "prefill_interference": {"sglang": 0.852, "trtllm": 0.629, "vllm": 0.114},
+    "prefill_interference": {"sglang": 0.84, "trtllm": 0.657, "vllm": 0.109},
 }
 
 
@@ -47,7 +47,8 @@ class ServingRuntime:
     ``cuda_graph_gib``: memory captured CUDA graphs and their pools hold.
     ``reserve_full_sequence``: the scheduler reserves KV blocks for isl + osl at admission
     (TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler) instead of growing them.
-    ``max_batch`` / ``max_num_tokens``: default caps on sequences and tokens per iteration.
+    ``max_batch`` / ``max_num_tokens``: default caps on sequences and tokens per iteration
+    (the GPU-dependent defaults: :meth:`default_max_num_tokens`).
     """
 
     name: str
@@ -58,6 +59,24 @@ class ServingRuntime:
     max_batch: int
     max_num_tokens: int
     kv_rule: str = "all"
+
+    def default_max_num_tokens(self, gpu) -> int:
+        """The runtime's default token budget of one iteration (its chunked-prefill size) on
+        ``gpu`` (a :class:`planner.hardware.Gpu`; its name and memory decide):
+
+        * vLLM (``EngineArgs.get_batch_defaults``, OpenAI server): ``max_num_batched_tokens``
+          8192 on GPUs of at least 70 GiB other than A100, else 2048;
+        * SGLang (``ServerArgs``): ``chunked_prefill_size`` 2048 under 35 GiB, 8192 under
+          160 GiB (H100, H200, A100), else 16384 (B200, GB200, B300);
+        * TensorRT-LLM (LLM API ``max_num_tokens``): 8192 on every GPU.
+        """
+        memory_gib = gpu.memory_gib
+        if self.name == "vllm":
+            big = memory_gib >= 70 and "a100" not in gpu.name.lower()
+            return 8192 if big else 2048
+        if self.name == "sglang":
+            return 2048 if memory_gib < 35 else 8192 if memory_gib < 160 else 16384
+        return self.max_num_tokens
 
 
 RUNTIMES = {

@@ -8,12 +8,10 @@ layout and batch), with bounds that make it fast:
 * aggregated, per worker layout: the batch by branch and bound over batch intervals
   (:func:`_best_batch`: TPOT bisection, a throughput bound and a TTFT lower bound per
   interval, both from the iteration time never falling as tokens are added);
-* disaggregated: dominated layouts are dropped per pool (same GPUs, slower prefill and more KV
-  bytes to send; or fewer completed requests/s at a larger batch); a pair of prefill / decode
-  layouts can never beat the harmonic combination of their per-GPU rates (computed without
-  queueing), so pairs below the best found are skipped (branch and bound); the decode batch is
-  the largest meeting TPOT, and the prefill pool the fewest workers meeting TTFT (TTFT falls as
-  workers are added: bisection).
+* disaggregated (:mod:`planner.serve.disaggregated`): best-first branch and bound over
+  (decode layout, prefill layout, decode-batch interval), then pool sizes, on each pool's
+  capacity bound (``tests/test_serve_disaggregated.py`` compares it with evaluating every
+  combination).
 
 Space: worker layouts ``tp x pp x attention_dp`` GPUs (``tp`` dividing the heads, KV heads
 dividing or divided by ``tp``; for MoE models every ``ep`` dividing the experts and
@@ -21,7 +19,6 @@ dividing or divided by ``tp``; for MoE models every ``ep`` dividing the experts 
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -173,12 +170,13 @@ def _eval(model, cluster, workload, config, rt, result, calibration) -> ServingE
 
 def _aggregated(model, cluster, workload, rt_name, layouts, n, result, top_k, calibration):
     rt = runtime(rt_name)
+    budget = rt.default_max_num_tokens(cluster.gpu)
     pareto = not workload.has_targets and workload.concurrency is None and \
         workload.request_rate_per_s is None
     candidates: list[ServingEvaluation] = []
     for w in layouts:
         base = ServingConfig("aggregated", worker=w, replicas=max(1, n // w.gpus),
-                             batch=rt.max_batch, max_num_tokens=rt.max_num_tokens)
+                             batch=rt.max_batch, max_num_tokens=budget)
         probe = _eval(model, cluster, replace(workload, concurrency=None, request_rate_per_s=None),
                       base, rt_name, result, calibration)
         if not probe.fits:
@@ -192,15 +190,10 @@ def _aggregated(model, cluster, workload, rt_name, layouts, n, result, top_k, ca
                     candidates.append(ev)
             continue
         if pareto:
-            b = 1
-            while True:
-                ev = _eval(model, cluster, replace(workload, concurrency=b * base.replicas),
-                           base, rt_name, result, calibration)
-                if ev.fits:
-                    candidates.append(ev)
-                if b >= cap:
-                    break
-                b = min(cap, b * 2)
+            candidates += _frontier_batches(
+                lambda b, base=base: _eval(model, cluster, replace(
+                    workload, concurrency=b * base.replicas), base, rt_name, result,
+                    calibration), cap, candidates, result)
             continue
 
         evals: dict[int, ServingEvaluation] = {}
@@ -233,6 +226,45 @@ def _finish(result, candidates, top_k, pareto):
     result.alternatives = ranked[1:1 + top_k]
 
 
+def _frontier_batches(at, cap: int, known: list[ServingEvaluation],
+                      result: ServeSearchResult) -> list[ServingEvaluation]:
+    """Every batch ``1 .. cap`` of one layout that may be on the Pareto frontier (tokens/s per
+    user against per GPU), the others left out only when a point already found weakly
+    dominates them: over ``lo .. hi`` tokens/s per user is at most its value at ``lo`` (TPOT
+    does not fall with the batch) and tokens/s per GPU at most ``hi / lo`` x its value at
+    ``lo`` (the iteration time does not fall), so an interval whose corner is dominated by a
+    known point holds no frontier point (``tests/test_serve_search.py`` compares the frontier
+    with every batch's)."""
+    points: list[ServingEvaluation] = []
+    seen: dict[int, ServingEvaluation] = {}
+
+    def point(b: int) -> ServingEvaluation:
+        if b not in seen:
+            seen[b] = at(b)
+        return seen[b]
+
+    def dominated(user: float, gpu: float) -> bool:
+        return any(p.output_tokens_per_s_per_user >= user and
+                   p.output_tokens_per_s_per_gpu >= gpu for p in known + points)
+
+    stack = [(1, cap)]
+    while stack:
+        lo, hi = stack.pop()
+        low = point(lo)
+        if not low.fits:
+            continue  # fitting is the memory's, the same at every batch of the layout
+        if dominated(low.output_tokens_per_s_per_user,
+                     hi / lo * low.output_tokens_per_s_per_gpu):
+            result.pruned += hi - lo + 1
+            continue
+        if lo == hi:
+            points.append(low)
+            continue
+        mid = (lo + hi) // 2
+        stack += [(mid + 1, hi), (lo, mid)]  # the lower half (faster tokens) first
+    return points
+
+
 def pareto_frontier(points: list[ServingEvaluation]) -> list[ServingEvaluation]:
     """Points not dominated in (tokens/s per user, tokens/s per GPU), by tokens/s per user."""
     ordered = sorted(points, key=lambda e: (-e.output_tokens_per_s_per_user,
@@ -246,127 +278,15 @@ def pareto_frontier(points: list[ServingEvaluation]) -> list[ServingEvaluation]:
 
 
 def _disaggregated(model, cluster, workload, rt_name, layouts, n, result, top_k, calibration):
-    rt = runtime(rt_name)
-    isl, osl = workload.isl, workload.osl
-    # layouts whose weights leave room for KV at all (either pool needs one)
-    from planner.serve.memory import serving_memory
-    fitting = [w for w in layouts if serving_memory(
-        model, cluster.gpu, w, workload.dtype, workload.kv_cache_dtype, rt, rt.max_num_tokens,
-        1).kv_budget_bytes > 0]
-    if not fitting:
-        return
-    smallest = min(fitting, key=lambda w: (w.gpus, w))
-    # decode pools: best batch per layout under TPOT (one worker; TTFT is the prefill's)
-    decode_options = []
-    for d in fitting:
-        p_any = smallest
-        if d.gpus + p_any.gpus > n:
-            continue
-        base = ServingConfig("disaggregated", prefill=p_any, decode=d, prefill_workers=1,
-                             decode_workers=1, batch=rt.max_batch,
-                             max_num_tokens=rt.max_num_tokens)
+    from planner.serve.disaggregated import search_disaggregated
+    from planner.serve.phases import Calibration
+    from planner.serve.runtime import CALIBRATED
 
-        def tpot_ok(b: int, base=base) -> bool:
-            ev = _eval(model, cluster, replace(workload, concurrency=b, ttft_ms=None),
-                       replace(base, batch=b), rt_name, result, calibration)
-            return ev.fits and ev.meets_targets()
-
-        probe = _eval(model, cluster, replace(workload, concurrency=1, ttft_ms=None,
-                                              tpot_ms=None), base, rt_name, result, calibration)
-        if not probe.pools[-1].max_batch or not probe.fits:
-            continue
-        cap = probe.pools[-1].max_batch
-        b = _largest(1, cap, tpot_ok)
-        if b is None:
-            continue
-        ev = _eval(model, cluster, replace(workload, concurrency=b, ttft_ms=None),
-                   replace(base, batch=b), rt_name, result, calibration)
-        rate = b / (ev.tpot_s * osl)  # requests/s one decode worker completes
-        decode_options.append((rate * osl / d.gpus, d, b, rate))
-    prefill_options = []
-    for p in fitting:
-        if p.gpus + smallest.gpus > n:
-            continue
-        base = ServingConfig("disaggregated", prefill=p, decode=smallest, prefill_workers=1,
-                             decode_workers=1, batch=1, max_num_tokens=rt.max_num_tokens)
-        ev = _eval(model, cluster, replace(workload, concurrency=1, ttft_ms=None, tpot_ms=None),
-                   base, rt_name, result, calibration)
-        if not ev.fits:
-            continue
-        t_pf = ev.pools[0].iteration.total_s * math.ceil(isl / rt.max_num_tokens)
-        if workload.ttft_ms is not None and t_pf * 1e3 > workload.ttft_ms:
-            continue  # even an idle prefill worker misses TTFT
-        from planner.serve.memory import kv_bytes_per_token
-        kv = kv_bytes_per_token(model, p, workload.kv_cache_dtype)
-        prefill_options.append((osl / t_pf / p.gpus, p, 1.0 / t_pf, kv))
-    # Dominated layouts out (exact for this model): a prefill layout is beaten by one on as many
-    # GPUs that prefills faster and sends no more KV bytes per GPU; a decode layout by one on as
-    # many GPUs that completes more requests/s with no larger batch (a larger batch means more
-    # requests in flight, hence more prefill queueing).
-    decode_options = _pareto(decode_options, lambda o: (o[1].gpus,), lambda o: (-o[3], o[2]))
-    prefill_options = _pareto(prefill_options, lambda o: (o[1].gpus,), lambda o: (-o[2], o[3]))
-    result.pruned += result.layouts * 2 - len(decode_options) - len(prefill_options)
-    decode_options.sort(key=lambda o: (-o[0], o[1]))
-    prefill_options.sort(key=lambda o: (-o[0], o[1]))
-    candidates: list[ServingEvaluation] = []
-    best = -1.0
-    for d_rate_gpu, d, b, d_rate in decode_options:
-        for p_rate_gpu, p, p_rate, _kv in prefill_options:
-            # upper bound at the ideal ratio: harmonic combination of the two per-GPU rates
-            bound = 1.0 / (1.0 / d_rate_gpu + 1.0 / p_rate_gpu)
-            if bound <= best:
-                result.pruned += 1
-                continue
-            for n_d in range(1, (n - p.gpus) // d.gpus + 1):
-                # at least the prefill workers the decode pool's request rate needs; more only
-                # lower TTFT (and tokens/s per GPU), so the first that meets TTFT is the best
-                need = max(1, math.ceil(n_d * d_rate / p_rate))
-                top = (n - n_d * d.gpus) // p.gpus
-                if top < need:
-                    continue
-                conc = workload.concurrency if workload.concurrency is not None else b * n_d
-                wl = replace(workload, concurrency=conc) \
-                    if workload.request_rate_per_s is None else workload
-                evals: dict[int, ServingEvaluation] = {}
-
-                def at(n_p: int, p=p, d=d, n_d=n_d, b=b, wl=wl, evals=evals):
-                    if n_p not in evals:
-                        cfg = ServingConfig("disaggregated", prefill=p, decode=d,
-                                            prefill_workers=n_p, decode_workers=n_d, batch=b,
-                                            max_num_tokens=rt.max_num_tokens)
-                        evals[n_p] = _eval(model, cluster, wl, cfg, rt_name, result, calibration)
-                    return evals[n_p]
-
-                # TTFT falls as prefill workers are added: bisect for the fewest meeting it
-                if not at(top).meets_targets():
-                    continue
-                lo, hi = need, top
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if at(mid).meets_targets():
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                ev = at(lo)
-                candidates.append(ev)
-                best = max(best, ev.output_tokens_per_s_per_gpu)
-    _finish(result, candidates, top_k, False)
-    if result.best is None and not candidates:
-        return
-
-
-def _pareto(options: list, group, score) -> list:
-    """Options not dominated within their group: ``score`` tuples, lower is better in every
-    component."""
-    out = []
-    for o in options:
-        so = score(o)
-        dominated = any(group(q) == group(o) and q is not o and
-                        all(a <= b for a, b in zip(score(q), so)) and score(q) != so
-                        for q in options)
-        if not dominated:
-            out.append(o)
-    return out
+    calib = calibration or Calibration.from_mapping(CALIBRATED)
+    found, result.pruned = search_disaggregated(
+        model, cluster, workload, rt_name, layouts, n, calib,
+        lambda wl, cfg: _eval(model, cluster, wl, cfg, rt_name, result, calibration))
+    _finish(result, found, top_k, False)
 
 
 def no_plan_error(workload: ServingWorkload) -> PlannerError:

@@ -112,6 +112,10 @@ class RuntimeProfile:
     # schedules it runs only with >= 2 model chunks per rank (torchtitan builds looped
     # PipelineScheduleMulti schedules with at least 2 stages per rank)
     multi_chunk_schedules: tuple[str, ...] = ()
+    # which per-block recomputation mixes its flags express (planner/recompute_rules.py):
+    # "per-block" (any), "uniform" (one setting for all blocks), "first-n" (Megatron's block
+    # method: the first N blocks of every model chunk); the search keeps to it
+    recompute_rule: str = "per-block"
 
     def allows_hsdp(self, stage: int, shard_ranks: int, gpus_per_node: int) -> bool:
         """The runtime shards ZeRO ``stage`` over groups of ``shard_ranks`` GPUs (each
@@ -191,7 +195,8 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         tp_comm_overlap=True, grad_reduce_overlap=True, param_gather_overlap=True,
         per_phase_prefetch=False, fp8_saved_inputs=True,
         allocator="pytorch caching allocator, nvidia-smi reading",
-        notes=("fp32 main_grad buffer (18 bytes/param before the distributed optimizer)",)),
+        notes=("fp32 main_grad buffer (18 bytes/param before the distributed optimizer)",),
+        recompute_rule="first-n"),
     "torchtitan": RuntimeProfile(
         name="torchtitan", title="torchtitan (FSDP2 + DTensor TP/CP/PP)",
         frameworks=("torchtitan", "FSDP2", "AutoModel"),
@@ -231,6 +236,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # 0.3's expert mesh is efsdp x ep (no ETP; experts whole on each EP rank); 0.2.2 takes
         # expert_tensor_parallel_degree 1 or tp: 1 runs on both
         expert_tp="one",
+        # 0.3 applies one ActivationCheckpointing to every block (0.2.2's every-N-th layer
+        # form is an export of 0.2.2 only): the search keeps to what both versions run
+        recompute_rule="uniform",
         notes=("fp32 sharded parameters, bf16 all-gather (MixedPrecisionPolicy param_dtype)",
                "TP implies sequence parallel; async TP overlaps its collectives, compiled only")),
     "deepspeed": RuntimeProfile(
@@ -277,7 +285,8 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         tp_comm_overlap=False, grad_reduce_overlap=True, param_gather_overlap=True,
         per_phase_prefetch=True, fp8_saved_inputs=False,
         allocator="pytorch caching allocator, nvidia-smi reading",
-        notes=("flat parameters, fp32 master sharded, bf16 compute (mixed_precision PURE/DEFAULT)",)),
+        notes=("flat parameters, fp32 master sharded, bf16 compute (mixed_precision PURE/DEFAULT)",),
+        recompute_rule="uniform"),
 })
 
 # Old --runtime values named optimizer-state layouts; each keeps its layout and maps to the

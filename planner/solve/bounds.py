@@ -3,15 +3,58 @@ configuration before building a CP-SAT model.
 
 Consumes a :class:`~planner.solve.costs.StageProblem`; produces seconds and bytes no placement
 of that configuration can beat. Both read the :mod:`planner.cost.terms` records only.
+
+The runtime's recompute rule (:mod:`planner.recompute_rules`) narrows both: every setting it
+expresses uses one of its :func:`~planner.recompute_rules.groups` of settings (torchtitan: one
+setting for all blocks), so a bound is the least over the groups of the bound with each block's
+options cut to the group; the time bound skips a group whose memory bound is over capacity.
 """
 from __future__ import annotations
 
 from planner.cost.pipeline import bubble_credit_s
+from dataclasses import replace
+
+from planner.recompute_rules import groups
 from planner.solve.costs import StageProblem
+from planner.solve.recompute_model import rule_of
 from planner.strategy import interleaved_rank
 
 
-def time_lower_bound(p: StageProblem) -> float:
+def rule_problems(p: StageProblem) -> list[StageProblem]:
+    """``p`` with the block options cut to each group of the rule (``[p]``: one group)."""
+    values = {o.recompute.value for cls in p.classes for o in cls.options}
+    parts = groups(rule_of(p), values)
+    if len(parts) <= 1:
+        return [p]
+    out = []
+    for keep in parts:
+        classes = []
+        for cls in p.classes:
+            mine = [k for k, o in enumerate(cls.options) if o.recompute.value in keep]
+            if not mine:
+                break
+            classes.append(replace(cls, options=tuple(cls.options[k] for k in mine),
+                                   costs=tuple(cls.costs[k] for k in mine)))
+        else:
+            out.append(replace(p, classes=tuple(classes)))
+    return out or [p]
+
+
+def time_lower_bound(p: StageProblem, capacity_bytes: float | None = None) -> float:
+    """:func:`free_time_lower_bound` under the runtime's recompute rule: the least over its
+    groups whose memory bound fits ``capacity_bytes`` (all groups when none does or None)."""
+    parts = rule_problems(p)
+    fitting = [q for q in parts if capacity_bytes is None
+               or free_memory_lower_bound(q) <= capacity_bytes] or parts
+    return min(free_time_lower_bound(q) for q in fitting)
+
+
+def memory_lower_bound(p: StageProblem) -> float:
+    """:func:`free_memory_lower_bound` under the runtime's recompute rule."""
+    return min(free_memory_lower_bound(q) for q in rule_problems(p))
+
+
+def free_time_lower_bound(p: StageProblem) -> float:
     """Step time no placement can beat: every block at its fastest option, the work spread
     perfectly over the stages (1F1B: ``(m - 1/v) work / pp + work / v``), the optimizer step of
     the average stage, the fixed embedding sync, and the ZeRO-2/3 per-micro-batch traffic no
@@ -74,7 +117,7 @@ def _fixed_rank_time_lb(p: StageProblem) -> float:
     return max(ranks)
 
 
-def memory_lower_bound(p: StageProblem) -> float:
+def free_memory_lower_bound(p: StageProblem) -> float:
     """Bytes the fullest stage needs at least: the stage average with every block at its
     least-memory option, each stage holding >= 1 micro-batch, plus the fixed reserve."""
     t = p.terms

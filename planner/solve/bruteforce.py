@@ -13,7 +13,10 @@ What is enumerated (the solver's space, nothing else):
   (:func:`planner.strategy.interleaved_rank`), as the solver does (the V schedules ZB-V and
   DualPipeV: chunk k on rank k, then 2 pp - 1 - k, the head back on rank 0);
 * every per-block :class:`~planner.strategy.LayerOption` assignment from the options the pins
-  allow (``Pins.block_options``: the mesh layout with none / selective / full recomputation);
+  allow (``Pins.block_options``: the mesh layout with none / selective / full recomputation)
+  whose recomputation the runtime's rule expresses exactly
+  (:func:`planner.recompute_rules.settings_of`: Megatron's first N blocks of every chunk,
+  torchtitan's one setting for all blocks);
 * non-block layers on the stages of :func:`planner.strategy.default_placement` (the embedding
   on stage 0, the other non-block layers (head) on the last stage), with every option
   :func:`planner.strategy.edge_options` gives them (``NO_OPTION`` only, unless per-layer
@@ -48,6 +51,7 @@ from planner.cost.terms import (LayerTerms, boundary_reshard_s, config_terms, la
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
 from planner.profiles import profile as runtime_profile
+from planner.recompute_rules import chunk_runs, settings_of
 from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.space import Pins, enumerate_configs
 from planner.strategy import (NO_OPTION, LayerOption, LayerPlacement, edge_options,
@@ -92,11 +96,28 @@ def count_placements(model: ModelGraph, cluster: Cluster, global_batch: int, seq
     """How many placements :func:`brute_force` would enumerate (cheap: no cost model calls)."""
     blocks = model.num_blocks
     edges = len(model.layers) - blocks
-    return sum(_num_splits(blocks, c.pp, c.virtual_stages)
-               * len(_allowed(pins, c, runtime)) ** blocks
-               * len(edge_options(_allowed(pins, c, runtime))) ** edges
-               for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins,
-                                          runtime_profile(runtime.profile)))
+    rule = runtime_profile(runtime.profile).recompute_rule
+    total = 0
+    for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins,
+                               runtime_profile(runtime.profile)):
+        allowed = _allowed(pins, c, runtime)
+        if rule == "per-block":
+            per_split = _num_splits(blocks, c.pp, c.virtual_stages) * len(allowed) ** blocks
+        else:
+            per_split = sum(_space_size(rule, stages, allowed)
+                            for stages in _splits(blocks, c.pp, c.virtual_stages))
+        total += per_split * len(edge_options(allowed)) ** edges
+    return total
+
+
+def _space_size(rule: str, stages: Sequence[int], allowed: Sequence[LayerOption]) -> int:
+    """Per-block option tuples of one split whose recomputation the rule expresses."""
+    vectors = settings_of(rule, chunk_runs(stages), {o.recompute.value for o in allowed})
+    if vectors is None:
+        return len(allowed) ** len(stages)
+    per_value = {v: sum(1 for o in allowed if o.recompute.value == v) for vec in vectors
+                 for v in vec}
+    return sum(math.prod(per_value[v] for v in vec) for vec in vectors)
 
 
 def _placement(model: ModelGraph, pp: int, block_stage: Sequence[int],
@@ -191,6 +212,16 @@ def _consistent(classes: Sequence[int], rec: Sequence[LayerOption]) -> bool:
     return all(seen.setdefault(c, r.layout) is r.layout for c, r in zip(classes, rec))
 
 
+def _rule_filter(rule: str, stages: Sequence[int], allowed: Sequence[LayerOption]):
+    """Whether per-block options ``rec`` recompute as the runtime's rule can on this split
+    (:func:`planner.recompute_rules.settings_of`, the rule's settings)."""
+    vectors = settings_of(rule, chunk_runs(stages), {o.recompute.value for o in allowed})
+    if vectors is None:
+        return lambda rec: True
+    ok = set(vectors)
+    return lambda rec: tuple(r.recompute.value for r in rec) in ok
+
+
 def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
     """Every placement through ``evaluate``: slow, the definition."""
     best = None
@@ -200,12 +231,14 @@ def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
     classes = _block_classes(model)
     per_block = [[o for o in allowed if option_valid(ctx, layer, o)] for layer in blocks]
     head = head_stage(config)
+    rule = runtime_profile(runtime.profile).recompute_rule
     for fixed, stages in itertools.product(
             _edge_assignments(model, ctx, allowed),
             list(_splits(model.num_blocks, config.pp, config.virtual_stages,
                          config.schedule_spec.placement))):
+        ruled = _rule_filter(rule, stages, allowed)
         for rec in itertools.product(*per_block):
-            if not _consistent(classes, rec):
+            if not _consistent(classes, rec) or not ruled(rec):
                 continue
             n += 1
             ev = evaluate(model, cluster, config,
@@ -282,8 +315,10 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
     best = None
     n = k = 0
     bound = incumbent
+    rule = runtime_profile(ctx.options.profile).recompute_rule
     for stages in _splits(model.num_blocks, pp, v, config.schedule_spec.placement):
-        n += len(allowed) ** model.num_blocks
+        n += _space_size(rule, stages, allowed)
+        ruled = _rule_filter(rule, stages, allowed)
         members = [tuple(b for b, s in enumerate(stages) if s == i) for i in range(pp)]
         options = [stage_options(i, members[i]) for i in range(pp)]
         for combo in itertools.product(*options):
@@ -291,6 +326,8 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
             for i, (stage_rec, _, _, _) in enumerate(combo):
                 for b, r in zip(members[i], stage_rec):
                     rec[b] = r
+            if not ruled(rec):
+                continue
             if layered:
                 if not _consistent(classes, rec):
                     continue

@@ -28,7 +28,9 @@ across pools, :mod:`planner.hetero.ilp`):
   (Z) ZeRO-2/3 exposed per-micro-batch traffic  e[i] >= traffic(n) - compute(n), e[i] >= 0
   (D) data-parallel exposure  d >= (reduce(n) - hidden(n))^+ + (gather(n) - fwd(n))^+ per stage
   (O) optimizer step  o >= sum of optimizer_s terms per stage
-and here (R) the per-class layouts and their resharding edges.
+and here (R) the per-class layouts and their resharding edges, and (C) the runtime's recompute
+rule on the counts n (Megatron's first N blocks of every chunk, torchtitan's one setting for all
+blocks: :mod:`planner.solve.recompute_model`).
 Objective (``step_time``, times v to stay integer): (m v - 1) T + sum_i t[i] + v (d + o); a
 zero-bubble schedule (planner.cost.pipeline): m v T + beta + v (d + o) with beta >= 0 and
 beta >= sum_i t[i] - T + (p-1)/p (b_extra sum_i b[i] - w_credit sum_i w[i]).
@@ -46,6 +48,7 @@ from ortools.sat.python import cp_model
 
 from planner import cpsat
 from planner.solve.costs import StageProblem
+from planner.solve.recompute_model import add_rule, rule_of
 from planner.solve.stage_model import StageModel, blocks_in, decode_placement
 from planner.strategy import LayerPlacement, interleaved_rank
 
@@ -145,6 +148,9 @@ class _Builder:
                 self.x[i, ci] = x
                 sm.add_options(i, ci, x)
         self.n = sm.n
+        # the runtime's recompute rule (planner/recompute_rules.py, solve/recompute_model.py)
+        add_rule(M, rule_of(P), P.classes, L, pp, v, self.x, self.n,
+                 None if single and v == 1 else b)
         if not single and v == 1:
             # redundant cut: the stages hold every block (the min/max of blocks_in relax weakly)
             for ci, cls in enumerate(P.classes):

@@ -2,10 +2,10 @@
 
 For each setup below and each runtime with an exporter (megatron, torchtitan 0.3 and 0.2.2,
 deepspeed) this runs ``shardplan plan --runtime R --work-limit 100`` and exports the plan to
-R, and prints every warning. The search chooses each block's recomputation freely; a runtime
-runs only its own rule (one AC setting for all blocks in torchtitan 0.3; the first N blocks of
-every chunk in Megatron; every N-th block of a rank in torchtitan 0.2.2), so a per-layer mix
-the rule cannot give is the one fallback left (planner/export/recompute_rules.py says when).
+R, and prints every warning. The search keeps each block's recomputation to what the runtime's
+flags express (planner/recompute_rules.py: one AC setting for all blocks in torchtitan; the
+first N blocks of every chunk, or selective everywhere, in Megatron; any block in DeepSpeed),
+so an export of a plan made for its runtime has no fallback left to take.
 
     python -m bench.export_profiles [--json]
 

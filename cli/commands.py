@@ -9,6 +9,7 @@ from cli.moe_options import (cross_entropy_from, moe_option, moe_options_from,
                               recompute_modules_from, with_mtp_from)
 from cli.params import FiniteFloat, pin_pairs
 from planner.config import ParallelConfig, resolve_dp
+from planner.cost.pipeline import SCHEDULES
 from planner.hardware import MultiPoolCluster
 from planner.strategy import LayerOption, Recompute, default_placement
 
@@ -115,6 +116,9 @@ def time_limit_slack_s(limit_s: float) -> float:
               help="Sequence parallelism (default: on when tp > 1).")
 @click.option("--virtual-stages", type=click.IntRange(min=1), default=1, show_default=True,
               help="Interleaved 1F1B model chunks per pipeline rank.")
+@click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None,
+              help="Pipeline schedule (default: 1f1b, or interleaved-1f1b with "
+                   "--virtual-stages > 1; zbv and dualpipev take --virtual-stages 2).")
 @dp_shard_option
 @dtype_option
 @attention_option
@@ -123,8 +127,8 @@ def time_limit_slack_s(limit_s: float) -> float:
 @moe_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
-             zero_stage, recompute, sp, virtual_stages, dp_shard, dtype, attention_kernel,
-             runtime, calibration, as_json, **moe):
+             zero_stage, recompute, sp, virtual_stages, schedule, dp_shard, dtype,
+             attention_kernel, runtime, calibration, as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
     from planner.calibration.session import prediction_intervals, runtime_setup
     from planner.cost.model import evaluate as run
@@ -143,7 +147,8 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp or 0, global_batch=global_batch,
         seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
         zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
-        dtype=dtype, dp_shard=0 if dp_shard in (None, dp) else dp_shard)
+        dtype=dtype, dp_shard=0 if dp_shard in (None, dp) else dp_shard,
+        pipeline_schedule=schedule or "")
     options = setup.options
     config.validate(graph, hw)
     placement = default_placement(graph, config, LayerOption(Recompute(recompute)))
@@ -235,8 +240,8 @@ def clusters_command(as_json):
               help="Also report this many runners-up.")
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: tp, pp, dp, cp, ep, etp, sp, zero, micro_batch, "
-                   "virtual_stages, recompute, layouts (mesh or per-layer), offload (none or "
-                   "optimizer: host memory, needs a cluster host: section). Repeatable.")
+                   "virtual_stages, schedule, recompute, layouts (mesh or per-layer), offload "
+                   "(none or optimizer: host memory, needs a cluster host: section). Repeatable.")
 @dp_shard_option
 @click.option("--memory-headroom", default="5%", show_default=True, metavar="H",
               help="GPU memory the search keeps free of the plan: a fraction (0.05 or 5%) or "

@@ -3,8 +3,9 @@
 Consumes a :class:`~planner.plan_types.Plan` and a runtime profile name; produces the
 :class:`~planner.check_report.Problem` list of what the plan uses that the runtime cannot run
 (its ZeRO / FSDP stage, TP / PP / CP / EP, sequence parallelism where the runtime has none or
-always has it, the pipeline schedule, unequal interleaved chunks, recomputation policies,
-per-layer layouts, HSDP's shard group) and the :class:`~planner.config.RuntimeOptions` the
+always has it, the pipeline schedule, unequal interleaved chunks, recomputation policies
+and the per-block mix of them its flags cannot express (:mod:`planner.recompute_rules`, the
+rule the search keeps to), per-layer layouts, HSDP's shard group) and the :class:`~planner.config.RuntimeOptions` the
 memory check then uses: the runtime's state layout, overlap and calibrated constants
 (:func:`planner.calibration.session.runtime_setup`), with the plan's attention kernel, dropout
 and MoE options kept. Each capability is read from :mod:`planner.profiles`, the same
@@ -15,6 +16,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import replace
 
+from planner import recompute_rules as rules
 from planner.check_report import Problem
 from planner.config import RuntimeOptions
 from planner.ir import LayerKind
@@ -47,6 +49,9 @@ def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
     schedule = c.schedule
     if c.pp > 1 and not prof.allows_schedule(schedule):
         bad(f"the {schedule} pipeline schedule: it offers {', '.join(prof.schedules)}")
+    elif c.pp > 1 and not prof.allows_schedule_with(schedule, c.virtual_stages):
+        bad(f"the {schedule} pipeline schedule with {c.virtual_stages} model chunk per rank: "
+            f"it runs it with at least 2")
     if c.virtual_stages > 1 and not prof.uneven_chunks:
         sizes = _chunk_sizes(plan)
         if len(set(sizes)) > 1:
@@ -66,16 +71,61 @@ def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
     blocks = [o for o, layer in zip(plan.placement.options, plan.model.layers)
               if layer.kind is LayerKind.BLOCK]
     used = Counter(o.recompute for o in blocks)
+    known = True
     for policy, count in sorted(used.items(), key=lambda item: item[0].value):
         if policy.value not in planner_policies:
+            known = False
             bad(f"{policy.value} recomputation ({count} blocks): its policies are "
                 f"{', '.join(p.name for p in prof.recompute)}")
+    settings = [o.recompute.value for o in blocks]
+    runs, classes = rules.chunk_runs(_block_stages(plan)), _block_classes(plan)
+    # the rule the search keeps to; torchtitan 0.2.2's every-N-th-block form also runs
+    forms = [prof.recompute_rule] + (["every-nth"] if "every-nth" in
+                                     {p.planner for p in prof.recompute} else [])
+    if known and all(rules.equivalent(f, runs, classes, settings) is None for f in forms):
+        bad(f"this per-block recomputation ({_mix(plan, settings)}): "
+            f"{_RULE_TEXT[prof.recompute_rule]}"
+            + (" (or full recomputation of every N-th block of each rank, an older "
+               "version's form)" if len(forms) > 1 else ""))
     layouts = Counter(o.layout for o in blocks if o.layout is not Layout.MESH)
     if layouts:
         listed = ", ".join(f"{k.value} x{n}" for k, n in
                            sorted(layouts.items(), key=lambda item: item[0].value))
         bad(f"per-layer layouts ({listed}): its blocks all use the mesh's degrees")
     return out
+
+
+_RULE_TEXT = {
+    "uniform": "it applies one recomputation setting to every block",
+    "first-n": "it recomputes all blocks selectively, or fully the first N blocks of every "
+               "model chunk (--recompute-method block --recompute-num-layers N) and none of "
+               "the others, with one N for all chunks",
+    "per-block": "",
+}
+
+
+def _block_stages(plan: Plan) -> list[int]:
+    return [s for s, layer in zip(plan.placement.stage, plan.model.layers)
+            if layer.kind is LayerKind.BLOCK]
+
+
+def _block_classes(plan: Plan) -> list[int]:
+    """The layer class of each block (the cost model's unit, planner.recompute_rules)."""
+    out = []
+    for ci, cls in enumerate(plan.model.layer_classes()):
+        if cls.layer.kind is LayerKind.BLOCK:
+            out += [ci] * cls.count
+    return out
+
+
+def _mix(plan: Plan, settings: list[str]) -> str:
+    """Per pipeline rank, its blocks' settings other than none: 'rank 0: full 3; rank 1: -'."""
+    per = [Counter() for _ in range(plan.config.pp)]
+    for stage, value in zip(_block_stages(plan), settings):
+        if value != "none":
+            per[stage][value] += 1
+    return "; ".join(f"rank {i}: " + (", ".join(f"{k} {n}" for k, n in sorted(c.items())) or "-")
+                     for i, c in enumerate(per))
 
 
 def _chunk_sizes(plan: Plan) -> list[int]:

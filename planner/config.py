@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+from planner.cost.pipeline import SCHEDULES, default_schedule
 from planner.errors import invalid
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
@@ -47,6 +48,14 @@ class ParallelConfig:
     # HSDP: dp ranks of one ZeRO / FSDP shard group, replicated over dp / dp_shard groups;
     # 0 = the whole dp (plain ZeRO / FSDP). Normalised: dp_shard == dp is written as 0.
     dp_shard: int = 0
+    # pipeline schedule (planner.cost.pipeline.SCHEDULES); "" = the default for virtual_stages
+    # (1F1B, interleaved 1F1B). Normalised: the default is written as "".
+    pipeline_schedule: str = ""
+
+    def __post_init__(self):
+        if self.pipeline_schedule and \
+                self.pipeline_schedule == default_schedule(self.virtual_stages):
+            object.__setattr__(self, "pipeline_schedule", "")
 
     @cached_property  # read in every cost term; the dataclass is frozen, so computed once
     def mesh(self) -> Mesh:
@@ -68,7 +77,35 @@ class ParallelConfig:
 
     @property
     def schedule(self) -> str:
-        return "interleaved-1f1b" if self.virtual_stages > 1 else "1f1b"
+        return self.pipeline_schedule or default_schedule(self.virtual_stages)
+
+    @property
+    def schedule_spec(self):
+        """The :class:`planner.cost.pipeline.PipelineSchedule` of the plan."""
+        return SCHEDULES[self.schedule]
+
+    def _validate_schedule(self) -> None:
+        name = self.pipeline_schedule
+        if not name:
+            return
+        if name not in SCHEDULES:
+            raise invalid(f"--schedule must be one of {', '.join(SCHEDULES)}, got {name!r}")
+        spec = SCHEDULES[name]
+        if self.pp == 1:
+            raise invalid(f"the {name} schedule needs --pp > 1")
+        v = self.virtual_stages
+        if v < spec.min_chunks or (spec.max_chunks and v > spec.max_chunks):
+            need = (f"exactly {spec.min_chunks}" if spec.max_chunks == spec.min_chunks
+                    else f"at least {spec.min_chunks}")
+            raise invalid(f"the {name} schedule runs {need} model chunks per rank; "
+                          f"--virtual-stages is {v}",
+                          f"use --virtual-stages {spec.min_chunks}")
+        if self.num_micro_batches < spec.min_micro_batches_per_rank * self.pp:
+            raise invalid(f"the {name} schedule needs at least "
+                          f"{spec.min_micro_batches_per_rank} x pp = "
+                          f"{spec.min_micro_batches_per_rank * self.pp} micro-batches, the "
+                          f"plan has {self.num_micro_batches}",
+                          "raise the global batch or lower the micro-batch size")
 
     def validate(self, model: ModelGraph, cluster: Cluster) -> None:
         """Raise PlannerError(INVALID_INPUT) for any configuration no runtime could run."""
@@ -119,7 +156,9 @@ class ParallelConfig:
                 f"{blocks} blocks of {model.name}")
         if self.virtual_stages > 1 and self.pp == 1:
             raise invalid("--virtual-stages > 1 needs --pp > 1 (interleaved 1F1B)")
-        if self.virtual_stages > 1 and self.num_micro_batches % self.pp:
+        self._validate_schedule()
+        if self.virtual_stages > 1 and self.num_micro_batches % self.pp and \
+                self.schedule_spec.placement == "loop":
             raise invalid(
                 f"interleaved 1F1B needs the number of micro-batches ({self.num_micro_batches}) "
                 f"to be a multiple of pp ({self.pp}) (Megatron-LM schedules.py)")

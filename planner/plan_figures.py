@@ -50,6 +50,12 @@ def _rc():
 def draw_timeline(ax, plan: Any, timeline) -> None:
     from matplotlib.patches import Patch
 
+    if timeline is None:  # a zero-bubble schedule: costed in closed form, not laid out
+        ax.set_axis_off()
+        ax.text(0.5, 0.5, f"{plan.config.schedule}: no operation order is drawn for this "
+                f"schedule (its bubble is the closed form of planner/cost/pipeline.py)",
+                ha="center", va="center", transform=ax.transAxes)
+        return
     doc = plan.document
     breakdown = doc["predicted"]["time_breakdown_s"]
     tail = [("dp_sync", breakdown.get("dp_exposed", 0.0)),

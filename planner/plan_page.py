@@ -151,7 +151,9 @@ def page(plan: Any) -> str:
          + (" (band {:.1f}-{:.1f})".format(*pred["peak_memory_gib_interval"])
             if pred.get("peak_memory_gib_interval") else "")),
         ("bubble", f"{pred['time_breakdown_s']['bubble']:.3f} s")))
-    bubbles = ", ".join(f"rank {r}: {timeline.bubble_s(r):.3f} s" for r in range(timeline.pp))
+    bubbles = (", ".join(f"rank {r}: {timeline.bubble_s(r):.3f} s" for r in range(timeline.pp))
+               if timeline is not None else
+               f"not drawn for the {p['schedule']} schedule, whose bubble is a closed form")
     title = f"{doc['model']['name']} on {c['name']}"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>shardplan report: {_e(title)}</title>

@@ -93,7 +93,8 @@ class Plan:
                 doc["inputs"]["cluster"]["ir"], "$.inputs.cluster.ir")
             config = ParallelConfig(**{k: p[k] for k in _CONFIG_KEYS},
                                     etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"],
-                                    dp_shard=int(p.get("dp_shard", 0)))
+                                    dp_shard=int(p.get("dp_shard", 0)),
+                                    pipeline_schedule=str(p.get("schedule", "")))
             layers = sorted(doc["layers"], key=lambda layer: layer["index"])
             placement = LayerPlacement(
                 tuple(int(layer["stage"]) for layer in layers),
@@ -140,6 +141,7 @@ class Plan:
         doc["inputs"]["cluster"]["ir"] = cluster_to_dict(self.cluster)
         for key in _CONFIG_KEYS:
             doc["parallelism"][key] = getattr(self.config, key)
+        doc["parallelism"]["schedule"] = self.config.schedule
         if "dp_shard" in doc["parallelism"] or self.config.dp_shard:  # HSDP (planner.mesh)
             doc["parallelism"]["dp_shard"] = self.config.dp_shard or self.config.dp
         if "etp" in doc["parallelism"] or self.config.etp:  # the expert mesh (planner.mesh)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.check_report import Problem
+from planner.cost.pipeline import SCHEDULES, chunk_rank
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.plan_types import Plan
@@ -74,19 +75,24 @@ def structure_problems(doc: dict[str, Any], model: ModelGraph, cluster: Cluster)
             out.append(Problem("degrees", f"expert mesh etp x ep x edp = {etp} x {p['ep']} x "
                                           f"{p['edp']} = {etp * p['ep'] * p['edp']} but a stage "
                                           f"has tp x cp x dp = {tp * cp * dp} GPUs"))
-    expected_schedule = "interleaved-1f1b" if p["virtual_stages"] > 1 else "1f1b"
-    if p["schedule"] != expected_schedule:
+    spec = SCHEDULES.get(p["schedule"])
+    v = p["virtual_stages"]
+    if spec is None or v < spec.min_chunks or (spec.max_chunks and v > spec.max_chunks):
+        fits = [name for name, s in SCHEDULES.items()
+                if v >= s.min_chunks and (not s.max_chunks or v <= s.max_chunks)]
         out.append(Problem("config", f"schedule {p['schedule']!r} does not match virtual_stages "
-                                     f"{p['virtual_stages']} (expected {expected_schedule!r})"))
+                                     f"{v} (expected one of {', '.join(fits)})"))
+        spec = None
     if pp * p["virtual_stages"] > max(model.num_blocks, 1):
         out.append(Problem("config", f"pp x virtual_stages = {pp} x {p['virtual_stages']} "
                                      f"exceeds the {model.num_blocks} blocks of {model.name}"))
         return out
-    out += _layer_problems(doc, model, pp, p["virtual_stages"])
+    out += _layer_problems(doc, model, pp, v, spec.placement if spec else "loop")
     return out
 
 
-def _layer_problems(doc: dict[str, Any], model: ModelGraph, pp: int, v: int) -> list[Problem]:
+def _layer_problems(doc: dict[str, Any], model: ModelGraph, pp: int, v: int,
+                    placement: str = "loop") -> list[Problem]:
     out: list[Problem] = []
     layers = doc["layers"]
     n = len(model.layers)
@@ -127,7 +133,9 @@ def _layer_problems(doc: dict[str, Any], model: ModelGraph, pp: int, v: int) -> 
                                         f"stages are 0..{pp - 1})"))
         return out
     runs = [s for s, _ in stage_runs(stages)]
-    expected = list(range(pp)) * v
+    expected = [chunk_rank(k, pp, placement) for k in range(pp * v)]
+    # a V keeps chunks pp - 1 and pp on the last rank: one run there
+    expected = [s for k, s in enumerate(expected) if k == 0 or s != expected[k - 1]]
     if runs != expected:
         empty = sorted(set(range(pp)) - set(stages))
         if empty:
@@ -135,6 +143,10 @@ def _layer_problems(doc: dict[str, Any], model: ModelGraph, pp: int, v: int) -> 
         elif v == 1:
             message = (f"pipeline stages must be contiguous runs of layers in order 0..{pp - 1}; "
                        f"the plan's layers visit stages {_runs_text(stages)}")
+        elif placement == "v":
+            message = (f"a V schedule needs the layers in {2 * pp} contiguous chunks on stages "
+                       f"0..{pp - 1} and back ({pp - 1}..0); the plan's layers visit stages "
+                       f"{_runs_text(stages)}")
         else:
             message = (f"interleaved 1F1B with {v} virtual stages needs the layers in {pp * v} "
                        f"contiguous chunks on stages 0..{pp - 1} in turn ({v} rounds); the plan's "

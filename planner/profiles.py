@@ -21,7 +21,8 @@ layout and overlap behaviour from here. Four profiles:
   DTensor TP with sequence parallel implied, async TP (``enable_async_tensor_parallel``),
   ``context_parallel_degree``, ``expert_parallel_degree``, ``pipeline_parallel_schedule`` from
   PyTorch's ``get_schedule_class`` (1F1B, Interleaved1F1B, GPipe, LoopedBFS,
-  InterleavedZeroBubble, ZBVZeroBubble, DualPipeV), uneven stages via
+  InterleavedZeroBubble, ZBVZeroBubble, DualPipeV; the planner searches 1F1B, Interleaved1F1B
+  and the zero-bubble three, planner/cost/pipeline.py), uneven stages via
   ``pipeline_parallel_first/last_stage_less_layers``; ``activation_checkpoint.mode``
   none / full / selective with ``selective_ac_option`` "op" (per-op SAC) or N (every N-th
   layer) (pytorch/torchtitan v0.2.2 ``torchtitan/config/job_config.py``). No ZeRO-1/2: FSDP2 always shards
@@ -106,6 +107,15 @@ class RuntimeProfile:
     hsdp_stages: tuple[int, ...] = ()
     hsdp_name: str = ""
     hsdp_shard: str = "any"
+    # pipeline schedule -> the runtime's own name (its schedule option's value)
+    schedule_names: Mapping[str, str] = field(default_factory=dict)
+    # schedules it runs only with >= 2 model chunks per rank (torchtitan builds looped
+    # PipelineScheduleMulti schedules with at least 2 stages per rank)
+    multi_chunk_schedules: tuple[str, ...] = ()
+    # which per-block recomputation mixes its flags express (planner/recompute_rules.py):
+    # "per-block" (any), "uniform" (one setting for all blocks), "first-n" (Megatron's block
+    # method: the first N blocks of every model chunk); the search keeps to it
+    recompute_rule: str = "per-block"
 
     def allows_hsdp(self, stage: int, shard_ranks: int, gpus_per_node: int) -> bool:
         """The runtime shards ZeRO ``stage`` over groups of ``shard_ranks`` GPUs (each
@@ -138,6 +148,11 @@ class RuntimeProfile:
 
     def allows_schedule(self, schedule: str) -> bool:
         return schedule in self.schedules
+
+    def allows_schedule_with(self, schedule: str, virtual_stages: int) -> bool:
+        """The runtime runs ``schedule`` with ``virtual_stages`` model chunks per rank."""
+        return self.allows_schedule(schedule) and \
+            (virtual_stages > 1 or schedule not in self.multi_chunk_schedules)
 
     def recompute_policy(self, name: str) -> RecomputePolicy:
         key = name.strip().lower()
@@ -180,7 +195,8 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         tp_comm_overlap=True, grad_reduce_overlap=True, param_gather_overlap=True,
         per_phase_prefetch=False, fp8_saved_inputs=True,
         allocator="pytorch caching allocator, nvidia-smi reading",
-        notes=("fp32 main_grad buffer (18 bytes/param before the distributed optimizer)",)),
+        notes=("fp32 main_grad buffer (18 bytes/param before the distributed optimizer)",),
+        recompute_rule="first-n"),
     "torchtitan": RuntimeProfile(
         name="torchtitan", title="torchtitan (FSDP2 + DTensor TP/CP/PP)",
         frameworks=("torchtitan", "FSDP2", "AutoModel"),
@@ -189,7 +205,15 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         hsdp=True, hsdp_stages=(3,),
         hsdp_name="data_parallel_shard_degree x data_parallel_replicate_degree",
         tp=True, sp="with-tp", cp=True, ep=True, pp=True,
-        schedules=("1f1b", "interleaved-1f1b", "gpipe", "zb-h1", "zbv", "dualpipe"),
+        # PyTorch's get_schedule_class names (torch.distributed.pipelining.schedules):
+        # InterleavedZeroBubble is ZB1P over >= 2 looped chunks, ZBVZeroBubble and DualPipeV
+        # the V schedules with 2 chunks per rank (torchtitan pipeline_parallel.py, style "v")
+        schedules=("1f1b", "interleaved-1f1b", "zb-h1", "zbv", "dualpipev"),
+        schedule_names=MappingProxyType({
+            "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
+            "zb-h1": "InterleavedZeroBubble", "zbv": "ZBVZeroBubble",
+            "dualpipev": "DualPipeV"}),
+        multi_chunk_schedules=("zb-h1",),
         uneven_chunks=True,
         recompute=(_NONE,
                    RecomputePolicy("full", "full", description="activation_checkpoint.mode full"),
@@ -212,6 +236,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # 0.3's expert mesh is efsdp x ep (no ETP; experts whole on each EP rank); 0.2.2 takes
         # expert_tensor_parallel_degree 1 or tp: 1 runs on both
         expert_tp="one",
+        # 0.3 applies one ActivationCheckpointing to every block (0.2.2's every-N-th layer
+        # form is an export of 0.2.2 only): the search keeps to what both versions run
+        recompute_rule="uniform",
         notes=("fp32 sharded parameters, bf16 all-gather (MixedPrecisionPolicy param_dtype)",
                "TP implies sequence parallel; async TP overlaps its collectives, compiled only")),
     "deepspeed": RuntimeProfile(
@@ -258,7 +285,8 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         tp_comm_overlap=False, grad_reduce_overlap=True, param_gather_overlap=True,
         per_phase_prefetch=True, fp8_saved_inputs=False,
         allocator="pytorch caching allocator, nvidia-smi reading",
-        notes=("flat parameters, fp32 master sharded, bf16 compute (mixed_precision PURE/DEFAULT)",)),
+        notes=("flat parameters, fp32 master sharded, bf16 compute (mixed_precision PURE/DEFAULT)",),
+        recompute_rule="uniform"),
 })
 
 # Old --runtime values named optimizer-state layouts; each keeps its layout and maps to the

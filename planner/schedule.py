@@ -170,5 +170,18 @@ def chunk_times(plan: Any) -> list[list[ChunkTimes]]:
     return [[ChunkTimes(*cell) for cell in row] for row in sums]
 
 
-def plan_timeline(plan: Any) -> Timeline:
+DRAWN_SCHEDULES = ("1f1b", "interleaved-1f1b")
+
+
+def drawn(plan: Any) -> bool:
+    """The plan's schedule has an operation order here (the zero-bubble schedules ZB-H1, ZB-V
+    and DualPipeV are costed by their closed-form bubbles, planner/cost/pipeline.py, and not
+    laid out as a timeline)."""
+    return plan.config.pp == 1 or plan.config.schedule in DRAWN_SCHEDULES
+
+
+def plan_timeline(plan: Any) -> Timeline | None:
+    """The plan's timeline; None for a schedule without an operation order (:func:`drawn`)."""
+    if not drawn(plan):
+        return None
     return simulate(chunk_times(plan), plan.config.num_micro_batches)

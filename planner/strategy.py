@@ -161,17 +161,28 @@ class LayerPlacement:
         return LayerPlacement(tuple(stage), tuple(LayerOption(Recompute(r)) for r in recompute))
 
 
-def interleaved_rank(block: int, num_blocks: int, pp: int, virtual_stages: int) -> int:
-    """Pipeline rank holding ``block`` under interleaved 1F1B: the blocks form pp x v chunks
-    and chunk k runs on rank k mod pp (Megatron-LM virtual pipeline stages). The chunks are
+def interleaved_rank(block: int, num_blocks: int, pp: int, virtual_stages: int,
+                     placement: str = "loop") -> int:
+    """Pipeline rank holding ``block`` when the blocks form pp x v model chunks: chunk k runs
+    on rank k mod pp (``placement`` "loop": Megatron-LM virtual pipeline stages, PyTorch's
+    looped schedules) or, with 2 chunks per rank, on rank k then 2 pp - 1 - k ("v": the V
+    schedules ZB-V and DualPipeV, torchtitan's ``style="v"`` stage-to-rank map). The chunks are
     equal when pp x v divides the blocks; otherwise the first ``blocks mod (pp x v)`` chunks
     hold one block more (an uneven split, as Megatron's ``--pipeline-model-parallel-layout``
     and torchtitan's per-stage layer counts run it: DeepSeek-V3's 61 layers in 16 chunks)."""
+    from planner.cost.pipeline import chunk_rank
+
     chunks = pp * virtual_stages
     base, extra = divmod(num_blocks, chunks)
     big = extra * (base + 1)  # blocks in the first ``extra`` chunks of base + 1
     chunk = block // (base + 1) if block < big else extra + (block - big) // max(base, 1)
-    return chunk % pp
+    return chunk_rank(chunk, pp, placement)
+
+
+def head_stage(config) -> int:
+    """The rank holding the last model chunk (the LM head): the last rank, or rank 0 under a
+    V placement (chunk 2 pp - 1 comes back to rank 0)."""
+    return 0 if config.pp > 1 and config.schedule_spec.placement == "v" else config.pp - 1
 
 
 def default_placement(model: ModelGraph, config, block_option: LayerOption = NO_OPTION
@@ -190,9 +201,11 @@ def default_placement(model: ModelGraph, config, block_option: LayerOption = NO_
         for index in blocks[cursor:cursor + count]:
             stage_of[index] = stage
         cursor += count
+    placement = getattr(getattr(config, "schedule_spec", None), "placement", "loop")
     if virtual_stages > 1:
-        stage_of = {index: interleaved_rank(b, len(blocks), pp, virtual_stages)
+        stage_of = {index: interleaved_rank(b, len(blocks), pp, virtual_stages, placement)
                     for b, index in enumerate(blocks)}
+    last = 0 if pp > 1 and placement == "v" else pp - 1
     stages = []
     for i, layer in enumerate(model.layers):
         if layer.kind is LayerKind.BLOCK:
@@ -200,7 +213,7 @@ def default_placement(model: ModelGraph, config, block_option: LayerOption = NO_
         elif layer.kind is LayerKind.EMBEDDING:
             stages.append(0)
         else:
-            stages.append(pp - 1)
+            stages.append(last)
     options = tuple(block_option if layer.kind is LayerKind.BLOCK else NO_OPTION
                     for layer in model.layers)
     return LayerPlacement(tuple(stages), options)

@@ -21,6 +21,8 @@ from models.native import build_native
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.context import make_context
 from planner.cost.model import evaluate
+from planner.cost.pipeline import SCHEDULES
+from planner.errors import PlannerError
 from planner.cost.terms import SOLVER_CONFIG_TERMS, SOLVER_LAYER_TERMS, LayerTerms
 from planner.hardware import GIB, Cluster, HostMemory
 from planner.ir import ModelGraph
@@ -67,6 +69,19 @@ def relative(a: float, b: float) -> float:
 
 # -- 1. the ILP objective is evaluate() ------------------------------------------------------
 
+def schedules_of(model, cluster, config) -> list[ParallelConfig]:
+    """``config`` under every pipeline schedule that validates with its chunks per rank."""
+    out = []
+    for name in SCHEDULES:
+        candidate = replace(config, pipeline_schedule=name)
+        try:
+            candidate.validate(model, cluster)
+        except PlannerError:
+            continue
+        out.append(candidate)
+    return out
+
+
 @st.composite
 def instances(draw):
     blocks = draw(st.integers(2, 6))
@@ -83,6 +98,8 @@ def instances(draw):
                              runtime=draw(st.sampled_from(["megatron", "deepspeed-bf16"])))
     configs = list(enumerate_configs(model, cluster, 8 * nodes, model.default_seq_len, "bf16"))
     config = draw(st.sampled_from(configs))
+    if config.pp > 1:  # a pipeline schedule the configuration can run (planner.cost.pipeline)
+        config = draw(st.sampled_from(schedules_of(model, cluster, config)))
     # memory between "almost nothing fits" and "everything fits": the constraint binds often
     memory = draw(st.floats(0.05, 2.0))
     return model, with_memory(cluster, memory), config, runtime
@@ -124,6 +141,13 @@ CASES = [
                                                 sp=True, zero_stage=1, micro_batch=1)),
     Case("pp2-v2-zero0", DENSE, ParallelConfig(tp=1, pp=2, dp=4, global_batch=16, seq_len=128,
                                                zero_stage=0, micro_batch=2, virtual_stages=2)),
+    # zero-bubble schedules: ZB-H1's W credit; DualPipeV's V placement (head on rank 0), its
+    # in-flight count and its extra backward (planner/cost/pipeline.py)
+    Case("pp2-zb-h1", DENSE, ParallelConfig(tp=1, pp=2, dp=4, global_batch=16, seq_len=128,
+                                            micro_batch=1, pipeline_schedule="zb-h1")),
+    Case("pp2-dualpipev", DENSE, ParallelConfig(tp=1, pp=2, dp=4, global_batch=16, seq_len=128,
+                                                micro_batch=1, virtual_stages=2,
+                                                pipeline_schedule="dualpipev")),
     # ZeRO-2/3 over 8 ranks on two nodes, short sequences: the per-micro-batch traffic is
     # exposed (it exceeds the compute it overlaps with)
     Case("zero2-exposed", SHORT, ParallelConfig(tp=1, pp=1, dp=8, global_batch=16, seq_len=32,

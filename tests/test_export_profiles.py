@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from bench import export_profiles as profiles_bench
+from bench.export_profiles import FORMATS
 from conftest import build_plan, run_cli
 from planner.calibration.session import runtime_setup
 from planner.export import export_plan
@@ -18,27 +20,23 @@ from planner.solve.space import enumerate_configs
 from clusters import load_cluster
 from models import load_model
 
-# (format, target version) of each runtime's exports
-FORMATS = {"megatron": (("megatron", None),),
-           "torchtitan": (("torchtitan", "0.3"), ("torchtitan", "0.2.2")),
-           "deepspeed": (("deepspeed", None),)}
 # plan --runtime X on these: data parallel, TP + SP, a pinned pipeline (interleaved where the
-# runtime has it), MoE with expert parallelism
-SETUPS = {
-    "gpt-1node": ["-m", "gpt3-1.3b", "-c", "dgx-a100-80g", "--global-batch", "64"],
-    "gpt13b-pp4": ["-m", "gpt3-13b", "-c", "dgx-a100-80g", "--nodes", "2",
-                   "--global-batch", "128", "--pin", "pp=4"],
+# runtime has it), MoE with expert parallelism: two of bench/export_profiles.py's setups (which
+# runs all of them, 28 exports) and two small ones
+SETUPS = {name: profiles_bench.SETUPS[name] for name in ("gpt3-1.3b a100x8",
+                                                         "gpt3-13b pp4 a100x16")}
+SETUPS.update({
     "llama8b-tp2": ["-m", "llama-3.1-8b", "-c", "dgx-a100-80g", "--nodes", "2",
                     "--global-batch", "256", "--pin", "tp=2"],
     "moe-ep": ["-m", "tiny-moe", "-c", "tiny", "--global-batch", "16", "--pin", "ep=2"],
-}
+})
 _PLANS: dict = {}
 
 
 def _made_plan(setup: str, runtime: str, tmp_path_factory, capsys) -> Plan:
     key = (setup, runtime)
     if key not in _PLANS:
-        path = tmp_path_factory.mktemp("plans") / f"{setup}-{runtime}.json"
+        path = tmp_path_factory.mktemp("plans") / f"{setup.replace(' ', '_')}-{runtime}.json"
         code, _, err = run_cli(["plan", *SETUPS[setup], "--runtime", runtime, "--work-limit",
                                 "60", "-o", path], capsys)
         assert code == 0, err

@@ -117,10 +117,11 @@ def test_pinned_recompute_is_the_only_option():
 
 def test_refuses_instances_over_budget():
     model = native(6)
-    total = count_placements(model, cluster(1024, 2, 4), 16, model.default_seq_len)
+    pins = Pins(layouts="per-layer")  # (Megatron's recompute rule keeps the plain space small)
+    total = count_placements(model, cluster(1024, 2, 4), 16, model.default_seq_len, pins=pins)
     assert total > 200_000
     with pytest.raises(ValueError, match=f"{total} placements"):
-        brute_force(model, cluster(1024, 2, 4), 16, model.default_seq_len)
+        brute_force(model, cluster(1024, 2, 4), 16, model.default_seq_len, pins=pins)
     with pytest.raises(ValueError, match="budget of 10"):
         brute_force(model, cluster(1024, 1, 1), 1, model.default_seq_len, budget=10)
 

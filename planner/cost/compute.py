@@ -112,6 +112,9 @@ class LayerCompute:
     # Megatron's default core_attn; planner.cost.recompute_modules)
     selective_fwd_s: float | None = None
     selective_fwd_flops: float | None = None
+    # the weight-gradient GEMMs' share of bwd_s: what a zero-bubble schedule defers (its W pass,
+    # Qi et al. 2024 §2; planner/cost/pipeline.py)
+    gemm_wgrad_s: float = 0.0
 
     @property
     def attn_core_s(self) -> float:
@@ -387,6 +390,7 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
     gemm_fwd = fwd
     bwd = sum(gemm_time_s(b, gpu, shard.dtype, fp8_factor) for g in gemms
               for b in backward_gemms(g))
+    wgrad = sum(gemm_time_s(backward_gemms(g)[1], gpu, shard.dtype, fp8_factor) for g in gemms)
     flops = sum(g.flops for g in gemms)
     gemm_flops = flops
     hbm = hbm_bytes_per_s(gpu)
@@ -412,7 +416,7 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
         selective_s = (core_fwd if keep_core else 0.0) + extra_s
         selective_flops = (core_flops if keep_core else 0.0) + extra_flops
     return LayerCompute(fwd, bwd, core_fwd, flops, core_flops, core_bwd, gemm_fwd, gemm_flops,
-                        selective_s, selective_flops)
+                        selective_s, selective_flops, wgrad)
 
 
 def _module_recompute(layer: Layer, shard: Shard, gpu: Gpu, fp8_factor: float,

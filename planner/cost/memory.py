@@ -11,7 +11,9 @@ Pure functions over byte counts. Sources:
   attention.
 * Micro-batches in flight: 1F1B holds ``min(p - i, m)`` on stage ``i``; interleaved 1F1B with
   ``v`` chunks holds ``2(p - i - 1) + (v - 1)p + 1`` chunk-micro-batches (Megatron-LM
-  ``schedules.py`` warm-up count + 1), which gives Korthikanti's ``1 + (p-1)/(pv)`` on stage 0.
+  ``schedules.py`` warm-up count + 1), which gives Korthikanti's ``1 + (p-1)/(pv)`` on stage 0;
+  the zero-bubble V schedules hold ``p`` (ZB-V) or ``p + 1/2`` (DualPipeV) on every rank
+  (:mod:`planner.cost.pipeline`).
 """
 from __future__ import annotations
 
@@ -246,9 +248,18 @@ def layer_activation_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int
 
 
 def in_flight_micro_batches(stage: int, pp: int, num_micro_batches: int,
-                            virtual_stages: int = 1) -> float:
+                            virtual_stages: int = 1, schedule: str = "") -> float:
     """Micro-batches whose activations stage ``stage`` holds at its peak, in units of the whole
-    stage's activations (so interleaving gives a fraction per chunk)."""
+    stage's activations (so interleaving gives a fraction per chunk). ``schedule``: a name of
+    :data:`planner.cost.pipeline.SCHEDULES` (ZB-H1 keeps 1F1B's peak, Qi et al. §2.1; the V
+    schedules their own, :func:`planner.cost.pipeline.in_flight_stages`)."""
+    if schedule:
+        from planner.cost.pipeline import SCHEDULES, in_flight_stages
+
+        held = in_flight_stages(SCHEDULES[schedule], stage, pp, num_micro_batches,
+                                virtual_stages)
+        if held is not None:
+            return held
     if virtual_stages <= 1:
         return float(min(pp - stage, num_micro_batches))
     chunks = 2 * (pp - stage - 1) + (virtual_stages - 1) * pp + 1

@@ -58,7 +58,7 @@ from planner.cost.compute import KERNEL_LAUNCH_S, Shard, hbm_bytes_per_s, layer_
 from planner.cost.context import CostContext
 from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches,
                                  layer_activation_bytes, layer_params_on_gpu, zero_state_bytes)
-from planner.cost.pipeline import pipeline_time_s
+from planner.cost.pipeline import bubble_credit_s, pipeline_time_s
 from planner.hardware import GIB
 from planner.ir import Layer, LayerKind
 from planner.profiles import profile
@@ -130,6 +130,9 @@ class LayerTerms:
     # host memory of offloaded optimizer states (LayerOption.offload; the stage's sum is
     # bounded by the GPU's host share, ConfigTerms.host_capacity_bytes)
     host_bytes: float = 0.0
+    # the weight-gradient GEMMs' share of bwd_s: the W pass zero-bubble schedules defer to fill
+    # the pipeline's drain (planner/cost/pipeline.py)
+    wgrad_s: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -177,6 +180,11 @@ class ConfigTerms:
     comm_slowdown: float = 0.0  # compute slowdown per second of overlapped NCCL traffic
     micro_batch_overhead_s: float = 0.0  # fixed host / launch seconds per micro-batch per stage
     host_capacity_bytes: float = float("inf")  # host memory per GPU (Cluster.cpu_memory)
+    # the pipeline schedule's bubble correction (planner.cost.pipeline): W chunks each bubble
+    # unit hides, extra full-backward chunks it adds; 0 for 1F1B and interleaved 1F1B
+    bubble_wgrad_credit: float = 0.0
+    bubble_bwd_extra: float = 0.0
+    head_stage: int = -1  # the rank of the last model chunk (-1: the last rank; V: rank 0)
 
 
 
@@ -186,7 +194,7 @@ SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "b
                        "zero_gather_expert", "dp_reduce_dense",
                        "dp_reduce_expert", "dp_gather_dense", "dp_gather_expert",
                        "embedding_sync_s", "in_flight", "comm_slowdown",
-                       "micro_batch_overhead_s")
+                       "micro_batch_overhead_s", "bubble_wgrad_credit", "bubble_bwd_extra")
 
 
 def config_terms(ctx: CostContext) -> ConfigTerms:
@@ -222,9 +230,10 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
     zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert = \
         dp_collectives(zero, n, n_expert, ctx.links.dp, ctx.links.edp or ctx.links.dp, per_mb,
                       mesh.replicas, ctx.links.replicate)
+    spec = c.schedule_spec
     return ConfigTerms(
         pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
-        in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages),
+        in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages, c.pipeline_schedule),
         capacity_bytes=ctx.cluster.memory_bytes_per_gpu,
         reserve_bytes=ctx.cluster.gpu.reserve_gib * GIB,
         allocator_overhead=opts.allocator_overhead, buffer_bytes=buffers, boundary_s=boundary_s,
@@ -235,7 +244,10 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx),
         comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s,
         host_capacity_bytes=(ctx.cluster.cpu_memory.capacity_bytes if ctx.cluster.cpu_memory is not None
-                             else float("inf")))
+                             else float("inf")),
+        bubble_wgrad_credit=spec.w_credit if c.pp > 1 else 0.0,
+        bubble_bwd_extra=spec.b_extra if c.pp > 1 else 0.0,
+        head_stage=0 if c.pp > 1 and spec.placement == "v" else -1)
 
 
 def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Link,
@@ -415,8 +427,9 @@ def boundary_reshard_s(ctx: CostContext, layers: Sequence[Layer],
 
 
 @lru_cache(maxsize=4096)
-def _in_flight(pp: int, num_micro_batches: int, virtual_stages: int) -> tuple[float, ...]:
-    return tuple(in_flight_micro_batches(i, pp, num_micro_batches, virtual_stages)
+def _in_flight(pp: int, num_micro_batches: int, virtual_stages: int,
+               schedule: str = "") -> tuple[float, ...]:
+    return tuple(in_flight_micro_batches(i, pp, num_micro_batches, virtual_stages, schedule)
                  for i in range(pp))
 
 
@@ -427,8 +440,8 @@ def embedding_sync_s(ctx: CostContext, layout: Layout = Layout.MESH) -> float:
     position on the other stage, which holds the same shard: two ranks over the pipeline
     link."""
     c = ctx.config
-    if not (ctx.model.tied_embeddings and c.pp > 1):
-        return 0.0
+    if not (ctx.model.tied_embeddings and c.pp > 1) or c.schedule_spec.placement == "v":
+        return 0.0  # (a V placement keeps the embedding and the head on rank 0)
     view = layout_view(ctx, layout)
     tp = view.tp if view is not None else c.tp
     size = ctx.model.vocab * ctx.model.hidden / tp * ctx.options.state_bytes.grad_reduce_bytes
@@ -570,6 +583,11 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         dense_states = replace(dense_states, params=dense_states.params + held * state.weights,
                                grads=dense_states.grads + held * UNSHARDED_GRAD_BYTES)
     t = config_terms(ctx)
+    if t.head_stage >= 0 and layer.kind not in (LayerKind.BLOCK, LayerKind.EMBEDDING):
+        # a V placement keeps the head in the last chunk, whose backward follows its forward
+        # (one micro-batch in flight, as on 1F1B's last stage); the rank's in-flight count is
+        # its two chunks' average (planner.cost.pipeline), which would count the head p times
+        stored /= t.in_flight[t.head_stage]
     if option.layout is not Layout.MESH:
         # the layer's weights are reduced and gathered over its own data group: its slopes
         # (latency intercepts stay the configuration's, charged once per stage)
@@ -617,7 +635,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
                      + t.dp_gather_expert.slope_s_per_byte * w_expert),
         optimizer_s=optimizer_s, dense_params=dense, expert_params=expert,
         hw_flops=3 * compute.fwd_flops + compute.recompute_flops(recompute),
-        host_bytes=host_bytes)
+        host_bytes=host_bytes, wgrad_s=compute.gemm_wgrad_s)
 
 
 # -- stage and step formulas over terms (what evaluate() reports) ----------------------------
@@ -712,6 +730,20 @@ def dp_sync_s(t: ConfigTerms, layers: Sequence[LayerTerms]) -> tuple[float, floa
                      t.dp_gather_expert))
 
 
+def pipeline_s(t: ConfigTerms, stage_layers: Sequence[Sequence[LayerTerms]],
+               stage_times: Sequence[float]) -> float:
+    """The pipeline's seconds under the configuration's schedule (planner.cost.pipeline): the
+    stage times, plus a zero-bubble schedule's correction from the stages' full backward and
+    weight-gradient sums."""
+    credit = 0.0
+    if t.bubble_wgrad_credit or t.bubble_bwd_extra:
+        credit = bubble_credit_s(
+            t.pp, t.virtual_stages, t.bubble_wgrad_credit, t.bubble_bwd_extra,
+            sum(x.bwd_s + x.recompute_s for layers in stage_layers for x in layers),
+            sum(x.wgrad_s for layers in stage_layers for x in layers))
+    return pipeline_time_s(stage_times, t.num_micro_batches, t.virtual_stages, credit)
+
+
 @dataclass(frozen=True)
 class StepBreakdown:
     pipeline_s: float
@@ -734,7 +766,7 @@ def step_time(t: ConfigTerms | Sequence[ConfigTerms], stage_layers: Sequence[Seq
     per_stage = list(t) if isinstance(t, (list, tuple)) else [t] * len(stage_layers)
     t = per_stage[0]
     m = t.num_micro_batches
-    pipe = pipeline_time_s(stage_times, m, t.virtual_stages)
+    pipe = pipeline_s(t, stage_layers, stage_times)
     bubble = pipe - m * max(stage_times)
     # DP sync per stage. With overlap, gradient reduction hides behind the last micro-batch's
     # backward, and stage i also has the slack of the backward still running on stages < i

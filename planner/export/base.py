@@ -42,9 +42,26 @@ class Chunk:
         return len(self.block_indices)
 
 
+# schedules whose 2 chunks per rank form a V (planner.cost.pipeline): chunks pp - 1 and pp are
+# consecutive on the last rank, one run of layers that is two model chunks
+V_SCHEDULES = ("zbv", "dualpipev")
+
+
+def _split_v_turn(pending: list, pp: int, num_blocks: int) -> list:
+    """Split the run at the V's turn (rank pp - 1) into its two chunks, sized as
+    :func:`planner.strategy.interleaved_rank` sizes them (the first blocks mod 2 pp chunks
+    hold one block more)."""
+    base, extra = divmod(num_blocks, 2 * pp)
+    first = base + (1 if pp - 1 < extra else 0)  # blocks of chunk pp - 1
+    run, blocks = pending[pp - 1]
+    cut = run.index(next(x for x in run if x["kind"] == "block")) + first if blocks else 0
+    head = [(run[:cut], blocks[:first]), (run[cut:], blocks[first:])]
+    return pending[:pp - 1] + head + pending[pp:]
+
+
 def chunks(doc: dict[str, Any]) -> list[Chunk]:
     """The plan's layers as runs of equal stage: pp runs, or pp x v round-robin when
-    interleaved (``check`` verifies that shape)."""
+    interleaved, or 2 pp in a V (``check`` verifies that shape)."""
     layers = sorted(doc["layers"], key=lambda layer: layer["index"])
     out: list[Chunk] = []
     current: list[dict] = []
@@ -61,6 +78,9 @@ def chunks(doc: dict[str, Any]) -> list[Chunk]:
             block += 1
     if current:
         pending.append((current, numbers))
+    p = doc["parallelism"]
+    if p.get("schedule") in V_SCHEDULES and p["pp"] > 1:
+        pending = _split_v_turn(pending, p["pp"], block)
     for run, blocks in pending:
         out.append(Chunk(rank=run[0]["stage"],
                          has_embedding=any(x["kind"] == "embedding" for x in run),

@@ -68,6 +68,9 @@ def export(plan: Plan) -> ExportResult:
                if even else
                "DeepSpeed's partition methods balance counts or parameters, so give a "
                "PipelineModule subclass whose _partition_layers sets these stage bounds"))
+    if pp > 1 and p["schedule"] not in ("1f1b", "interleaved-1f1b"):
+        warnings.append(f"schedule {p['schedule']}: DeepSpeed's pipeline engine runs 1F1B only "
+                        f"(no zero-bubble schedule), with its larger bubble")
     if v > 1:
         warnings.append(f"interleaving: DeepSpeed's pipeline engine has no interleaved "
                         f"schedule; the plan's {v} virtual stages per rank run as plain 1F1B "

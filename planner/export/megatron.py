@@ -50,6 +50,12 @@ def _pipeline(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
     pp, v = p["pp"], p["virtual_stages"]
     if pp == 1:
         return
+    if p["schedule"] not in ("1f1b", "interleaved-1f1b"):
+        warnings.append(f"schedule {p['schedule']}: Megatron-LM runs 1F1B and interleaved 1F1B "
+                        f"only (no zero-bubble schedule); exported as "
+                        f"{'interleaved 1F1B' if v > 1 else '1F1B'} over the same model chunks, "
+                        f"with its larger bubble" + ("; the V's chunks go round-robin"
+                                                    if v > 1 else ""))
     parts = chunks(doc)
     counts = [c.num_blocks for c in parts]
     if v > 1:

@@ -1,24 +1,18 @@
-"""The per-block recomputation a runtime's own rule gives, and whether it is the plan's.
+"""The exporters' view of the runtimes' recompute rules: a :class:`~planner.plan_types.Plan`'s
+per-block settings and the smallest flag value that runs them at the plan's cost.
 
-Consumes a :class:`~planner.plan_types.Plan`; produces the per-block settings (in block order)
-of two runtime rules, and :func:`same_cost`: whether a rule's settings cost what the plan's do.
-
-* Megatron's ``--recompute-method block --recompute-num-layers N``: the first N blocks of every
-  pipeline model chunk are fully recomputed (all chunks, interleaved or not);
-* torchtitan <= 0.2.2's layer-selective AC, ``selective_ac_option = "N"``: each process counts
-  the blocks it wraps, in order over its model parts, and checkpoints every N-th
-  (``_apply_ac_to_transformer_block``: ``_count % ac_freq == 0``).
-
-Same cost: the cost model (planner.cost.terms, the solver's counts n[stage, class, option])
-sees a stage's blocks by class and option only, so two settings with the same number of
-blocks of each class and option on every pipeline rank have the same memory and step time,
-whichever blocks carry them.
+The rules themselves (Megatron's ``--recompute-method block --recompute-num-layers N``: the
+first N blocks of every model chunk; torchtitan <= 0.2.2's ``selective_ac_option = "N"``: every
+N-th block of a rank) are :mod:`planner.recompute_rules`, the definitions the search, brute
+force and ``check --runtime`` use too. Same cost: the cost model sees a rank's blocks by class
+and setting only, so settings with the plan's counts on every rank have the plan's memory and
+step time (:func:`same_cost`).
 """
 from __future__ import annotations
 
 from collections import Counter
 
-from planner.export.base import chunks
+from planner import recompute_rules as core
 from planner.ir import LayerKind
 from planner.plan_types import Plan
 
@@ -28,6 +22,11 @@ def block_settings(plan: Plan) -> list[str]:
     return [option.recompute.value
             for layer, option in zip(plan.model.layers, plan.placement.options)
             if layer.kind is LayerKind.BLOCK]
+
+
+def _runs(plan: Plan) -> list[tuple[int, tuple[int, ...]]]:
+    return core.chunk_runs([stage for layer, stage in zip(plan.model.layers, plan.placement.stage)
+                            if layer.kind is LayerKind.BLOCK])
 
 
 def _stage_counts(plan: Plan, settings: list[str]) -> Counter:
@@ -40,28 +39,17 @@ def _stage_counts(plan: Plan, settings: list[str]) -> Counter:
 def same_cost(plan: Plan, settings: list[str]) -> bool:
     """``settings`` give every pipeline rank the plan's number of blocks of each class and
     recomputation setting (so the cost model's memory and time are the plan's)."""
-    return _stage_counts(plan, settings) == _stage_counts(plan, block_settings(plan))
+    return _stage_counts(plan, list(settings)) == _stage_counts(plan, block_settings(plan))
 
 
 def megatron_block(plan: Plan, n: int) -> list[str]:
     """Megatron's block method with ``--recompute-num-layers n``."""
-    out = ["none"] * plan.model.num_blocks
-    for chunk in chunks(plan.to_dict()):
-        for block in chunk.block_indices[:n]:
-            out[block] = "full"
-    return out
+    return list(core.first_n(_runs(plan), n))
 
 
 def every_nth(plan: Plan, n: int) -> list[str]:
     """torchtitan <= 0.2.2's ``selective_ac_option = "n"`` on each pipeline rank."""
-    out = ["none"] * plan.model.num_blocks
-    position: Counter = Counter()
-    for chunk in chunks(plan.to_dict()):  # in block order: a rank's parts in its order
-        for block in chunk.block_indices:
-            position[chunk.rank] += 1
-            if position[chunk.rank] % n == 0:
-                out[block] = "full"
-    return out
+    return list(core.every_nth(_runs(plan), n))
 
 
 def exact_count(plan: Plan, rule, largest: int) -> int | None:

@@ -23,7 +23,9 @@ tables or the 0.3 command line. Option names were read from torchtitan's
   (torchtitan's own split counts the embedding and output as layers and would differ), with
   torchtitan's decoder module names ``tok_embeddings``, ``layers.N``, ``norm``, ``output``.
   Interleaved plans have pp x v parts; torchtitan's looped schedules give part k to rank
-  k mod pp, as the plan does.
+  k mod pp, as the plan does; its V schedules (ZBVZeroBubble, DualPipeV) part k to rank k,
+  then 2 pp - 1 - k (``style="v"``), as the plan's V placement does. The schedule is
+  ``pipeline_parallel_schedule`` under PyTorch's name (planner/profiles.py).
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from typing import Any
 
 from planner.export.base import chunks, memory_note
 from planner.plan_types import Plan
+from planner.profiles import profile
 
 MODULE_NAMES = ("tok_embeddings", "layers.{}", "norm", "output")
 
@@ -103,7 +106,7 @@ def settings(plan: Plan) -> Settings:
                    async_tp=bool(tp > 1 and p["sp"] and runtime["tp_comm_overlap"] > 0),
                    warnings=warnings, changes=changes)
     if pp > 1:
-        out.schedule = "Interleaved1F1B" if v > 1 else "1F1B"
+        out.schedule = profile("torchtitan").schedule_names.get(p["schedule"], "1F1B")
         out.pp_micro_batch = p["micro_batch"]
         out.parts = model_parts(doc)
     if p["dtype"] != "bf16":

@@ -1,6 +1,7 @@
 """Brute-force oracle across pools: every stage-to-pool assignment the CP-SAT model allows (each
 pool's -- and split stage shape's -- stages contiguous, within every pool's GPUs), every split of the blocks into contiguous
-stages, every multiset of options per stage, each scored with
+stages, every multiset of options per stage whose recomputation the runtime's rule expresses
+(:func:`planner.recompute_rules.equivalent`), each scored with
 :func:`planner.hetero.evaluate.hetero_evaluate`. Exponential: small instances only (the tests
 compare it with :func:`planner.hetero.ilp.solve_pools`).
 """
@@ -16,6 +17,8 @@ from planner.hetero.evaluate import HeteroEvaluation, hetero_evaluate
 from planner.hetero.layout import StagePools
 from planner.hetero.terms import pool_terms
 from planner.ir import LayerKind, ModelGraph
+from planner.profiles import profile as runtime_profile
+from planner.recompute_rules import chunk_runs, equivalent
 from planner.strategy import BLOCK_OPTIONS, NO_OPTION, LayerOption, LayerPlacement
 
 MAX_PLACEMENTS = 2_000_000
@@ -81,6 +84,9 @@ def brute_force_pools(model: ModelGraph, cluster, config: ParallelConfig,
         [a for a in contiguous_assignments(names, slots, pp) if within_gpus(a)]
     best: HeteroEvaluation | None = None
     scored = 0
+    rule = runtime_profile(options.profile).recompute_rule
+    classes = [ci for ci, cls in enumerate(model.layer_classes())
+               if cls.layer.kind is LayerKind.BLOCK for _ in range(cls.count)]
     for stage_pools in assignments:
         for counts in _splits(len(blocks), pp):
             per_stage = [list(combinations_with_replacement(block_options, k)) for k in counts]
@@ -92,6 +98,10 @@ def brute_force_pools(model: ModelGraph, cluster, config: ParallelConfig,
                 for s, combo in enumerate(choice):
                     stage += [s] * len(combo)
                     opts += list(combo)
+                if rule != "per-block" and equivalent(
+                        rule, chunk_runs(stage), classes,
+                        [o.recompute.value for o in opts]) is None:
+                    continue  # a mix the runtime's recompute rule cannot express
                 placement = _placement(model, blocks, stage, opts, pp)
                 ev = hetero_evaluate(model, cluster, config, stage_pools, placement, options,
                                      slowdown, terms)

@@ -38,6 +38,7 @@ from ortools.sat.python import cp_model
 
 from planner.hetero.layout import StagePools
 from planner.hetero.terms import PoolTerms
+from planner.solve.recompute_model import add_rule, rule_of
 from planner.solve.stage_model import StageModel, blocks_in, both, decode_placement
 from planner.strategy import LayerPlacement
 
@@ -166,6 +167,8 @@ class _Builder:
                 sm.add_options(i, ci, x)
         self.n = sm.n
         self.b = b
+        # the runtime's recompute rule, as in the one-pool model (planner/solve/recompute_model.py)
+        add_rule(M, rule_of(self.terms[0].problem), self.classes, L, pp, 1, self.x, self.n, b)
 
         # churn budget: blocks that change stage against the old boundaries
         if self.old_counts is not None and self.max_moved is not None:

@@ -3,14 +3,58 @@ configuration before building a CP-SAT model.
 
 Consumes a :class:`~planner.solve.costs.StageProblem`; produces seconds and bytes no placement
 of that configuration can beat. Both read the :mod:`planner.cost.terms` records only.
+
+The runtime's recompute rule (:mod:`planner.recompute_rules`) narrows both: every setting it
+expresses uses one of its :func:`~planner.recompute_rules.groups` of settings (torchtitan: one
+setting for all blocks), so a bound is the least over the groups of the bound with each block's
+options cut to the group; the time bound skips a group whose memory bound is over capacity.
 """
 from __future__ import annotations
 
+from planner.cost.pipeline import bubble_credit_s
+from dataclasses import replace
+
+from planner.recompute_rules import groups
 from planner.solve.costs import StageProblem
+from planner.solve.recompute_model import rule_of
 from planner.strategy import interleaved_rank
 
 
-def time_lower_bound(p: StageProblem) -> float:
+def rule_problems(p: StageProblem) -> list[StageProblem]:
+    """``p`` with the block options cut to each group of the rule (``[p]``: one group)."""
+    values = {o.recompute.value for cls in p.classes for o in cls.options}
+    parts = groups(rule_of(p), values)
+    if len(parts) <= 1:
+        return [p]
+    out = []
+    for keep in parts:
+        classes = []
+        for cls in p.classes:
+            mine = [k for k, o in enumerate(cls.options) if o.recompute.value in keep]
+            if not mine:
+                break
+            classes.append(replace(cls, options=tuple(cls.options[k] for k in mine),
+                                   costs=tuple(cls.costs[k] for k in mine)))
+        else:
+            out.append(replace(p, classes=tuple(classes)))
+    return out or [p]
+
+
+def time_lower_bound(p: StageProblem, capacity_bytes: float | None = None) -> float:
+    """:func:`free_time_lower_bound` under the runtime's recompute rule: the least over its
+    groups whose memory bound fits ``capacity_bytes`` (all groups when none does or None)."""
+    parts = rule_problems(p)
+    fitting = [q for q in parts if capacity_bytes is None
+               or free_memory_lower_bound(q) <= capacity_bytes] or parts
+    return min(free_time_lower_bound(q) for q in fitting)
+
+
+def memory_lower_bound(p: StageProblem) -> float:
+    """:func:`free_memory_lower_bound` under the runtime's recompute rule."""
+    return min(free_memory_lower_bound(q) for q in rule_problems(p))
+
+
+def free_time_lower_bound(p: StageProblem) -> float:
     """Step time no placement can beat: every block at its fastest option, the work spread
     perfectly over the stages (1F1B: ``(m - 1/v) work / pp + work / v``), the optimizer step of
     the average stage, the fixed embedding sync, and the ZeRO-2/3 per-micro-batch traffic no
@@ -29,12 +73,51 @@ def time_lower_bound(p: StageProblem) -> float:
         work += max(0.0, traffic - busy)
     m, v = t.num_micro_batches, t.virtual_stages
     pipeline = (m - 1.0 / v) * work / t.pp + work / v
+    if t.pp > 1 and (t.bubble_wgrad_credit or t.bubble_bwd_extra):
+        # zero-bubble schedules: m T + max(0, (sum t - T)/v + credit) grows with T and with
+        # sum t, so T = work / pp, the fastest options' backward and the largest W bound it
+        bwd = sum(min(x.bwd_s + x.recompute_s for x in cls.costs) * cls.count
+                  for cls in p.classes) + p.fixed_extreme("bwd_s")
+        wgrad = sum(max(x.wgrad_s for x in cls.costs) * cls.count for cls in p.classes) + \
+            p.fixed_extreme("wgrad_s", max)
+        credit = bubble_credit_s(t.pp, v, t.bubble_wgrad_credit, t.bubble_bwd_extra, bwd, wgrad)
+        slowest = max(work / t.pp, _fixed_rank_time_lb(p)) if v > 1 else work / t.pp
+        pipeline = m * slowest + max(0.0, (work - slowest) / v + credit)
     optimizer = (sum(min(x.optimizer_s for x in cls.costs) * cls.count for cls in p.classes)
                  + p.fixed_extreme("optimizer_s")) / t.pp
     return pipeline + optimizer + p.least_sync_s()
 
 
-def memory_lower_bound(p: StageProblem) -> float:
+def _classic(p: StageProblem) -> bool:
+    """The configuration runs 1F1B or interleaved 1F1B on the looped placement (head on the
+    last stage): the finer bounds below assume that pipeline formula and placement; under a
+    zero-bubble or V schedule (planner/cost/pipeline.py) they return no information."""
+    t = p.terms
+    return not (t.bubble_wgrad_credit or t.bubble_bwd_extra) and t.head_stage < 0
+
+
+def _fixed_rank_time_lb(p: StageProblem) -> float:
+    """The slowest rank's least time per micro-batch when chunks fix which blocks each rank
+    holds (``virtual_stages > 1``: :func:`planner.strategy.interleaved_rank`): its blocks at
+    their fastest options, its non-block layers (the embedding on rank 0, the head on the head
+    stage) at their fastest, and its boundary transfers."""
+    t = p.terms
+    pp, v, L = t.pp, t.virtual_stages, p.num_blocks
+    placement = p.ctx.config.schedule_spec.placement
+    ranks = [t.boundary_s] * pp
+    for cls in p.classes:
+        fastest = min(x.time_s for x in cls.costs)
+        for blk in range(cls.first_block, cls.first_block + cls.count):
+            ranks[interleaved_rank(blk, L, pp, v, placement)] += fastest
+    head = t.head_stage % pp
+    for i in p.pre:
+        ranks[0] += min(x.time_s for _, x in p.edge_choices(i))
+    for i in p.post:
+        ranks[head] += min(x.time_s for _, x in p.edge_choices(i))
+    return max(ranks)
+
+
+def free_memory_lower_bound(p: StageProblem) -> float:
     """Bytes the fullest stage needs at least: the stage average with every block at its
     least-memory option, each stage holding >= 1 micro-batch, plus the fixed reserve."""
     t = p.terms
@@ -65,6 +148,8 @@ def fitting_time_lower_bound(p: StageProblem) -> float:
     placement, for each weight vector; the largest is returned. Weights: all 1 (the stages'
     sum), ``1/f_i``, and ``1/(s + (1+a) f_i a)`` of the heaviest class's fastest and leanest
     option (each stage's capacity counted in blocks of that kind)."""
+    if not _classic(p):
+        return 0.0
     t = p.terms
     m, v, pp = t.num_micro_batches, t.virtual_stages, t.pp
     a = (m - 1.0 / v) / pp + 1.0 / v
@@ -170,6 +255,9 @@ def stage_lp_bound(p: StageProblem) -> float:
     point of this LP with an objective at most its step time. Solved with GLOP."""
     from ortools.linear_solver import pywraplp
 
+    if not _classic(p):
+        return 0.0
+
     t = p.terms
     m, v, pp = t.num_micro_batches, t.virtual_stages, t.pp
     alpha = 1.0 + t.allocator_overhead
@@ -241,7 +329,7 @@ def contiguous_split_exceeds(p: StageProblem, cutoff_s: float) -> bool:
     :func:`_split_reaches` decides."""
     t = p.terms
     m, pp = t.num_micro_batches, t.pp
-    if t.virtual_stages > 1 or m <= 1 or not p.classes:
+    if t.virtual_stages > 1 or m <= 1 or not p.classes or not _classic(p):
         return False
     const = t.boundary_s + t.micro_batch_overhead_s
     work = sum(min(x.time_s for x in cls.costs) * cls.count for cls in p.classes)
@@ -258,7 +346,7 @@ def slowest_stage_lb_s(p: StageProblem) -> float:
     blocks; contiguous stages, the smallest target :func:`_split_reaches` meets, bisected
     (the infeasible end is returned: a lower bound)."""
     t = p.terms
-    if not p.classes:
+    if not p.classes or not _classic(p):
         return 0.0
     if t.virtual_stages > 1 or t.pp == 1:
         per_stage = _stage_groups(p)

@@ -10,9 +10,13 @@ What is enumerated (the solver's space, nothing else):
 * every outer configuration of :func:`planner.solve.space.enumerate_configs`;
 * every contiguous split of the blocks into ``pp`` stages of >= 1 block; with interleaving
   (``virtual_stages > 1``) only Megatron-LM's: pp x v equal chunks, chunk k on rank k mod pp
-  (:func:`planner.strategy.interleaved_rank`), as the solver does;
+  (:func:`planner.strategy.interleaved_rank`), as the solver does (the V schedules ZB-V and
+  DualPipeV: chunk k on rank k, then 2 pp - 1 - k, the head back on rank 0);
 * every per-block :class:`~planner.strategy.LayerOption` assignment from the options the pins
-  allow (``Pins.block_options``: the mesh layout with none / selective / full recomputation);
+  allow (``Pins.block_options``: the mesh layout with none / selective / full recomputation)
+  whose recomputation the runtime's rule expresses exactly
+  (:func:`planner.recompute_rules.settings_of`: Megatron's first N blocks of every chunk,
+  torchtitan's one setting for all blocks);
 * non-block layers on the stages of :func:`planner.strategy.default_placement` (the embedding
   on stage 0, the other non-block layers (head) on the last stage), with every option
   :func:`planner.strategy.edge_options` gives them (``NO_OPTION`` only, unless per-layer
@@ -41,18 +45,17 @@ from typing import Iterator, Sequence
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.context import make_context
 from planner.cost.model import Evaluation, evaluate
-from planner.cost.pipeline import pipeline_time_s
-from planner.cost.terms import (LayerTerms, boundary_reshard_s, config_terms, layer_terms,
-                                tied_config_terms,
-                                option_valid, stage_host_bytes, stage_memory, stage_time,
-                                step_time)
+from planner.cost.terms import (LayerTerms, boundary_reshard_s, layer_terms,
+                                option_valid, pipeline_s, stage_host_bytes, stage_memory,
+                                stage_time, step_time, tied_config_terms)
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
 from planner.profiles import profile as runtime_profile
+from planner.recompute_rules import chunk_runs, settings_of
 from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.space import Pins, enumerate_configs
 from planner.strategy import (NO_OPTION, LayerOption, LayerPlacement, edge_options,
-                               interleaved_rank)
+                               head_stage, interleaved_rank)
 
 DEFAULT_BUDGET = 200_000  # placements; about a minute of enumeration on one core
 
@@ -65,11 +68,12 @@ class BruteForceResult:
     scored: int  # placements whose step time was computed (the rest were cut, see docstring)
 
 
-def _splits(num_blocks: int, pp: int, virtual_stages: int) -> Iterator[tuple[int, ...]]:
+def _splits(num_blocks: int, pp: int, virtual_stages: int,
+            placement: str = "loop") -> Iterator[tuple[int, ...]]:
     """The stage of each block: every contiguous split into ``pp`` non-empty stages (cut points
-    in lexicographic order), or only the interleaved round-robin one."""
+    in lexicographic order), or only the interleaved one (round-robin, or the V's)."""
     if virtual_stages > 1:
-        yield tuple(interleaved_rank(b, num_blocks, pp, virtual_stages)
+        yield tuple(interleaved_rank(b, num_blocks, pp, virtual_stages, placement)
                     for b in range(num_blocks))
         return
     for cuts in itertools.combinations(range(1, num_blocks), pp - 1):
@@ -92,18 +96,36 @@ def count_placements(model: ModelGraph, cluster: Cluster, global_batch: int, seq
     """How many placements :func:`brute_force` would enumerate (cheap: no cost model calls)."""
     blocks = model.num_blocks
     edges = len(model.layers) - blocks
-    return sum(_num_splits(blocks, c.pp, c.virtual_stages)
-               * len(_allowed(pins, c, runtime)) ** blocks
-               * len(edge_options(_allowed(pins, c, runtime))) ** edges
-               for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins,
-                                          runtime_profile(runtime.profile)))
+    rule = runtime_profile(runtime.profile).recompute_rule
+    total = 0
+    for c in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins,
+                               runtime_profile(runtime.profile)):
+        allowed = _allowed(pins, c, runtime)
+        if rule == "per-block":
+            per_split = _num_splits(blocks, c.pp, c.virtual_stages) * len(allowed) ** blocks
+        else:
+            per_split = sum(_space_size(rule, stages, allowed)
+                            for stages in _splits(blocks, c.pp, c.virtual_stages))
+        total += per_split * len(edge_options(allowed)) ** edges
+    return total
+
+
+def _space_size(rule: str, stages: Sequence[int], allowed: Sequence[LayerOption]) -> int:
+    """Per-block option tuples of one split whose recomputation the rule expresses."""
+    vectors = settings_of(rule, chunk_runs(stages), {o.recompute.value for o in allowed})
+    if vectors is None:
+        return len(allowed) ** len(stages)
+    per_value = {v: sum(1 for o in allowed if o.recompute.value == v) for vec in vectors
+                 for v in vec}
+    return sum(math.prod(per_value[v] for v in vec) for vec in vectors)
 
 
 def _placement(model: ModelGraph, pp: int, block_stage: Sequence[int],
                block_options: Sequence[LayerOption],
-               fixed: dict[int, LayerOption] | None = None) -> LayerPlacement:
+               fixed: dict[int, LayerOption] | None = None, head: int = -1) -> LayerPlacement:
     """Full-model placement from per-block choices; non-block layers on default_placement's
-    stages with the options ``fixed`` gives them (NO_OPTION by default)."""
+    stages (the head on ``head``, -1: the last) with the options ``fixed`` gives them
+    (NO_OPTION by default)."""
     stage, options, b = [], [], 0
     for i, layer in enumerate(model.layers):
         if layer.kind is LayerKind.BLOCK:
@@ -111,7 +133,7 @@ def _placement(model: ModelGraph, pp: int, block_stage: Sequence[int],
             options.append(block_options[b])
             b += 1
         else:
-            stage.append(0 if layer.kind is LayerKind.EMBEDDING else pp - 1)
+            stage.append(0 if layer.kind is LayerKind.EMBEDDING else head % pp)
             options.append((fixed or {}).get(i, NO_OPTION))
     return LayerPlacement(tuple(stage), tuple(options))
 
@@ -190,6 +212,16 @@ def _consistent(classes: Sequence[int], rec: Sequence[LayerOption]) -> bool:
     return all(seen.setdefault(c, r.layout) is r.layout for c, r in zip(classes, rec))
 
 
+def _rule_filter(rule: str, stages: Sequence[int], allowed: Sequence[LayerOption]):
+    """Whether per-block options ``rec`` recompute as the runtime's rule can on this split
+    (:func:`planner.recompute_rules.settings_of`, the rule's settings)."""
+    vectors = settings_of(rule, chunk_runs(stages), {o.recompute.value for o in allowed})
+    if vectors is None:
+        return lambda rec: True
+    ok = set(vectors)
+    return lambda rec: tuple(r.recompute.value for r in rec) in ok
+
+
 def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
     """Every placement through ``evaluate``: slow, the definition."""
     best = None
@@ -198,15 +230,19 @@ def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
     blocks = [layer for layer in model.layers if layer.kind is LayerKind.BLOCK]
     classes = _block_classes(model)
     per_block = [[o for o in allowed if option_valid(ctx, layer, o)] for layer in blocks]
+    head = head_stage(config)
+    rule = runtime_profile(runtime.profile).recompute_rule
     for fixed, stages in itertools.product(
             _edge_assignments(model, ctx, allowed),
-            list(_splits(model.num_blocks, config.pp, config.virtual_stages))):
+            list(_splits(model.num_blocks, config.pp, config.virtual_stages,
+                         config.schedule_spec.placement))):
+        ruled = _rule_filter(rule, stages, allowed)
         for rec in itertools.product(*per_block):
-            if not _consistent(classes, rec):
+            if not _consistent(classes, rec) or not ruled(rec):
                 continue
             n += 1
             ev = evaluate(model, cluster, config,
-                          _placement(model, config.pp, stages, rec, fixed), runtime)
+                          _placement(model, config.pp, stages, rec, fixed, head), runtime)
             rank = (ev.step_time_s, ev.peak_memory_bytes)
             if ev.fits and ev.peak_memory_bytes <= limit and \
                     rank < (best[0] if best else incumbent):
@@ -234,7 +270,8 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
     terms = tied_config_terms(ctx, fixed_options.get(emb[0], NO_OPTION).layout if emb
                               else NO_OPTION.layout)
     capacity = limit
-    pp, m, v = config.pp, config.num_micro_batches, config.virtual_stages
+    pp, v = config.pp, config.virtual_stages
+    head = head_stage(config)
     layers = model.layers
     block_index = [i for i, layer in enumerate(layers) if layer.kind is LayerKind.BLOCK]
     first_fixed = [i for i, layer in enumerate(layers)
@@ -260,7 +297,7 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
         key = (s, members)
         if key in stage_cache:
             return stage_cache[key]
-        fixed = (first_fixed if s == 0 else []) + (last_fixed if s == pp - 1 else [])
+        fixed = (first_fixed if s == 0 else []) + (last_fixed if s == head else [])
         out = []
         for rec in itertools.product(*(valid[b] for b in members)):
             if not _consistent([classes[b] for b in members], rec):
@@ -280,8 +317,10 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
     best = None
     n = k = 0
     bound = incumbent
-    for stages in _splits(model.num_blocks, pp, v):
-        n += len(allowed) ** model.num_blocks
+    rule = runtime_profile(ctx.options.profile).recompute_rule
+    for stages in _splits(model.num_blocks, pp, v, config.schedule_spec.placement):
+        n += _space_size(rule, stages, allowed)
+        ruled = _rule_filter(rule, stages, allowed)
         members = [tuple(b for b, s in enumerate(stages) if s == i) for i in range(pp)]
         options = [stage_options(i, members[i]) for i in range(pp)]
         for combo in itertools.product(*options):
@@ -289,20 +328,23 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
             for i, (stage_rec, _, _, _) in enumerate(combo):
                 for b, r in zip(members[i], stage_rec):
                     rec[b] = r
+            if not ruled(rec):
+                continue
             if layered:
                 if not _consistent(classes, rec):
                     continue
-                placement = _placement(model, pp, stages, rec, fixed_options)
+                placement = _placement(model, pp, stages, rec, fixed_options, head)
                 reshard = boundary_reshard_s(ctx, layers, placement.options, placement.stage, pp)
                 times = [t + r for (_, _, t, _), r in zip(combo, reshard)]
             else:
                 times = [t for _, _, t, _ in combo]
-            if pipeline_time_s(times, m, v) > bound[0]:
+            stage_costs = [costs for _, costs, _, _ in combo]
+            if pipeline_s(terms, stage_costs, times) > bound[0]:
                 continue  # the other step-time terms are >= 0: cannot beat the incumbent
             k += 1
-            total = step_time(terms, [costs for _, costs, _, _ in combo], times).step_time_s
+            total = step_time(terms, stage_costs, times).step_time_s
             rank = (total, max(memory for _, _, _, memory in combo))
             if rank < bound:
-                best = (rank, _placement(model, pp, stages, rec, fixed_options))
+                best = (rank, _placement(model, pp, stages, rec, fixed_options, head))
                 bound = rank
     return best, n, k

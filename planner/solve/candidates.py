@@ -18,7 +18,8 @@ from planner.errors import ErrorKind, PlannerError
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.profiles import profile as runtime_profile
-from planner.solve.bounds import fitting_time_lower_bound, memory_lower_bound, time_lower_bound
+from planner.solve.bounds import (fitting_time_lower_bound, memory_lower_bound, rule_problems,
+                                  time_lower_bound)
 from planner.solve.costs import StageProblem, stage_problem
 from planner.solve.space import Pins, enumerate_configs
 
@@ -61,9 +62,10 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
         memory_lb = memory_lower_bound(problem)
         if memory_lb > capacity:
             over.add(family)
-        time_lb = time_lower_bound(problem)
-        fit_lb = max(time_lb, fitting_time_lower_bound(problem)) if memory_lb <= capacity \
-            else math.inf
+        time_lb = time_lower_bound(problem, capacity)
+        # under the recompute rule: the least over the rule's groups of settings (bounds.py)
+        fit_lb = max(time_lb, min(fitting_time_lower_bound(q) for q in rule_problems(problem))) \
+            if memory_lb <= capacity else math.inf
         out.append(Candidate(config, problem, time_lb, memory_lb, fit_lb))
     # stable, deterministic order: the bound over fitting plans first, then the config's fields
     out.sort(key=lambda c: (c.fit_lb_s, config_key(c.config)))
@@ -72,9 +74,9 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
 
 def config_key(c: ParallelConfig) -> tuple:
     return (c.tp, c.pp, c.dp, c.cp, c.ep, c.mesh.expert_tp, c.micro_batch, c.virtual_stages,
-            c.zero_stage, not c.sp, c.dp_shard)
+            c.zero_stage, not c.sp, c.dp_shard, c.pipeline_schedule)
 
 
 def _without_micro_batch(c: ParallelConfig) -> tuple:
     return (c.tp, c.pp, c.dp, c.cp, c.ep, c.etp, c.virtual_stages, c.zero_stage, c.sp,
-            c.dp_shard)
+            c.dp_shard, c.pipeline_schedule)

@@ -28,8 +28,12 @@ across pools, :mod:`planner.hetero.ilp`):
   (Z) ZeRO-2/3 exposed per-micro-batch traffic  e[i] >= traffic(n) - compute(n), e[i] >= 0
   (D) data-parallel exposure  d >= (reduce(n) - hidden(n))^+ + (gather(n) - fwd(n))^+ per stage
   (O) optimizer step  o >= sum of optimizer_s terms per stage
-and here (R) the per-class layouts and their resharding edges.
-Objective (``step_time``, times v to stay integer): (m v - 1) T + sum_i t[i] + v (d + o).
+and here (R) the per-class layouts and their resharding edges, and (C) the runtime's recompute
+rule on the counts n (Megatron's first N blocks of every chunk, torchtitan's one setting for all
+blocks: :mod:`planner.solve.recompute_model`).
+Objective (``step_time``, times v to stay integer): (m v - 1) T + sum_i t[i] + v (d + o); a
+zero-bubble schedule (planner.cost.pipeline): m v T + beta + v (d + o) with beta >= 0 and
+beta >= sum_i t[i] - T + (p-1)/p (b_extra sum_i b[i] - w_credit sum_i w[i]).
 
 Integer coefficients: seconds are divided by a recorded tick (``objective_scale_s``), bytes are
 rounded up, so the solver never accepts a stage that ``evaluate`` would reject.
@@ -44,6 +48,7 @@ from ortools.sat.python import cp_model
 
 from planner import cpsat
 from planner.solve.costs import StageProblem
+from planner.solve.recompute_model import add_rule, rule_of
 from planner.solve.stage_model import StageModel, blocks_in, decode_placement
 from planner.strategy import LayerPlacement, interleaved_rank
 
@@ -82,6 +87,8 @@ class _Builder:
         m, v = self.T.num_micro_batches, self.T.virtual_stages
         self.scale_s = max(work * (m * v + 1), 1e-12) / TICKS
         self.cutoff_s = cutoff_s
+        self.style = self.c.schedule_spec.placement  # chunk-to-rank map (loop or V)
+        self.head = self.T.head_stage % self.T.pp  # the stage of the LM head
         self.slowest_stage_s = slowest_stage_s
 
     # -- integer scaling -------------------------------------------------------------------
@@ -131,9 +138,9 @@ class _Builder:
             sm.a[i, 0] = 1
             for ci, cls in enumerate(P.classes):
                 x = M.new_int_var(0, cls.count, f"x[{i},{ci}]")
-                if v > 1:  # interleaved: rank i holds chunks i, i + pp, ... (fixed)
+                if v > 1:  # interleaved: rank i holds chunks i, i + pp, ... (V: i, 2pp-1-i)
                     M.add(x == sum(1 for blk in range(cls.first_block, cls.first_block + cls.count)
-                                   if interleaved_rank(blk, L, pp, v) == i))
+                                   if interleaved_rank(blk, L, pp, v, self.style) == i))
                 elif single:
                     M.add(x == counts[i])
                 else:
@@ -141,6 +148,9 @@ class _Builder:
                 self.x[i, ci] = x
                 sm.add_options(i, ci, x)
         self.n = sm.n
+        # the runtime's recompute rule (planner/recompute_rules.py, solve/recompute_model.py)
+        add_rule(M, rule_of(P), P.classes, L, pp, v, self.x, self.n,
+                 None if single and v == 1 else b)
         if not single and v == 1:
             # redundant cut: the stages hold every block (the min/max of blocks_in relax weakly)
             for ci, cls in enumerate(P.classes):
@@ -164,6 +174,20 @@ class _Builder:
         # redundant cut: the slowest stage is at least the average (tightens the relaxation)
         M.add(pp * T_var >= sum(self.t))
         self.objective = (m * v - 1) * T_var + sum(self.t) + v * (d + o) + v * self.sync()
+        w_credit, b_extra = self.ct("bubble_wgrad_credit"), self.ct("bubble_bwd_extra")
+        if pp > 1 and (w_credit or b_extra):
+            # zero-bubble schedules (planner.cost.pipeline): the fill/drain
+            # max(0, sum t - T + (p-1)/p (b_extra sum b - w_credit sum w)), times v
+            k = (pp - 1) / pp
+            fill = sum(self.t) - T_var
+            for i in range(pp):
+                if b_extra:
+                    fill += sm.time(i, ("bwd_s", "recompute_s"), k * b_extra)
+                if w_credit:
+                    fill -= sm.time(i, ("wgrad_s",), k * w_credit)
+            bubble = M.new_int_var(0, 2**50, "bubble")
+            M.add(bubble >= fill)
+            self.objective = m * v * T_var + bubble + v * (d + o) + v * self.sync()
         M.minimize(self.objective)
         if self.cutoff_s is not None:
             M.add(self.objective <= self.ticks((self.cutoff_s - self.constant_s()) * v))
@@ -217,14 +241,14 @@ class _Builder:
         if P.pre:
             edge(0, P.classes[0].start, self.edge_layout(P.pre[-1]), y[0], "pre")
         if P.post:
-            edge(pp - 1, P.post[0], y[-1], self.edge_layout(P.post[0]), "post")
+            edge(self.head, P.post[0], y[-1], self.edge_layout(P.post[0]), "post")
         for k in range(1, len(P.post)):
-            edge(pp - 1, P.post[k], self.edge_layout(P.post[k - 1]),
+            edge(self.head, P.post[k], self.edge_layout(P.post[k - 1]),
                  self.edge_layout(P.post[k]), f"post{k}")
         for ci in range(1, len(P.classes)):
             cls = P.classes[ci]
             if v > 1:
-                fixed = interleaved_rank(cls.first_block, L, pp, v)
+                fixed = interleaved_rank(cls.first_block, L, pp, v, self.style)
                 w = None
             elif pp == 1:
                 fixed, w = 0, None
@@ -325,7 +349,7 @@ class _Builder:
 
         return decode_placement(self.p, self.T.pp, lambda i, c: solver.value(self.x[i, c]),
                                 lambda i, c, r: solver.value(self.n[i, c, r]),
-                                self.T.virtual_stages, edge_option)
+                                self.T.virtual_stages, edge_option, self.style)
 
 
 _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",

@@ -37,6 +37,7 @@ from typing import Iterator, Mapping
 
 from planner.config import ParallelConfig
 from planner.errors import PlannerError, invalid
+from planner.cost.pipeline import SCHEDULES, default_schedule
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.strategy import (RECOMPUTE_POLICIES, LayerOption, Recompute, block_options,
@@ -47,7 +48,7 @@ MAX_VIRTUAL_STAGES = 8
 LONG_SEQUENCE = 16384
 
 PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "virtual_stages",
-            "recompute", "layouts", "offload", "dp_shard")
+            "recompute", "layouts", "offload", "dp_shard", "schedule")
 LAYOUT_CHOICES = ("mesh", "per-layer")  # layouts=per-layer: the solver picks one per block class
 # offload=optimizer: each layer may keep its optimizer states and master weights in host memory
 # (needs the cluster's host: section; planner/cost/offload.py)
@@ -72,6 +73,8 @@ class Pins:
     layouts: str | None = None  # "mesh" (the default) or "per-layer"
     offload: str | None = None  # "none" (the default) or "optimizer"
     dp_shard: int | None = None  # HSDP shard group (dp ranks); = dp: plain ZeRO / FSDP
+    # pipeline schedules to try (planner.cost.pipeline.SCHEDULES): "zbv", or "1f1b,zb-h1"
+    schedule: tuple[str, ...] | None = None
 
     @staticmethod
     def parse(items: Mapping[str, str]) -> "Pins":
@@ -91,6 +94,12 @@ class Pins:
                 if text not in LAYOUT_CHOICES:
                     raise invalid(f"pin layouts={raw!r}: expected {' or '.join(LAYOUT_CHOICES)}")
                 values[name] = text
+            elif name == "schedule":
+                names = tuple(dict.fromkeys(x.strip() for x in text.split(",")))
+                if not names or any(x not in SCHEDULES for x in names):
+                    raise invalid(f"pin schedule={raw!r}: expected one or more (comma-"
+                                  f"separated) of {', '.join(SCHEDULES)}")
+                values[name] = names
             elif name == "offload":
                 if text not in OFFLOAD_CHOICES:
                     raise invalid(f"pin offload={raw!r}: expected {' or '.join(OFFLOAD_CHOICES)}")
@@ -150,6 +159,10 @@ class Pins:
         if self.virtual_stages is not None and self.virtual_stages > 1 and \
                 not runtime.allows_schedule("interleaved-1f1b"):
             bad.append(f"virtual_stages={self.virtual_stages} (no interleaved schedule)")
+        if self.schedule is not None and \
+                not any(runtime.allows_schedule(x) for x in self.schedule):
+            bad.append(f"schedule={','.join(self.schedule)} (it offers "
+                       f"{', '.join(runtime.schedules)})")
         if self.etp is not None and self.etp > 1 and not runtime.allows_etp(self.etp, self.tp or
                                                                              self.etp):
             bad.append(f"etp={self.etp} (its expert tensor parallelism: "
@@ -167,8 +180,42 @@ class Pins:
                           f"{'; '.join(bad)}", "drop the pin, or choose another --runtime")
 
     def as_dict(self) -> dict:
-        return {f.name: (v.value if isinstance(v, Recompute) else v)
+        return {f.name: (v.value if isinstance(v, Recompute) else
+                         ",".join(v) if isinstance(v, tuple) else v)
                 for f in fields(self) if (v := getattr(self, f.name)) is not None}
+
+
+def _schedules(pins: Pins, runtime, pp: int, v: int, m: int) -> list[str]:
+    """The pipeline schedules to try with ``v`` chunks per rank ("" = the default 1F1B or
+    interleaved 1F1B first): those the runtime profile runs with v chunks (without a profile
+    the default only), or the pinned one."""
+    if pp == 1:  # no pipeline: 1F1B's degenerate case, kept when the pins allow 1F1B
+        return [""] if pins.schedule is None or "1f1b" in pins.schedule else []
+    names = [default_schedule(v)] + ([] if runtime is None else
+                                     [s for s in SCHEDULES if s != default_schedule(v)])
+    out = []
+    for name in names:
+        spec = SCHEDULES[name]
+        if pins.schedule is not None and name not in pins.schedule:
+            continue
+        if v < spec.min_chunks or (spec.max_chunks and v > spec.max_chunks) or \
+                m < spec.min_micro_batches_per_rank * pp:
+            continue
+        if runtime is not None and not runtime.allows_schedule_with(name, v):
+            continue
+        out.append(name)
+    if pins.schedule is None:
+        out = [name for name in out if not any(_dominates(other, name) for other in out)]
+    return ["" if name == default_schedule(v) else name for name in out]
+
+
+def _dominates(a: str, b: str) -> bool:
+    """Schedule ``a`` is never slower than ``b`` on the same placement and holds no more
+    activations (planner/cost/pipeline.py), so the search need not solve ``b`` (a pin still
+    can): ZB-H1 over interleaved 1F1B / 1F1B with the same chunks (same in-flight count, a W
+    credit <= 0), and ZB-V over DualPipeV (same V, p instead of p + 1/2 micro-batches in
+    flight, no extra backward: DualPipeV's F&B overlap is not modelled)."""
+    return (a, b) in (("zb-h1", "1f1b"), ("zb-h1", "interleaved-1f1b"), ("zbv", "dualpipev"))
 
 
 def _divisors(n: int) -> list[int]:
@@ -271,7 +318,8 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                             vs += [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
                                    if blocks % (pp * v) == 0 or
                                    (uneven and pp * v <= blocks)]
-                        for v in _choices(pins.virtual_stages, vs):
+                        for v, schedule in ((v, s) for v in _choices(pins.virtual_stages, vs)
+                                            for s in _schedules(pins, runtime, pp, v, m)):
                             sps = [True, False] if tp > 1 else [False]
                             if runtime is not None and tp > 1 and runtime.sp != "optional":
                                 sps = [runtime.sp == "with-tp"]
@@ -287,7 +335,8 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                                         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp,
                                         zero_stage=zero, micro_batch=mbs,
                                         global_batch=global_batch, seq_len=seq_len,
-                                        virtual_stages=v, dtype=dtype, dp_shard=shard)
+                                        virtual_stages=v, dtype=dtype, dp_shard=shard,
+                                        pipeline_schedule=schedule)
                                     try:
                                         config.validate(model, cluster)
                                     except PlannerError:

@@ -194,9 +194,15 @@ def best_split(problem: StageProblem, limit_bytes: float, runtime):
     (:class:`~planner.cost.model.Evaluation`), or None."""
     from planner.cost.model import evaluate
 
+    from planner.recompute_rules import placement_expressible
+    from planner.solve.recompute_model import rule_of
+
     ctx = problem.ctx
     best = None
+    rule = rule_of(problem)
     for placement in split_hints(problem, limit_bytes):
+        if not placement_expressible(rule, ctx.model, placement):
+            continue  # a mix of recomputation the runtime's rule cannot run
         ev = evaluate(ctx.model, ctx.cluster, ctx.config, placement, runtime)
         if ev.fits and ev.peak_memory_bytes <= limit_bytes and (
                 best is None or (ev.step_time_s, ev.peak_memory_bytes)

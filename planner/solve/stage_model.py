@@ -126,7 +126,8 @@ class StageModel:
         the first, head on the last): the int 1 for a layer with one option, else its one-hot
         indicator ``e`` (one pool only)."""
         prob = self.problems[p]
-        indices = (prob.pre if i == 0 else ()) + (prob.post if i == self.pp - 1 else ())
+        head = prob.terms.head_stage % self.pp  # -1: the last stage; a V placement: 0
+        indices = (prob.pre if i == 0 else ()) + (prob.post if i == head else ())
         out = []
         for index in indices:
             choices = prob.edge_choices(index)
@@ -365,7 +366,8 @@ class StageModel:
 
 def decode_placement(problem: StageProblem, pp: int, x: Callable[[int, int], int],
                      n: Callable[[int, int, int], int], virtual_stages: int = 1,
-                     edge_option: Callable[[int], object] | None = None) -> LayerPlacement:
+                     edge_option: Callable[[int], object] | None = None,
+                     placement: str = "loop") -> LayerPlacement:
     """The LayerPlacement of a solution: ``x(i, c)`` blocks of class c in stage i (contiguous,
     in stage order; interleaved chunks when ``virtual_stages > 1``), ``n(i, c, r)`` of them with
     option r (the heaviest recomputation first: any order in a stage costs the same);
@@ -378,7 +380,8 @@ def decode_placement(problem: StageProblem, pp: int, x: Callable[[int, int], int
         done = 0
         for i in range(pp):
             if v > 1:
-                mine = [blk for blk in blocks if interleaved_rank(blk, L, pp, v) == i]
+                mine = [blk for blk in blocks
+                        if interleaved_rank(blk, L, pp, v, placement) == i]
             else:  # contiguous: this stage's share follows the previous stages' shares
                 mine = blocks[done:done + x(i, ci)]
                 done += len(mine)
@@ -391,7 +394,7 @@ def decode_placement(problem: StageProblem, pp: int, x: Callable[[int, int], int
                 stage[index] = i
                 options[index] = option
     for index in problem.post:
-        stage[index] = pp - 1
+        stage[index] = problem.terms.head_stage % pp
     if edge_option is not None:
         for index in problem.pre + problem.post:
             options[index] = edge_option(index)

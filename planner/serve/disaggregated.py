@@ -32,6 +32,7 @@ from planner.serve.evaluate import (ServingEvaluation, decode_iteration, pool_ca
                                     prefill_burst, prefill_pass)
 from planner.serve.phases import Calibration
 from planner.serve.runtime import runtime
+from planner.serve.search import largest_meeting
 from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
 
 
@@ -57,20 +58,6 @@ def disaggregated_space(model, cluster, workload: ServingWorkload, rt_name: str,
         if cap >= 1:
             decode.append((w, cap))
     return decode, prefill, budget
-
-
-def _largest_meeting(ok, hi: int) -> int | None:
-    """Largest b in 1 .. hi with ok(b), ok true then false as b grows (None: not even 1)."""
-    lo = 1
-    if not ok(lo):
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 # seqs whose decode step bounds every decode step from below (the iteration time never falls
@@ -106,7 +93,7 @@ def search_disaggregated(model, cluster, workload: ServingWorkload, rt_name: str
     tops: dict[int, int] = {}
     for i, (d, top) in enumerate(decode):
         if space.misses_tpot(d, top):  # the largest batch meeting TPOT (bisection)
-            top = _largest_meeting(lambda b, d=d: not space.misses_tpot(d, b), top)
+            top = largest_meeting(1, top, lambda b, d=d: not space.misses_tpot(d, b))
             if top is None:
                 continue
         tops[i] = top

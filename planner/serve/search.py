@@ -90,7 +90,7 @@ def _layout(ev: ServingEvaluation) -> tuple:
     return (1, -c.prefill.gpus, -c.decode.gpus, -c.prefill_workers, -c.decode_workers)
 
 
-def _largest(lo: int, hi: int, ok) -> int | None:
+def largest_meeting(lo: int, hi: int, ok) -> int | None:
     """Largest n in [lo, hi] with ok(n), assuming ok is monotone (true then false)."""
     if hi < lo or not ok(lo):
         return None
@@ -123,7 +123,7 @@ def _best_batch(at, cap: int, workload: ServingWorkload, ttft_bound,
     """
     top = cap
     if workload.tpot_ms is not None:
-        top = _largest(1, cap, lambda b: at(b).tpot_s * 1e3 <= workload.tpot_ms)
+        top = largest_meeting(1, cap, lambda b: at(b).tpot_s * 1e3 <= workload.tpot_ms)
         if top is None:
             return None
     best, best_value = None, -1.0

@@ -9,12 +9,9 @@ from __future__ import annotations
 import itertools
 import math
 import random
-from dataclasses import replace
 
 import pytest
 
-from clusters import load_cluster
-from models.native import build_native
 from planner.config import RuntimeOptions
 from planner.cost.model import evaluate
 from planner.ir import LayerKind
@@ -31,20 +28,7 @@ from planner.solve.split_hint import best_split
 from planner.cost.context import make_context
 from planner.cost.terms import option_valid
 from tests.test_graph_layouts import vlm
-
-TINY = load_cluster("tiny")
-
-
-def cluster(memory_gib, nodes=1, gpus_per_node=4):
-    return replace(TINY, num_nodes=nodes, gpus_per_node=gpus_per_node,
-                   gpu=replace(TINY.gpu, memory_gib=memory_gib))
-
-
-def native(blocks, hidden=256, heads=4, seq_len=1024, **extra):
-    return build_native({"name": f"n{blocks}", "num_layers": blocks, "hidden_size": hidden,
-                         "num_heads": heads, "ffn_hidden_size": 4 * hidden, "vocab_size": 1024,
-                         "seq_len": seq_len, **extra})
-
+from tests.test_solver_bruteforce import cluster, native
 
 CASES = [  # (id, model, cluster, global batch, pins): memory binds in each
     ("pp2-uneven", native(5), cluster(0.17), 8, Pins(pp=2, virtual_stages=1, zero=0,

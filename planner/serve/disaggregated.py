@@ -32,7 +32,7 @@ from planner.serve.evaluate import (ServingEvaluation, decode_iteration, pool_ca
                                     prefill_burst, prefill_pass)
 from planner.serve.phases import Calibration
 from planner.serve.runtime import runtime
-from planner.serve.search import largest_meeting
+from planner.serve.bisection import largest_meeting
 from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
 
 

@@ -27,6 +27,7 @@ from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.serve.evaluate import (ServingEvaluation, aggregated_ttft_bound_s,
                                     evaluate_serving, validate_worker)
+from planner.serve.bisection import largest_meeting
 from planner.serve.runtime import DEFAULT_RUNTIME, runtime
 from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
 
@@ -88,19 +89,6 @@ def _layout(ev: ServingEvaluation) -> tuple:
     if c.mode == "aggregated":
         return (0, -c.worker.tp, -c.worker.pp, -c.worker.ep, -c.worker.attention_dp, -c.replicas)
     return (1, -c.prefill.gpus, -c.decode.gpus, -c.prefill_workers, -c.decode_workers)
-
-
-def largest_meeting(lo: int, hi: int, ok) -> int | None:
-    """Largest n in [lo, hi] with ok(n), assuming ok is monotone (true then false)."""
-    if hi < lo or not ok(lo):
-        return None
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 def _best_batch(at, cap: int, workload: ServingWorkload, ttft_bound,

@@ -282,6 +282,7 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
     classes = _block_classes(model)
     valid = {b: [o for o in allowed if option_valid(ctx, layers[i], o)]
              for b, i in enumerate(block_index)}
+    block_of = {i: b for b, i in enumerate(block_index)}  # layer index -> block number
 
     def layer(i: int, option: LayerOption) -> LayerTerms:
         key = (i, option)
@@ -291,21 +292,27 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
 
     # One stage's choices: for the blocks ``members`` on stage s, every option tuple
     # whose stage fits, with its costs (in layer order, as evaluate builds them) and its time.
-    stage_cache: dict[tuple[int, tuple[int, ...]], list] = {}
+    # ``keep``: the recompute settings of these blocks that some setting of the runtime's rule
+    # gives them on this split (None: any); the other tuples could never pass ``ruled`` below.
+    stage_cache: dict[tuple[int, tuple[int, ...], frozenset | None], list] = {}
+    single_layout = len({o.layout for o in allowed}) == 1
 
-    def stage_options(s: int, members: tuple[int, ...]) -> list:
-        key = (s, members)
+    def stage_options(s: int, members: tuple[int, ...], keep: frozenset | None) -> list:
+        key = (s, members, keep)
         if key in stage_cache:
             return stage_cache[key]
         fixed = (first_fixed if s == 0 else []) + (last_fixed if s == head else [])
+        # the stage's layers in layer order (as evaluate sums them): a block's position in
+        # the option tuple, or its fixed option
+        order = [(i, members.index(block_of[i]) if i in block_of else fixed_options.get(
+            i, NO_OPTION)) for i in sorted(fixed + [block_index[b] for b in members])]
         out = []
         for rec in itertools.product(*(valid[b] for b in members)):
-            if not _consistent([classes[b] for b in members], rec):
+            if keep is not None and tuple(r.recompute.value for r in rec) not in keep:
                 continue
-            choice = {block_index[b]: r for b, r in zip(members, rec)}
-            indices = sorted(fixed + list(choice))
-            costs = [layer(i, choice.get(i, fixed_options.get(i, NO_OPTION)))
-                     for i in indices]
+            if not single_layout and not _consistent([classes[b] for b in members], rec):
+                continue
+            costs = [layer(i, rec[at] if isinstance(at, int) else at) for i, at in order]
             memory = stage_memory(terms, s, costs).total
             if memory <= capacity and stage_host_bytes(costs) <= terms.host_capacity_bytes:
                 out.append((rec, costs, stage_time(terms, costs), memory))
@@ -318,13 +325,18 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
     n = k = 0
     bound = incumbent
     rule = runtime_profile(ctx.options.profile).recompute_rule
-    for stages in _splits(model.num_blocks, pp, v, config.schedule_spec.placement):
+    values = {o.recompute.value for o in allowed}
+    num_blocks = model.num_blocks
+    for stages in _splits(num_blocks, pp, v, config.schedule_spec.placement):
         n += _space_size(rule, stages, allowed)
         ruled = _rule_filter(rule, stages, allowed)
         members = [tuple(b for b, s in enumerate(stages) if s == i) for i in range(pp)]
-        options = [stage_options(i, members[i]) for i in range(pp)]
+        vectors = settings_of(rule, chunk_runs(stages), values)
+        keep = [None if vectors is None else frozenset(tuple(vec[b] for b in members[i])
+                                                      for vec in vectors) for i in range(pp)]
+        options = [stage_options(i, members[i], keep[i]) for i in range(pp)]
         for combo in itertools.product(*options):
-            rec = [NO_OPTION] * model.num_blocks
+            rec = [NO_OPTION] * num_blocks
             for i, (stage_rec, _, _, _) in enumerate(combo):
                 for b, r in zip(members[i], stage_rec):
                     rec[b] = r

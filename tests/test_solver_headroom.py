@@ -9,13 +9,12 @@ with headroom runs on random instances in tests/test_solver_oracle.py; here the 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import replace
 
 import pytest
 
 from clusters import load_cluster
+from conftest import run_cli
 from models.native import build_native
 from planner.config import ParallelConfig
 from planner.cost.context import make_context
@@ -110,19 +109,18 @@ def test_equal_time_goes_to_the_leaner_option():
     assert picked_fat  # without the tie-break some order keeps a fatter option
 
 
-def test_plan_cli_records_the_headroom_and_refuses_bad_values(tmp_path):
+def test_plan_cli_records_the_headroom_and_refuses_bad_values(capsys):
     def run(*args):
-        return subprocess.run([sys.executable, "-c", "from cli.main import main; main()",
-                               "plan", "-m", "tiny", "-c", "tiny", "--global-batch", "16",
-                               *args], capture_output=True, text=True, timeout=300)
+        return run_cli(["plan", "-m", "tiny", "-c", "tiny", "--global-batch", "16", *args],
+                       capsys)
 
-    good = run("--memory-headroom", "0.25GiB", "--json")
-    assert good.returncode == 0, good.stderr
-    doc = json.loads(good.stdout)
+    code, stdout, stderr = run("--memory-headroom", "0.25GiB", "--json")
+    assert code == 0, stderr
+    doc = json.loads(stdout)
     assert doc["solver"]["memory_headroom"] == "0.25GiB"
     limit = doc["solver"]["memory_limit_gib"]
     assert limit == pytest.approx(TINY.gpu.memory_gib - 0.25)
     assert all(s["memory_gib"]["total"] <= limit + 1e-9 for s in doc["stages"])
-    bad = run("--memory-headroom", "lots")
-    assert bad.returncode == 2 and "--memory-headroom" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    code, _, stderr = run("--memory-headroom", "lots")
+    assert code == 2 and "--memory-headroom" in stderr
+    assert "Traceback" not in stderr

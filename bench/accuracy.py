@@ -25,8 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-import yaml
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -38,6 +36,7 @@ from clusters.calibration_runs import load_runs  # noqa: E402
 from planner.calibration.runs import CalibrationRun  # noqa: E402
 from planner.calibration.store import shipped  # noqa: E402
 from planner.config import RUNTIME_STATE_BYTES  # noqa: E402
+from planner.safe_input import parse_yaml, read_text  # noqa: E402
 from planner.cost.memory import zero_state_bytes  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
@@ -233,11 +232,17 @@ def labels_of(run: CalibrationRun) -> list[str]:
     return band_labels(run.regime)
 
 
+def read_entries(name: str) -> list[dict]:
+    """The entries of calibration file ``name`` (bench/data), parsed by the library's YAML
+    reader (libyaml's C parser where PyYAML has it: the pure-Python one takes seconds here)."""
+    path = DATA / name
+    return parse_yaml(read_text(path, "runs file"), str(path))["entries"]
+
+
 def load_all() -> tuple[list[tuple[str, CalibrationRun]], list[tuple[str, str, str]]]:
     runs, skipped = [], []
     for name in FILES:
-        entries = yaml.safe_load((DATA / name).read_text())["entries"]
-        got, skip = load_runs(entries)
+        got, skip = load_runs(read_entries(name))
         runs += [(name, r) for r in got]
         skipped += [(name, i, why) for i, why in skip]
     return runs, skipped
@@ -259,9 +264,11 @@ def evaluate_rows(runs: Iterable[tuple[str, CalibrationRun]], constants: Constan
     return rows
 
 
-def run(baseline: bool = False) -> tuple[list[Row], list[tuple[str, str, str]]]:
+def run(baseline: bool = False, loaded=None) -> tuple[list[Row], list[tuple[str, str, str]]]:
+    """Every usable run evaluated with the shipped constants and bands (``baseline``: the raw
+    preset values); ``loaded``: what :func:`load_all` returned, to reuse one load."""
     profile = None if baseline else shipped()
-    runs, skipped = load_all()
+    runs, skipped = loaded or load_all()
     constants = profile.constants if profile else None
     bands = profile.bands if profile else None
     return evaluate_rows(runs, constants, bands), skipped
@@ -724,7 +731,7 @@ def main() -> int:
                       f"{_throughput(a, False):.0f} vs {_throughput(b, False):.0f}, predicted "
                       f"{_throughput(a, True):.0f} vs {_throughput(b, True):.0f}")
     baseline_rows = None if args.baseline else run(baseline=True)[0]
-    published = yaml.safe_load((DATA / FILES[0]).read_text())["entries"]
+    published = read_entries(FILES[0])
     if not args.no_write and not args.baseline:
         DOC.write_text(render(rows, skipped, zero_rows(published), baseline_rows))
     for title, key in (("parallelism", lambda r: r.run.regime.parallelism),

@@ -89,7 +89,16 @@ def _expand(text: str, inputs: dict[str, str], base_ref: str) -> str:
 def runner(tmp_path_factory):
     """The runner's Python: a fresh virtual environment the workflow's install step fills."""
     folder = tmp_path_factory.mktemp("runner")
-    subprocess.run([sys.executable, "-m", "venv", str(folder / "venv")], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder / "venv")],
+                   check=True)
+    # the runner's package cache: pip and shardplan's dependencies are the ones this environment
+    # holds (a .pth puts them on the runner's path, after its own site-packages), so the install
+    # step builds and installs the checkout for real but downloads no ortools, matplotlib, ...
+    purelib = subprocess.run([str(folder / "venv" / "bin" / "python"), "-c",
+                              "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (Path(purelib) / "shardplan-test-deps.pth").write_text("\n".join(ours) + "\n")
     return folder / "venv" / "bin"
 
 

@@ -223,11 +223,14 @@ def _pareto(model, cluster, workload, rt_name, fitting, result,
         result.evaluated += 1
         return aggregated_rates(model, cluster, workload, base, b, rt_name, calibration)
 
+    seeds = []
     for base, cap in fitting:
         user, gpu = rates(base, cap)
         staircase.add(user, gpu)
         kept.append((user, gpu, _config_layout(base), base, cap))
-    for base, cap in fitting:
+        seeds.append((-gpu, _config_layout(base), base, cap))
+    # the layouts with the most tokens/s per GPU first: their points prune the others' most
+    for _, _, base, cap in sorted(seeds, key=lambda s: s[:2]):
         kept += [(user, gpu, _config_layout(base), base, b) for b, user, gpu in
                  _frontier_batches(lambda b, base=base: rates(base, b), cap, staircase, result)]
     frontier, best_gpu = [], -1.0

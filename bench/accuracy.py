@@ -723,7 +723,7 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
               "entry is special-cased): see \"Causes fixed\" below.", ""]
     lines += ["## Causes fixed", "", CAUSES]
     lines += holdout_section(rows)
-    lines += unknown_fields.section(micro_batch_bands or [])
+    lines += unknown_fields.section(micro_batch_bands or [], unknown_fields.assumption_counts(rows))
     lines += ["", "## Before this issue", "", BEFORE]
     if missed:
         lines += ["", "## Why the misses", "", MISSES]

@@ -85,16 +85,17 @@ def run(case: Case, schedules: str | None) -> dict:
             "peak_gib": ev.peak_memory_bytes / GIB, "mfu": ev.mfu}
 
 
-def write_section(lines: list[str]) -> None:
+def write_section(lines: list[str], begin: str = BEGIN, end: str = END,
+                  heading: str = "Pipeline schedules") -> None:
     """Replace the section between the markers at the end of docs/solver.md (bench/solver.py
-    keeps everything from the MoE section on)."""
+    keeps everything from the MoE section on); bench/hpz.py writes its own."""
     text = DOC.read_text(encoding="utf-8")
-    block = "\n".join([BEGIN, *lines, END])
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
+    block = "\n".join([begin, *lines, end])
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
-        text = text.rstrip("\n") + "\n\n## Pipeline schedules\n\n" + block + "\n"
+        text = text.rstrip("\n") + f"\n\n## {heading}\n\n" + block + "\n"
     DOC.write_text(text, encoding="utf-8")
 
 

@@ -80,6 +80,13 @@ dp_shard_option = click.option(
          "node-aligned groups where the runtime runs HSDP).")
 
 
+hpz_option = click.option(
+    "--hpz", type=click.IntRange(min=0), default=0, show_default=True, metavar="N",
+    help="ZeRO++ hpZ (DeepSpeed zero_hpz_partition_size): ZeRO-3 keeps a secondary weight "
+         "partition over groups of N ranks (one node), gathered over them in every pass but "
+         "the step's first forward; 0 = off (`plan` searches it with --runtime deepspeed).")
+
+
 # --time-limit: a day is beyond any plan search; the bound keeps deadlines finite.
 MAX_TIME_LIMIT_S = 86_400.0
 
@@ -120,6 +127,7 @@ def time_limit_slack_s(limit_s: float) -> float:
               help="Pipeline schedule (default: 1f1b, or interleaved-1f1b with "
                    "--virtual-stages > 1; zbv and dualpipev take --virtual-stages 2).")
 @dp_shard_option
+@hpz_option
 @dtype_option
 @attention_option
 @runtime_option
@@ -127,7 +135,7 @@ def time_limit_slack_s(limit_s: float) -> float:
 @moe_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
-             zero_stage, recompute, sp, virtual_stages, schedule, dp_shard, dtype,
+             zero_stage, recompute, sp, virtual_stages, schedule, dp_shard, hpz, dtype,
              attention_kernel, runtime, calibration, as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
     from planner.calibration.session import prediction_intervals, runtime_setup
@@ -148,7 +156,7 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
         seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
         zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
         dtype=dtype, dp_shard=0 if dp_shard in (None, dp) else dp_shard,
-        pipeline_schedule=schedule or "")
+        pipeline_schedule=schedule or "", hpz=hpz)
     options = setup.options
     config.validate(graph, hw)
     placement = default_placement(graph, config, LayerOption(Recompute(recompute)))

@@ -65,6 +65,9 @@ def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
                    if prof.hsdp else "none")
             bad(f"hybrid sharding of ZeRO-{c.zero_stage} over groups of {c.dp_shard} of the "
                 f"{c.dp} data-parallel ranks ({ranks} GPUs): its hybrid sharding is {how}")
+    if c.hpz and not prof.allows_hpz(c.zero_stage, c.hpz, plan.cluster.gpus_per_node):
+        bad(f"ZeRO++ hpZ (a secondary weight partition over {c.hpz} ranks): "
+            + (f"its {prof.hpz_name} needs ZeRO-3" if prof.hpz else "it has none"))
     planner_policies = {p.planner for p in prof.recompute}
     if "every-nth" in planner_policies:
         planner_policies |= {"none", "full"}

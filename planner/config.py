@@ -48,6 +48,10 @@ class ParallelConfig:
     # HSDP: dp ranks of one ZeRO / FSDP shard group, replicated over dp / dp_shard groups;
     # 0 = the whole dp (plain ZeRO / FSDP). Normalised: dp_shard == dp is written as 0.
     dp_shard: int = 0
+    # ZeRO++ hpZ (DeepSpeed zero_optimization.zero_hpz_partition_size): ZeRO-3 keeps a second
+    # copy of the 16-bit weights sharded over groups of hpz consecutive ranks (one node), and
+    # gathers from it in every pass but the step's first forward (planner.cost.terms); 0 = off
+    hpz: int = 0
     # pipeline schedule (planner.cost.pipeline.SCHEDULES); "" = the default for virtual_stages
     # (1F1B, interleaved 1F1B). Normalised: the default is written as "".
     pipeline_schedule: str = ""
@@ -107,6 +111,33 @@ class ParallelConfig:
                           f"plan has {self.num_micro_batches}",
                           "raise the global batch or lower the micro-batch size")
 
+    def _validate_hpz(self, model: ModelGraph) -> None:
+        """ZeRO++ hpZ: ZeRO-3, a proper divisor of dp, and ranks that are dp ranks only:
+        DeepSpeed builds the secondary groups from consecutive global ranks
+        (``deepspeed/utils/groups.py`` ``_create_zero_param_parallel_group``), which are one
+        data-parallel group's only without tp, cp and pp; dense parameters only (routed
+        experts shard over their own expert data-parallel group)."""
+        h = self.hpz
+        if not isinstance(h, int) or isinstance(h, bool) or h < 0:
+            raise invalid(f"--hpz must be a positive integer, got {h!r}")
+        if not h:
+            return
+        if self.zero_stage != 3:
+            raise invalid(f"--hpz {h} needs ZeRO-3: hpZ's secondary partition holds ZeRO-3's "
+                          "sharded weights", "use --zero 3")
+        if h < 2 or h >= self.dp or self.dp % h:
+            raise invalid(f"--hpz {h} must be a proper divisor of dp {self.dp} greater than 1 "
+                          "(the secondary partition is sharded over hpz of the dp ranks)",
+                          "use the GPUs per node, DeepSpeed's recommended value")
+        if self.dp_shard:
+            raise invalid("--hpz and --dp-shard are two kinds of hybrid sharding (ZeRO++ hpZ "
+                          "and MiCS); give one")
+        if self.tp > 1 or self.cp > 1 or self.pp > 1:
+            raise invalid(f"--hpz {h} runs with dp only (tp, cp and pp 1): DeepSpeed forms "
+                          "the secondary groups from consecutive global ranks")
+        if model.is_moe:
+            raise invalid(f"--hpz {h}: hpZ with routed experts is not modelled")
+
     def validate(self, model: ModelGraph, cluster: Cluster) -> None:
         """Raise PlannerError(INVALID_INPUT) for any configuration no runtime could run."""
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "seq_len",
@@ -130,6 +161,7 @@ class ParallelConfig:
                               "nothing", "use --zero 1, 2 or 3 with hybrid sharding")
         if self.zero_stage not in ZERO_STAGES:
             raise invalid(f"--zero must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
+        self._validate_hpz(model)
         if self.dtype not in DTYPES:
             raise invalid(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.dtype not in cluster.gpu.peak_tflops:

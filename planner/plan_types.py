@@ -94,6 +94,7 @@ class Plan:
             config = ParallelConfig(**{k: p[k] for k in _CONFIG_KEYS},
                                     etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"],
                                     dp_shard=int(p.get("dp_shard", 0)),
+                                    hpz=int(p.get("hpz", 0)),
                                     pipeline_schedule=str(p.get("schedule", "")))
             layers = sorted(doc["layers"], key=lambda layer: layer["index"])
             placement = LayerPlacement(
@@ -144,6 +145,8 @@ class Plan:
         doc["parallelism"]["schedule"] = self.config.schedule
         if "dp_shard" in doc["parallelism"] or self.config.dp_shard:  # HSDP (planner.mesh)
             doc["parallelism"]["dp_shard"] = self.config.dp_shard or self.config.dp
+        if "hpz" in doc["parallelism"] or self.config.hpz:  # ZeRO++ hpZ (planner.config)
+            doc["parallelism"]["hpz"] = self.config.hpz
         if "etp" in doc["parallelism"] or self.config.etp:  # the expert mesh (planner.mesh)
             doc["parallelism"]["etp"] = self.mesh.expert_tp
             doc["parallelism"]["edp"] = self.mesh.expert_dp

@@ -30,8 +30,9 @@ layout and overlap behaviour from here. Four profiles:
   backward (ZeRO-2-like traffic, ZeRO-3 state layout).
 * ``deepspeed``: DeepSpeed and Megatron-DeepSpeed: ``zero_optimization.stage`` 0-3,
   ``overlap_comm``, AutoTP, PipelineModule (1F1B only, no interleaving), MiCS hybrid
-  sharding of ZeRO-3 (``zero_optimization.mics_shard_size``; ZeRO++'s hpZ secondary weight
-  partition, ``zero_hpz_partition_size``, is not modelled), activation
+  sharding of ZeRO-3 (``zero_optimization.mics_shard_size``), ZeRO++'s hpZ secondary weight
+  partition of ZeRO-3 (``zero_optimization.zero_hpz_partition_size``, one node's GPUs: the
+  DeepSpeed ZeRO++ tutorial; Wang et al., "ZeRO++", 2023, §3.2), activation
   checkpointing (``checkpoint_num_layers``), fp16 or the BF16_Optimizer (DeepSpeed config-json
   docs, deepspeed.ai/docs/config-json).
 * ``fsdp``: PyTorch FSDP1 as used by Composer / llm-foundry and fms-fsdp:
@@ -116,6 +117,15 @@ class RuntimeProfile:
     # "per-block" (any), "uniform" (one setting for all blocks), "first-n" (Megatron's block
     # method: the first N blocks of every model chunk); the search keeps to it
     recompute_rule: str = "per-block"
+    # ZeRO++ hpZ (planner.config.ParallelConfig.hpz): a secondary ZeRO-3 weight partition
+    # inside a node, and the runtime's option that sets it
+    hpz: bool = False
+    hpz_name: str = ""
+
+    def allows_hpz(self, stage: int, hpz: int, gpus_per_node: int) -> bool:
+        """The runtime keeps ZeRO ``stage``'s secondary weight partition over ``hpz`` ranks
+        (searched: one node's GPUs, DeepSpeed's recommended value; any divisor when pinned)."""
+        return self.hpz and stage == 3 and hpz >= 2
 
     def allows_hsdp(self, stage: int, shard_ranks: int, gpus_per_node: int) -> bool:
         """The runtime shards ZeRO ``stage`` over groups of ``shard_ranks`` GPUs (each
@@ -250,6 +260,7 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
                                          2: "zero_optimization.stage 2",
                                          3: "zero_optimization.stage 3"}),
         hsdp=True, hsdp_stages=(3,), hsdp_name="MiCS (zero_optimization.mics_shard_size)",
+        hpz=True, hpz_name="ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size)",
         tp=True, sp="none", cp=False, ep=True, pp=True,
         schedules=("1f1b",), uneven_chunks=False,
         recompute=(_NONE,

@@ -53,6 +53,8 @@ def parallelism_dict(ev: Evaluation) -> dict[str, Any]:
            "recompute": recompute[0] if len(recompute) == 1 else "per-layer"}
     if c.dp_shard:  # hybrid sharding (planner.mesh): written only when used
         out["dp_shard"] = c.dp_shard
+    if c.hpz:  # ZeRO++ hpZ's secondary partition (planner.config): written only when used
+        out["hpz"] = c.hpz
     return out
 
 

@@ -156,6 +156,10 @@ CASES = [
                                                     seq_len=32, zero_stage=3, micro_batch=1)),
     Case("zero2-moe-exposed", SHORT_MOE, ParallelConfig(tp=1, pp=1, dp=8, ep=2, global_batch=16,
                                                         seq_len=32, zero_stage=2, micro_batch=1)),
+    # ZeRO++ hpZ: the backward's and most forwards' gathers inside the node (4 of 8 ranks)
+    Case("zero3-hpz-exposed", SHORT, ParallelConfig(tp=1, pp=1, dp=8, global_batch=16,
+                                                    seq_len=32, zero_stage=3, micro_batch=1,
+                                                    hpz=4)),
     Case("zero3-pp2", DENSE, ParallelConfig(tp=1, pp=2, dp=4, global_batch=16, seq_len=128,
                                             zero_stage=3, micro_batch=1)),
     # routed experts: ep 2 inside dp 4, so the experts' states shard over 2 ranks

@@ -25,7 +25,7 @@ How a stage is made of terms (``S`` = the stage's layers, ``l`` a layer, ``C`` t
   ``max_S zero_edge_s``) behind nothing (PyTorch FSDP notes: prefetching overlaps the next
   layer's collective with the current layer's compute)::
 
-      fwd = sum_S zero_fwd_traffic_s + gather intercept / 2
+      fwd = sum_S zero_fwd_traffic_s + the forward gather's intercept
       bwd = sum_S zero_traffic_s + intercepts - fwd
       e = edge + (fwd - sum_S fwd_s)^+ + (bwd - sum_S (bwd_s + recompute_s))^+
       time += e + C.comm_slowdown * (fwd + bwd - e)
@@ -170,6 +170,8 @@ class ConfigTerms:
     zero_reduce_expert: Affine
     zero_gather_dense: Affine  # per micro-batch (ZeRO-3, forward and backward), per weight byte
     zero_gather_expert: Affine
+    # of which the forward's (half of it; more with ZeRO++ hpZ, hpz_gathers; the experts': half)
+    zero_gather_fwd_dense: Affine
     dp_reduce_dense: Affine  # once-per-step gradient reduction
     dp_reduce_expert: Affine
     dp_gather_dense: Affine  # once-per-step weight gather
@@ -191,7 +193,8 @@ class ConfigTerms:
 # Configuration terms the solver's model reads (the mutation test drops each in turn).
 SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "boundary_s",
                        "zero_reduce_dense", "zero_reduce_expert", "zero_gather_dense",
-                       "zero_gather_expert", "dp_reduce_dense",
+                       "zero_gather_expert", "zero_gather_fwd_dense",
+                       "dp_reduce_dense",
                        "dp_reduce_expert", "dp_gather_dense", "dp_gather_expert",
                        "embedding_sync_s", "in_flight", "comm_slowdown",
                        "micro_batch_overhead_s", "bubble_wgrad_credit", "bubble_bwd_extra")
@@ -230,6 +233,11 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
     zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert = \
         dp_collectives(zero, n, n_expert, ctx.links.dp, ctx.links.edp or ctx.links.dp, per_mb,
                       mesh.replicas, ctx.links.replicate)
+    zg_fwd_dense = zg_dense.scaled(0.5)
+    if c.hpz and per_mb:
+        zg_dense, zg_fwd_dense = hpz_gathers(
+            n, ctx.links.dp, c.hpz, group_link(ctx.cluster, c.hpz, mesh.stride("shard")),
+            c.num_micro_batches)
     spec = c.schedule_spec
     return ConfigTerms(
         pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
@@ -239,6 +247,7 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         allocator_overhead=opts.allocator_overhead, buffer_bytes=buffers, boundary_s=boundary_s,
         per_micro_batch_sync=per_mb, zero_reduce_dense=zr_dense, zero_reduce_expert=zr_expert,
         zero_gather_dense=zg_dense, zero_gather_expert=zg_expert,
+        zero_gather_fwd_dense=zg_fwd_dense,
         dp_reduce_dense=red_dense, dp_reduce_expert=red_expert, dp_gather_dense=gat_dense,
         dp_gather_expert=gat_expert, overlap_grad_reduce=opts.overlap_grad_reduce,
         overlap_param_gather=opts.overlap_param_gather, embedding_sync_s=embedding_sync_s(ctx),
@@ -303,6 +312,30 @@ def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Li
     return zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert
 
 
+def hpz_gathers(n: int, link: Link, hpz: int, hpz_link: Link,
+                num_micro_batches: int) -> tuple[Affine, Affine]:
+    """ZeRO++ hpZ's weight all-gathers per micro-batch: (forward and backward, the forward's).
+
+    ZeRO-3 with a secondary partition (Wang et al., "ZeRO++", 2023, §3.2): after a layer's
+    forward each rank keeps the 1/hpz shard of its gathered 16-bit weights for its group of
+    ``hpz`` consecutive ranks (one node), and gathers from it, over ``hpz_link``, instead of from
+    the primary 1/n shard over all ``n`` ranks (``link``). DeepSpeed drops the secondary copy
+    only after the optimizer step (``stage3.py`` ``_post_step`` ->
+    ``invalidate_secondary_tensor``; ``partition_parameters.py`` gathers over the secondary
+    group whenever ``ds_secondary_tensor`` is set), so every gather of a step but its first
+    forward's is the intra-node one. Per micro-batch: two hpz-rank gathers, plus the first
+    forward's excess of the n-rank gather over the hpz-rank one spread over the step's
+    ``num_micro_batches`` forwards (per-phase exposure is taken per micro-batch; the spread is
+    exact when the forward hides all of it or none, and under-counts the first forward's
+    exposure in between). The gradient reduce-scatter stays over all n ranks."""
+    primary = Affine.of(comm.all_gather_s, n, link)
+    secondary = Affine.of(comm.all_gather_s, hpz, hpz_link)
+    excess = Affine(max(0.0, primary.slope_s_per_byte - secondary.slope_s_per_byte),
+                    max(0.0, primary.intercept_s - secondary.intercept_s))
+    forward = secondary + excess.scaled(1.0 / num_micro_batches)
+    return forward + secondary, forward
+
+
 # fp32 unsharded gradient accumulation of FSDP2 under PP (MixedPrecisionPolicy reduce_dtype)
 UNSHARDED_GRAD_BYTES = 4.0
 
@@ -345,8 +378,8 @@ def _layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
         return LayoutView(c.tp, c.micro_batch, ctx.shard, ctx.links.tp, mesh.shard_degree,
                           ctx.links.dp)
     t = layout.tensor_degree(c.tp, c.dp, ctx.cluster.gpus_per_node)
-    if mesh.replicas > 1:  # a per-layer layout refolds tp x dp: not with hybrid sharding
-        return None
+    if mesh.replicas > 1 or c.hpz:  # a per-layer layout refolds tp x dp: not with hybrid
+        return None  # sharding (HSDP, hpZ's secondary groups)
     if t is None or (c.tp * c.dp) % t or (c.micro_batch * t) % c.tp:
         return None
     if t > c.tp and c.cp > 1:
@@ -577,6 +610,9 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     n, n_expert = view.dp_shard, mesh.expert_shard_degree
     dense_states = zero_state_bytes(dense, n, zero, state)
     expert_states = zero_state_bytes(expert, n_expert, zero, state)
+    if c.hpz:  # ZeRO++ hpZ: the secondary partition, 16-bit weights over hpz ranks
+        dense_states = replace(dense_states,
+                               params=dense_states.params + dense * state.weights / c.hpz)
     keep = pp_keeps_unsharded(ctx) and n > 1
     if keep:  # the gathered 16-bit weights and an unsharded gradient next to the shards
         held = dense + expert
@@ -596,6 +632,8 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         t = replace(t, zero_reduce_dense=Affine(zr.slope_s_per_byte,
                                                 t.zero_reduce_dense.intercept_s),
                     zero_gather_dense=Affine(zg.slope_s_per_byte, t.zero_gather_dense.intercept_s),
+                    zero_gather_fwd_dense=Affine(zg.slope_s_per_byte / 2,
+                                                 t.zero_gather_fwd_dense.intercept_s),
                     dp_reduce_dense=Affine(red.slope_s_per_byte, t.dp_reduce_dense.intercept_s),
                     dp_gather_dense=Affine(gat.slope_s_per_byte, t.dp_gather_dense.intercept_s))
     grad_dense, grad_expert = dense * state.grad_reduce_bytes, expert * state.grad_reduce_bytes
@@ -605,6 +643,8 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     zero_gather = (t.zero_gather_dense.slope_s_per_byte * w_dense
                    + t.zero_gather_expert.slope_s_per_byte * w_expert)  # forward + backward
     zero_traffic = zero_reduce + zero_gather
+    zero_fwd = (t.zero_gather_fwd_dense.slope_s_per_byte * w_dense
+                + t.zero_gather_expert.slope_s_per_byte / 2 * w_expert)
     owned = dense / (n if zero >= 1 else 1) + expert / (n_expert if zero >= 1 else 1)
     optimizer_bytes = dense_states.optimizer + expert_states.optimizer
     optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / hbm_bytes_per_s(ctx.cluster.gpu)
@@ -627,8 +667,8 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         optimizer_bytes=optimizer_bytes,
         gather_buffer_bytes=2 * (dense + expert) * state.weights if zero >= 3 and not keep
         else 0.0,
-        zero_traffic_s=zero_traffic, zero_fwd_traffic_s=zero_gather / 2,
-        zero_edge_s=zero_gather / 2 + zero_reduce,
+        zero_traffic_s=zero_traffic, zero_fwd_traffic_s=zero_fwd,
+        zero_edge_s=zero_fwd + zero_reduce,
         dp_reduce_s=(t.dp_reduce_dense.slope_s_per_byte * grad_dense
                      + t.dp_reduce_expert.slope_s_per_byte * grad_expert),
         dp_gather_s=(t.dp_gather_dense.slope_s_per_byte * w_dense
@@ -713,7 +753,7 @@ def stage_time(t: ConfigTerms, layers: Sequence[LayerTerms]) -> float:
                            t.zero_reduce_dense + t.zero_gather_dense,
                            t.zero_reduce_expert + t.zero_gather_expert)
         fwd_traffic = _charged(layers, sum(x.zero_fwd_traffic_s for x in layers),
-                               t.zero_gather_dense.scaled(0.5), t.zero_gather_expert.scaled(0.5))
+                               t.zero_gather_fwd_dense, t.zero_gather_expert.scaled(0.5))
         exposed = (max((x.zero_edge_s for x in layers), default=0.0)
                    + max(0.0, fwd_traffic - sum(x.fwd_s for x in layers))
                    + max(0.0, traffic - fwd_traffic

@@ -54,6 +54,8 @@ def export(plan: Plan) -> ExportResult:
         config["zero_optimization"]["overlap_comm"] = bool(runtime["overlap_grad_reduce"])
     if p.get("dp_shard") and zero == 3:  # hybrid sharding: MiCS shard groups of dp_shard ranks
         config["zero_optimization"]["mics_shard_size"] = p["dp_shard"]
+    if p.get("hpz") and zero == 3:  # ZeRO++ hpZ: the secondary weight partition's ranks
+        config["zero_optimization"]["zero_hpz_partition_size"] = p["hpz"]
     if tp > 1:
         config["tensor_parallel"] = {"autotp_size": tp}
     notes = _dp_notes(doc)

@@ -218,6 +218,9 @@ def export(plan: Plan) -> ExportResult:
     zero = p["zero_stage"]
     if zero >= 1:
         args.append(("--use-distributed-optimizer",))
+    if p.get("hpz"):  # ZeRO++ hpZ (planner.config): DeepSpeed's, not Megatron's
+        warnings.append(f"ZeRO++ hpZ (hpz {p['hpz']}): Megatron-LM has no secondary weight "
+                        "partition; exported without it" + memory_note(plan, hpz=0))
     if p.get("dp_shard"):  # hybrid sharding: dp / dp_shard distributed-optimizer instances
         args.append(("--num-distributed-optimizer-instances", p["dp"] // p["dp_shard"]))
     if runtime["overlap_grad_reduce"]:

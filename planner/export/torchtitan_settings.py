@@ -96,6 +96,11 @@ def settings(plan: Plan) -> Settings:
                             "combine with tensor, pipeline or context parallelism; exported FSDP "
                             "with fsdp_reshard_after_forward \"never\" (ZeRO-2)"
                             + memory_note(plan, zero_stage=2))
+    if p.get("hpz"):  # ZeRO++ hpZ (planner.config): DeepSpeed's, not FSDP2's
+        changes["hpz"] = 0
+        warnings.append(f"ZeRO++ hpZ (hpz {p['hpz']}): FSDP2 has no secondary weight "
+                        "partition; exported plain FSDP, every gather over all of dp"
+                        + memory_note(plan, hpz=0))
     if p.get("dp_shard") and shard == dp:  # hybrid sharding: dp_replicate x dp_shard
         replicate, shard = dp // p["dp_shard"], p["dp_shard"]
     per_rank = p["global_batch"] // dp

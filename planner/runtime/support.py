@@ -104,6 +104,9 @@ def check_supported(plan: Plan, max_processes: int = MAX_PROCESSES) -> None:
                           "(KV-head replication is not built)")
     if shape.tied and (c.tp > 1 or c.pp > 1):
         raise unsupported("tied embeddings are executed only without TP and PP")
+    if c.hpz:
+        raise unsupported(f"ZeRO++ hpZ (hpz {c.hpz}) is not executed (verify runs FSDP2, "
+                          "which has no secondary weight partition)")
     if c.pp > 1 and c.schedule not in ("1f1b", "interleaved-1f1b"):
         raise unsupported(f"the {c.schedule} pipeline schedule is not executed (verify runs "
                           "1F1B and interleaved 1F1B)")

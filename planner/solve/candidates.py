@@ -74,9 +74,9 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
 
 def config_key(c: ParallelConfig) -> tuple:
     return (c.tp, c.pp, c.dp, c.cp, c.ep, c.mesh.expert_tp, c.micro_batch, c.virtual_stages,
-            c.zero_stage, not c.sp, c.dp_shard, c.pipeline_schedule)
+            c.zero_stage, not c.sp, c.dp_shard, c.pipeline_schedule, c.hpz)
 
 
 def _without_micro_batch(c: ParallelConfig) -> tuple:
     return (c.tp, c.pp, c.dp, c.cp, c.ep, c.etp, c.virtual_stages, c.zero_stage, c.sp,
-            c.dp_shard, c.pipeline_schedule)
+            c.dp_shard, c.pipeline_schedule, c.hpz)

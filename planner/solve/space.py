@@ -24,6 +24,9 @@ Choices (each documented so users know what is searched):
   one node per shard group (tp x cp x dp_shard = the node's GPUs, at least 2 shard ranks,
   fewer than all of dp), replicated over dp / dp_shard groups. Other sizes, and any HSDP
   without a profile, only when pinned.
+* ZeRO++ hpZ (``hpz``), where the profile runs it (DeepSpeed): off, and for ZeRO-3 over dp
+  only (tp, cp, pp 1) on more than one node, a secondary partition over one node's GPUs.
+  Other sizes only when pinned.
 
 A runtime profile (planner/profiles.py) narrows all of this to what that runtime can run: its
 ZeRO / FSDP stages, whether it has TP, PP, CP, EP and interleaving, whether SP is a choice or
@@ -48,7 +51,7 @@ MAX_VIRTUAL_STAGES = 8
 LONG_SEQUENCE = 16384
 
 PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "virtual_stages",
-            "recompute", "layouts", "offload", "dp_shard", "schedule")
+            "recompute", "layouts", "offload", "dp_shard", "schedule", "hpz")
 LAYOUT_CHOICES = ("mesh", "per-layer")  # layouts=per-layer: the solver picks one per block class
 # offload=optimizer: each layer may keep its optimizer states and master weights in host memory
 # (needs the cluster's host: section; planner/cost/offload.py)
@@ -75,6 +78,7 @@ class Pins:
     dp_shard: int | None = None  # HSDP shard group (dp ranks); = dp: plain ZeRO / FSDP
     # pipeline schedules to try (planner.cost.pipeline.SCHEDULES): "zbv", or "1f1b,zb-h1"
     schedule: tuple[str, ...] | None = None
+    hpz: int | None = None  # ZeRO++ hpZ secondary partition ranks; 0: off
 
     @staticmethod
     def parse(items: Mapping[str, str]) -> "Pins":
@@ -111,7 +115,7 @@ class Pins:
                     raise invalid(f"pin recompute={raw!r}: expected one of "
                                   f"{', '.join(r.value for r in Recompute)}") from None
             else:
-                if not text.isdigit() or int(text) < (0 if name == "zero" else 1):
+                if not text.isdigit() or int(text) < (0 if name in ("zero", "hpz") else 1):
                     raise invalid(f"pin {key}={raw!r}: expected a positive integer")
                 values[name] = int(text)
         if values.get("zero") is not None and values["zero"] > 3:
@@ -175,6 +179,9 @@ class Pins:
                        + (f"{runtime.hsdp_name}, with ZeRO "
                           f"{', '.join(map(str, runtime.hsdp_stages))}" if runtime.hsdp
                           else "none") + ")")
+        if self.hpz and not (runtime.hpz and self.zero in (None, 3)):
+            bad.append(f"hpz={self.hpz} (" + (f"its {runtime.hpz_name} needs ZeRO-3"
+                                              if runtime.hpz else "it has no ZeRO++ hpZ") + ")")
         if bad:
             raise invalid(f"runtime {runtime.name} cannot run the pinned "
                           f"{'; '.join(bad)}", "drop the pin, or choose another --runtime")
@@ -245,6 +252,19 @@ def _shard_groups(pins: Pins, runtime, zero: int, tp: int, cp: int, dp: int,
             runtime.allows_hsdp(zero, gpus_per_node, gpus_per_node):
         out.append(d)
     return out
+
+
+def _hpz_groups(pins: Pins, runtime, zero: int, tp: int, cp: int, pp: int, dp: int,
+                shard: int, gpus_per_node: int) -> list[int]:
+    """The ``hpz`` values to try (0 = no secondary partition, first): one node's GPUs where
+    the runtime keeps hpZ's secondary partition and it is not the whole of dp."""
+    if pins.hpz is not None:
+        return [pins.hpz]
+    if runtime is None or shard or tp * cp * pp > 1 or gpus_per_node < 2 or \
+            dp <= gpus_per_node or dp % gpus_per_node or \
+            not runtime.allows_hpz(zero, gpus_per_node, gpus_per_node):
+        return [0]
+    return [0, gpus_per_node]
 
 
 def _expert_meshes(pins: Pins, tp: int, cp: int, dp: int, experts: int,
@@ -329,14 +349,17 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                                     continue  # e.g. DeepSpeed's pipeline engine: ZeRO <= 1
                                 shards = _shard_groups(pins, runtime, zero, tp, cp, dp,
                                                        cluster.gpus_per_node)
-                                for sp, shard in ((a, b) for a in _choices(pins.sp, sps)
-                                                  for b in shards):
+                                for sp, shard, hpz in (
+                                        (a, b, h) for a in _choices(pins.sp, sps)
+                                        for b in shards
+                                        for h in _hpz_groups(pins, runtime, zero, tp, cp, pp,
+                                                             dp, b, cluster.gpus_per_node)):
                                     config = ParallelConfig(
                                         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp,
                                         zero_stage=zero, micro_batch=mbs,
                                         global_batch=global_batch, seq_len=seq_len,
                                         virtual_stages=v, dtype=dtype, dp_shard=shard,
-                                        pipeline_schedule=schedule)
+                                        pipeline_schedule=schedule, hpz=hpz)
                                     try:
                                         config.validate(model, cluster)
                                     except PlannerError:

@@ -263,12 +263,12 @@ class StageModel:
         def intercept(t: ConfigTerms, names: tuple[str, ...]) -> float:
             return sum(ct(t, name).intercept_s for name in names)
 
-        def charged(slope, dense, expert, factor=1.0, share=1.0):
+        def charged(slope, dense, expert, factor=1.0, expert_share=1.0):
             """A stage's collective ticks: slope terms + each group's latency intercept
-            (``share`` of it: the forward's half of a ZeRO-3 gather)."""
+            (``expert_share`` of the experts': the forward's half of a ZeRO-3 gather)."""
             out = self.time(i, slope, factor)
-            out += self.pool_const(i, lambda t: intercept(t, dense) * share, factor)
-            return out + self.gated(i, [self.ticks(intercept(t, expert) * share * factor)
+            out += self.pool_const(i, lambda t: intercept(t, dense), factor)
+            return out + self.gated(i, [self.ticks(intercept(t, expert) * expert_share * factor)
                                         for t in inner], has_expert, f"he_{slope[0]}")
 
         # (M) memory of stage i against its pool's capacity
@@ -319,8 +319,8 @@ class StageModel:
             # backward + recompute, one layer's edge; x (1 - kappa), plus kappa x the traffic
             keep = (1.0 - kappa) * f
             total = charged(("zero_traffic_s",), zero_dense, zero_expert, keep)
-            fwd = charged(("zero_fwd_traffic_s",), ("zero_gather_dense",),
-                          ("zero_gather_expert",), keep, share=0.5)
+            fwd = charged(("zero_fwd_traffic_s",), ("zero_gather_fwd_dense",),
+                          ("zero_gather_expert",), keep, expert_share=0.5)
             e_f = M.new_int_var(0, BIG, f"e_fwd[{i}]")
             M.add(e_f >= fwd - self.time(i, ("fwd_s",), keep))
             e_b = M.new_int_var(0, BIG, f"e_bwd[{i}]")

@@ -99,6 +99,14 @@ def write_section(lines: list[str], begin: str = BEGIN, end: str = END,
     DOC.write_text(text, encoding="utf-8")
 
 
+def gain_rows(case: Case, runs: list[tuple[str, dict]], cells) -> list[str]:
+    """One table row per (label, run) of ``case``: the solve columns, ``cells(run)`` (the plan
+    and its numbers) and the step-time gain over the first run (bench/hpz.py shares it)."""
+    base = runs[0][1]["step_s"]
+    return [f"| {case.name} | {label} | {r['wall_s']:.1f} | {r['status']} | {r['solved']} | "
+            f"{cells(r)} | {base / r['step_s'] - 1:+.1%} |" for label, r in runs]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -117,15 +125,13 @@ def main() -> int:
     for line in lines:
         print(line)
     for case in cases:
-        before = run(case, CLASSIC)
-        after = run(case, None)
-        for label, r in (("1F1B, interleaved", before), ("all torchtitan", after)):
-            gain = before["step_s"] / r["step_s"] - 1
-            lines.append(f"| {case.name} | {label} | {r['wall_s']:.1f} | {r['status']} | "
-                         f"{r['solved']} | {r['plan']} | {r['step_s']:.3f} | "
-                         f"{r['bubble_s']:.3f} | {r['peak_gib']:.1f} | {r['mfu']:.1%} | "
-                         f"{gain:+.1%} |")
-            print(lines[-1], flush=True)
+        for line in gain_rows(case, [("1F1B, interleaved", run(case, CLASSIC)),
+                                     ("all torchtitan", run(case, None))],
+                              lambda r: (f"{r['plan']} | {r['step_s']:.3f} | "
+                                         f"{r['bubble_s']:.3f} | {r['peak_gib']:.1f} | "
+                                         f"{r['mfu']:.1%}")):
+            lines.append(line)
+            print(line, flush=True)
     if not args.quick:
         write_section(lines)
         print(f"wrote {DOC}")

@@ -2,6 +2,7 @@
 published step time is read the documented way."""
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -20,15 +21,19 @@ def result():
 
 
 def test_data_is_the_calibration_file():
-    data = yaml.safe_load(moe_accuracy.DATA.read_text())
+    data = yaml.load(moe_accuracy.DATA.read_text(), Loader=moe_accuracy._LOADER)
     assert data["schema_version"] == 1 and len(data["entries"]) == 58
+    assert moe_accuracy.entries() == tuple(data["entries"])
 
 
 def test_every_entry_is_evaluated(result):
     rows, skipped = result
     assert len(rows) == 58 and not skipped  # GB300 has its preset (dgx-gb300-nvl72)
-    for entry in yaml.safe_load(moe_accuracy.DATA.read_text())["entries"]:
-        moe_accuracy.build_model(entry)  # raises on a shape mismatch with the preset
+    # every row came through build_model, which raises on a shape mismatch with the preset:
+    entry = copy.deepcopy(moe_accuracy.entries()[0])
+    entry["model"]["layers"] += 1
+    with pytest.raises(ValueError, match="preset deepseek-v3 has"):
+        moe_accuracy.build_model(entry)
 
 
 def test_published_times_follow_the_file(result):
@@ -68,7 +73,7 @@ def test_token_dropping_run_has_no_read_back(result):
 def test_full_iteration_cuda_graphs_follow_the_recipes():
     """Megatron-Bridge captured the whole iteration for the MXFP8 Qwen3 / DeepSeek-V3 recipes
     on GB200 / GB300 / B300 from the 26.06 container on (DeepSeek-V3 B300: later)."""
-    entries = {e["id"]: e for e in yaml.safe_load(moe_accuracy.DATA.read_text())["entries"]}
+    entries = {e["id"]: e for e in moe_accuracy.entries()}
     graph = {i: moe_accuracy.cuda_graph_of(e) for i, e in entries.items()}
     assert graph["mbridge-26.06-Qwen3-30B-A3B-GB200-8gpu-mxfp8"] == "full_iteration"
     assert graph["mbridge-26.08-DeepSeek-V3-GB300-256gpu-mxfp8"] == "full_iteration"

@@ -56,7 +56,7 @@ from planner.calibration.apply import calibrated_options  # noqa: E402
 from planner.calibration.store import shipped  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.profiles import profile_for_framework  # noqa: E402
-from planner.moe import MoeOptions  # noqa: E402
+from planner.moe import DEFAULT_A2A_OVERLAP, EP_COMM_OVERLAP, MoeOptions  # noqa: E402
 from planner.solve.search import uniform_placement  # noqa: E402
 from planner.ir import LayerKind  # noqa: E402
 from planner.strategy import LayerOption, LayerPlacement, Recompute, uniform  # noqa: E402
@@ -224,13 +224,14 @@ FULL_ITERATION_RECIPES = (
 )
 
 
-def container_of(entry: dict) -> tuple[int, int] | None:
-    """The NeMo container release of a Megatron-Bridge entry: ``(26, 6)`` for 26.06.01."""
+def container_of(entry: dict) -> tuple[int, int, int] | None:
+    """The NeMo container release of a Megatron-Bridge entry: ``(26, 6, 1)`` for 26.06.01,
+    ``(26, 6, 0)`` for 26.06."""
     framework = entry["training"].get("framework") or ""
-    match = re.search(r"NeMo (\d+)\.(\d+)", framework)
+    match = re.search(r"NeMo (\d+)\.(\d+)(?:\.(\d+))?", framework)
     if match is None or "megatron-bridge" not in framework.lower():
         return None
-    return int(match.group(1)), int(match.group(2))
+    return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
 
 
 def cuda_graph_of(entry: dict) -> str:
@@ -245,6 +246,44 @@ def cuda_graph_of(entry: dict) -> str:
                 and precision.startswith(dtype) and release >= first:
             return "full_iteration"
     return "none"
+
+
+# Megatron-Bridge perf recipes with Megatron-Core's EP communication overlap
+# (``moe_a2a_overlap = True`` -> ``--overlap-moe-expert-parallel-comm``), read from the history
+# of ``scripts/performance/configs/{deepseek,qwen}/*workload_base_configs.py``:
+# (model preset, systems, precision prefix or "" for any, first container, last container):
+# Qwen3-30B-A3B H100 (BF16 and FP8-CS; #1348 2025-11-21 until #2477 2026-02-23, which moved the
+# recipe to pp1 ep16 without it: the 26.02.01 run still has the pp2 vp12 layout); DeepSeek-V3
+# B200 MXFP8 with the pp8 vp2 ep32 layout (#3368, 2026-04-18: the 26.04.01 run); DeepSeek-V3
+# GB200 / GB300 MXFP8 (#4226, #3983) and Qwen3 GB200 / GB300 / B300 MXFP8 (#4211) with the
+# full-iteration CUDA graphs from 26.06; DeepSeek-V3 B300 MXFP8 (#4458, after 26.06).
+A2A_OVERLAP_RECIPES = (
+    ("qwen3-30b-a3b", ("DGX-H100",), "", (25, 11, 0), (26, 2, 1)),
+    ("deepseek-v3", ("DGX-B200",), "MXFP8", (26, 4, 1), (99, 0, 0)),
+    ("deepseek-v3", ("DGX-GB200", "DGX-GB300"), "MXFP8", (26, 6, 0), (99, 0, 0)),
+    ("deepseek-v3", ("DGX-B300",), "MXFP8", (26, 8, 0), (99, 0, 0)),
+    ("qwen3-30b-a3b", ("DGX-GB200", "DGX-GB300", "DGX-B300"), "MXFP8", (26, 6, 0), (99, 0, 0)),
+    ("qwen3-235b-a22b", ("DGX-GB200", "DGX-GB300", "DGX-B300"), "MXFP8", (26, 6, 0),
+     (99, 0, 0)),
+)
+
+
+def ep_comm_overlap_of(entry: dict) -> bool:
+    """Whether the entry's recipe enables Megatron-Core's EP communication overlap
+    (:data:`A2A_OVERLAP_RECIPES`)."""
+    release = container_of(entry)
+    if release is None:
+        return False
+    precision = (entry["training"].get("precision") or "").upper()
+    return any(preset_of(entry) == model and entry["cluster"]["system"] in systems
+               and precision.startswith(dtype) and first <= release <= last
+               for model, systems, dtype, first, last in A2A_OVERLAP_RECIPES)
+
+
+def a2a_overlap_of(entry: dict) -> float:
+    """The all-to-all fraction the entry's runtime hides: :data:`planner.moe.EP_COMM_OVERLAP`
+    under the recipe's EP communication overlap, else the runtimes' default."""
+    return EP_COMM_OVERLAP if ep_comm_overlap_of(entry) else DEFAULT_A2A_OVERLAP
 
 
 def cross_entropy_of(entry: dict) -> str:
@@ -277,6 +316,7 @@ def options_of(entry: dict) -> RuntimeOptions:
                              cross_entropy=cross_entropy_of(entry),
                              moe=MoeOptions(capacity_factor=capacity,
                                             dispatcher=dispatcher_of(entry),
+                                            a2a_overlap=a2a_overlap_of(entry),
                                             cuda_graph=cuda_graph_of(entry)))
     profile = shipped()
     if profile is None:
@@ -375,9 +415,12 @@ def row_for(entry: dict) -> Row:
                source, ev.fits, ev.peak_memory_bytes / 2**30)
 
 
-def run() -> tuple[list[Row], list[tuple[str, str]]]:
+def run(keep=None) -> tuple[list[Row], list[tuple[str, str]]]:
+    """Rows of the entries ``keep`` accepts (all by default) and the skipped ones."""
     rows, skipped = [], []
     for entry in entries():
+        if keep is not None and not keep(entry):
+            continue
         try:
             rows.append(row_for(entry))
         except LookupError as error:
@@ -400,6 +443,24 @@ def summary(rows: list[Row]) -> dict[str, Any]:
     }
 
 
+def regime_of(entry: dict) -> str:
+    """The regime a run's errors are reported by: its model and whether its runtime issues the
+    experts from the host (eager) or replays a full-iteration CUDA graph."""
+    graph = "full-iteration graph" if cuda_graph_of(entry) == "full_iteration" else "eager"
+    return f"{preset_of(entry)}, {graph}"
+
+
+def regime_bias(rows: list[Row]) -> list[tuple[str, int, float, float]]:
+    """(regime, runs, signed median, median |error|) of the evaluated runs, by regime."""
+    by_id = {e["id"]: e for e in entries()}
+    groups: dict[str, list[float]] = {}
+    for r in rows:
+        if r.time_error is not None and r.id in by_id:
+            groups.setdefault(regime_of(by_id[r.id]), []).append(r.time_error)
+    return [(name, len(errs), statistics.median(errs), statistics.median(abs(e) for e in errs))
+            for name, errs in sorted(groups.items())]
+
+
 def _pct(value: float | None) -> str:
     return "" if value is None else f"{value:+.1%}"
 
@@ -417,6 +478,15 @@ def render(rows: list[Row], skipped: list[tuple[str, str]]) -> str:
         f"{TIME_MAX_TARGET:.0%})",
         f"- predicted to fit: {s['fit_ok']}/{s['fit_n']} of the runs that ran (target: all)",
         f"- rejected by the model as invalid: {s['rejected']} of {s['n']} evaluated entries",
+        "",
+        "Signed bias by regime (median signed error; + = predicted slower than measured):",
+        "",
+        "| regime | runs | signed median | median abs |",
+        "|---|---:|---:|---:|",
+    ]
+    lines += [f"| {name} | {n} | {signed:+.1%} | {absolute:.1%} |"
+              for name, n, signed, absolute in regime_bias(rows)]
+    lines += [
         "",
         "| entry | config | published s | source | predicted s | error | peak GiB | fits |",
         "|---|---|---:|---|---:|---:|---:|---|",

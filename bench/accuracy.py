@@ -66,7 +66,7 @@ deep PP +0.8 %, PP +1.3 %, CP -2.4 %; by runtime: torchtitan -38.8 %, fsdp -9.6 
 (70 %, counting pairs of identical configurations)."""
 
 # The same scripts at the end of the second session of issue 10 (commit 3b267eb), for the
-# before -> after of the third (docs/accuracy.md, "This session").
+# before -> after of the third (docs/accuracy.md, "Since session 3 began").
 SESSION_BEFORE = {"time median": "3.2%", "time max": "29.2%", "time bias": "+0.9%",
                   "torchtitan bias": "-0.7%", "TP-heavy bias": "+1.5%", "memory median": "3.0%",
                   "fit verdicts": "92/94", "coverage time / memory": "76% / 75%",
@@ -154,7 +154,10 @@ MISSES = """\
   BF16_Optimizer keeps one flat fp32 gradient buffer (no per-tensor buckets), its bucketed
   all-reduce (5e8 elements) runs after the pipeline flush when activations are freed, and the
   updated bf16 partitions are gathered in place. Nothing physical separates the pair in these
-  terms; not special-cased.
+  terms; not special-cased. With the memory bands (what ``check`` reports) the 184B run is
+  "fits only at the optimistic end" (78.7 GiB, 80 % band 75.2-84.5, capacity 80), as are the
+  three MPT runs that ran at 99-100 % of HBM: only the 206B verdict is wrong at every
+  quantile.
 * Rank agreement (all pairs) stops short of 90 %: every misordered pair is in the BLOOM-prequel
   sweep, whose own repeats of one configuration differ by up to 6 %. 36 of the 46 pairs trade
   pipeline depth against data parallelism (pp 12 dp 4 measured faster than pp 2-6 with dp
@@ -409,6 +412,35 @@ def misordered_by_cause(rows: list[Row]) -> list[tuple[str, str, int, int]]:
                   key=lambda x: (-x[2], x[0], x[1]))
 
 
+def check_verdicts(rows: list[Row]) -> dict[tuple[bool, str], list[str]]:
+    """``check``'s band-aware memory verdict (planner/check.py ``memory_verdict``: "fits",
+    "fits only at the optimistic end", "does not fit") of every judged run, by (went out of
+    memory, verdict): a run at the edge of HBM is flagged in both directions."""
+    from planner.check import memory_verdict
+    out: dict[tuple[bool, str], list[str]] = {}
+    for r in rows:
+        if r.fit_ok is None:
+            continue
+        verdict = memory_verdict(r.pred.evaluation, 0.5)
+        if verdict is not None:
+            out.setdefault((r.run.measured.oom, verdict[0]), []).append(r.id)
+    return out
+
+
+def _check_verdict_line(rows: list[Row]) -> str:
+    v = check_verdicts(rows)
+    if not v:
+        return ""
+    def tally(oom: bool) -> str:
+        return ", ".join(f'{len(v[(oom, t)])} "{t}"' for t in
+                         ("fits", "fits only at the optimistic end", "does not fit")
+                         if v.get((oom, t)))
+    n_oom = sum(len(ids) for (oom, _), ids in v.items() if oom)
+    n_ran = sum(len(ids) for (oom, _), ids in v.items() if not oom)
+    return (f"- with the memory bands (`check`'s verdict; not a target): of the {n_oom} runs "
+            f"that went out of memory {tally(True)}; of the {n_ran} that ran {tally(False)}")
+
+
 def targets_missed(rows: list[Row]) -> list[str]:
     s = stats(rows)
     missed = []
@@ -472,7 +504,7 @@ def _cov(v: float | None, n: int) -> str:
 
 
 def _holdout_now() -> dict[str, str]:
-    """The held-out rows of the "This session" table (bench/data/holdout.json)."""
+    """The held-out rows of the "Since session 3 began" table (bench/data/holdout.json)."""
     path = DATA / "holdout.json"
     if not path.exists():
         return {}
@@ -502,6 +534,35 @@ def held_out_rows(rows: list[Row], data: dict) -> list[Row]:
         pred = replace(row.pred, step_time_s=row.run.measured.step_time_s * (1 + e))
         out.append(Row(row.file, row.run, pred))
     return out
+
+
+HELD_OUT_MEDIAN_TARGET = 0.10
+HELD_OUT_MAX_TARGET = 0.30
+
+
+def held_out_targets_missed(rows: list[Row]) -> list[str]:
+    """The targets on runs not in the files (issue 10), judged on the leave-one-source-out
+    estimate (bench/data/holdout.json): median <= 10 %, max <= 30 %, rank agreement >= 90 %,
+    no run that ran predicted not to fit."""
+    path = DATA / "holdout.json"
+    if not path.exists():
+        return []
+    h = json.loads(path.read_text())["summary"]
+    missed = []
+    if h["time_median"] > HELD_OUT_MEDIAN_TARGET:
+        missed.append(f"held out: step-time median {h['time_median']:.1%} > "
+                      f"{HELD_OUT_MEDIAN_TARGET:.0%}")
+    if h["time_max"] > HELD_OUT_MAX_TARGET:
+        missed.append(f"held out: step-time max {h['time_max']:.1%} > "
+                      f"{HELD_OUT_MAX_TARGET:.0%}")
+    if h["pairs"] and h["agree"] / h["pairs"] < RANK_TARGET:
+        missed.append(f"held out: rank agreement {h['agree']}/{h['pairs']} "
+                      f"({h['agree'] / h['pairs']:.0%}) < {RANK_TARGET:.0%}")
+    oom = {r.id for r in rows if r.run.measured.oom}
+    ran = [i for i in h["wrong_verdicts"] if i not in oom]
+    if ran:
+        missed.append(f"held out: runs that ran predicted not to fit: {', '.join(ran)}")
+    return missed
 
 
 def _held_out_max_published(rows: list[Row], data: dict) -> str:
@@ -655,6 +716,7 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
         f"{MEMORY_MEDIAN_TARGET:.0%})",
         f"- fit verdicts: {s['fit_ok']}/{s['fit_n']} right (runs whose recomputation is not "
         f"published are not judged: it is inferred from fitting)",
+        _check_verdict_line(rows),
         f"- band coverage (80 % nominal): step time {_cov(s['time_coverage'], s['time_coverage_n'])}"
         f", memory {_cov(s['memory_coverage'], s['memory_coverage_n'])} (target 70-90 %)",
     ]
@@ -673,9 +735,11 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
                      f"run-to-run noise (the largest gap between two of its runs of one "
                      f"configuration): {nagree}/{npairs} ({nagree / npairs:.0%})")
     missed = targets_missed(rows)
-    lines += ["", "Targets missed:" if missed else "All targets met.", ""]
-    lines += [f"- {m}" for m in missed]
-    lines += ["", f"## This session (before: commit {SESSION_BEFORE_COMMIT}, the same scripts)", "",
+    held = held_out_targets_missed(rows)
+    lines += ["", "Targets missed:" if missed or held else "All targets met.", ""]
+    lines += [f"- {m}" for m in missed + held]
+    lines += ["", f"## Since session 3 began (before: commit {SESSION_BEFORE_COMMIT}, the same "
+              "scripts; session 4 changed the report, not the terms or the constants)", "",
               "| measure | before | after |", "|---|---:|---:|"]
     bias = {k: st["time_bias"] for k, st in by_label(rows, lambda r: r.run.regime.runtime).items()}
     tp = by_label(rows, lambda r: r.run.regime.parallelism).get("tp", {}).get("time_bias")
@@ -692,7 +756,7 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
               "entry is special-cased): see \"Causes fixed\" below.", ""]
     lines += ["## Causes fixed", "", CAUSES]
     lines += holdout_section(rows)
-    lines += unknown_fields.section(micro_batch_bands or [])
+    lines += unknown_fields.section(micro_batch_bands or [], unknown_fields.assumption_counts(rows))
     lines += ["", "## Before this issue", "", BEFORE]
     if missed:
         lines += ["", "## Why the misses", "", MISSES]

@@ -83,8 +83,29 @@ def _at(errors: dict[int, float]) -> str:
     return ", ".join(f"{b}: {e:+.1%}" for b, e in sorted(errors.items()))
 
 
-def section(bands: list[dict[str, Any]]) -> list[str]:
-    """The docs/accuracy.md section: how an unknown micro-batch is treated, and the band."""
+# How run_of fills the other unpublished fields (the assumption's text -> the rule).
+RULES = (
+    ("sp on", "sequence parallelism: on when tp > 1 and the runtime has it"),
+    ("zero 1", "ZeRO stage: 1 (distributed optimizer) for Megatron, 0 for the others"),
+    ("no interleaving", "virtual pipeline stages: 1 (no interleaving)"),
+    ("no recompute", "recomputation: none, or the least that fits when none does (the run ran); "
+                     "such a run's fit verdict is not judged"),
+)
+
+
+def assumption_counts(rows) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        for text in row.run.assumptions:
+            key = text.split(" (")[0]
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def section(bands: list[dict[str, Any]], counts: dict[str, int] | None = None) -> list[str]:
+    """The docs/accuracy.md section: how an unknown micro-batch is treated, and the band;
+    ``counts``: how many runs carry each assumption (:func:`assumption_counts`)."""
+    counts = counts or {}
     if not bands:
         return []
     worst = max(bands, key=lambda b: abs(b["in_sample"][b["assumed"]]))
@@ -106,6 +127,10 @@ def section(bands: list[dict[str, Any]]) -> list[str]:
         lines.append(f"- held out (its source's fold constants): {worst_held['id']} "
                      f"{e[worst_held['assumed']]:+.1%} at the assumption; over its plausible "
                      f"micro-batches ({_at(e)}) {_span(e)}")
+    lines += ["", "The other fields an entry may leave out are set by fixed rules, each stated "
+              "in the run's assumptions (planner/calibration/runs.py ``run_of``; counts over "
+              "the evaluated runs):", ""]
+    lines += [f"- {text}: {counts.get(key, 0)} runs" for key, text in RULES]
     lines += ["", "| entry | assumed | plausible micro-batches: error in-sample | span "
               "| held out | span |", "|---|---:|---|---|---|---|"]
     for b in bands:

@@ -178,16 +178,18 @@ def fitting_time_lower_bound(p: StageProblem) -> float:
             if x.state_bytes > 0:
                 refs.append((x.state_bytes, x.act_stored_bytes))
     ends = {min(f), max(f)}
+    # per group: its count, the stages' in-flight counts it may see, and per option its
+    # linear cost, state bytes and stored activation bytes (read once, for every weight)
+    rows = [(n, ends if where is None else (f[where],),
+             [(a * x.time_s + x.optimizer_s / pp, x.state_bytes, x.act_stored_bytes)
+              for x in costs]) for n, costs, where in groups]
     best = 0.0
     for rs, ra in refs:
-        def weighted(x, fi: float) -> float:
-            return (x.state_bytes + alpha * fi * x.act_stored_bytes) / (rs + alpha * fi * ra)
-
         items = []
-        for n, costs, where in groups:
-            at = ends if where is None else (f[where],)
-            items.append((n, [(a * x.time_s + x.optimizer_s / pp,
-                               min(weighted(x, fi) for fi in at)) for x in costs]))
+        for n, at, options in rows:
+            scale = [(alpha * fi, rs + alpha * fi * ra) for fi in at]
+            items.append((n, [(cost, min((s + af * st) / w for af, w in scale))
+                              for cost, s, st in options]))
         best = max(best, _knapsack_lp(items, sum(room / (rs + alpha * fi * ra) for fi in f)))
         if best == float("inf"):
             break

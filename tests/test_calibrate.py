@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.calibration.constants import Constants  # noqa: E402
 from planner.calibration.predict import predict  # noqa: E402
-from clusters.calibration_runs import load_runs  # noqa: E402
+from clusters.calibration_runs import load_runs, read_runs  # noqa: E402
 from planner.calibration.store import load, parse  # noqa: E402
 from planner.calibration.user import calibrate_runs  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
@@ -23,11 +23,21 @@ from planner.errors import PlannerError  # noqa: E402
 MODERN = ROOT / "bench" / "data" / "modern_runs.yaml"
 
 
-def _mpt_runs():
-    entries = [e for e in yaml.safe_load(MODERN.read_text())["entries"]
-               if e["id"].startswith("mpt-")]
-    runs, _ = load_runs(entries)
+@pytest.fixture(scope="module")
+def mpt_runs():
+    """The llm-foundry MPT runs of modern_runs.yaml (all FSDP1), read once for the module."""
+    entries, _ = read_runs(MODERN)
+    runs, _ = load_runs([e for e in entries if e["id"].startswith("mpt-")])
     return runs
+
+
+@pytest.fixture(scope="module")
+def half_fit(mpt_runs):
+    """The fsdp constants fitted on every other MPT run, from the uncalibrated preset values
+    (20 model evaluations: the fit has converged to within a percent of its 40-evaluation
+    result by then)."""
+    train = mpt_runs[0::2]
+    return calibrate_runs(train, "fsdp", Constants(), max_evaluations=20, leave_one_out=False)
 
 
 def _median_error(runs, constants):
@@ -35,23 +45,21 @@ def _median_error(runs, constants):
                              for r in runs)
 
 
-def test_fit_on_half_a_file_improves_the_other_half():
-    runs = _mpt_runs()
-    assert len(runs) >= 20
-    train, held_out = runs[0::2], runs[1::2]
+def test_fit_on_half_a_file_improves_the_other_half(mpt_runs, half_fit):
+    assert len(mpt_runs) >= 20
+    held_out = mpt_runs[1::2]
     start = Constants()  # the uncalibrated preset values
-    report = calibrate_runs(train, "fsdp", start, max_evaluations=40, leave_one_out=False)
+    report = half_fit
     before = _median_error(held_out, start)
     after = _median_error(held_out, report.profile.constants)
-    assert after < 0.9 * before, (before, after)
+    assert after < 0.8 * before, (before, after)  # 6.7 % -> 4.4 % today
     # only what the runs inform moved: no Blackwell run, so its efficiency is untouched
     assert report.profile.constants.get("matmul_efficiency.blackwell") == \
         start.get("matmul_efficiency.blackwell")
 
 
-def test_profile_file_round_trips_and_refuses_bad_values(tmp_path):
-    runs = _mpt_runs()[:4]
-    report = calibrate_runs(runs, "fsdp", Constants(), max_evaluations=10, leave_one_out=False)
+def test_profile_file_round_trips_and_refuses_bad_values(tmp_path, half_fit):
+    report = half_fit
     from planner.calibration.store import dump
     path = tmp_path / "profile.yaml"
     path.write_text(dump(report.profile))
@@ -71,8 +79,7 @@ def test_profile_file_round_trips_and_refuses_bad_values(tmp_path):
 
 def test_cli_calibrate_writes_the_profile(tmp_path, capsys):
     from cli.main import main
-    entries = [e for e in yaml.safe_load(MODERN.read_text())["entries"]
-               if e["id"].startswith("mpt-7b")]
+    entries = [e for e in read_runs(MODERN)[0] if e["id"].startswith("mpt-7b")]
     runs_file = tmp_path / "runs.yaml"
     runs_file.write_text(yaml.safe_dump({"schema_version": 1, "entries": entries}))
     out = tmp_path / "fsdp.yaml"
@@ -118,12 +125,12 @@ def test_prior_rows_pull_toward_the_start_and_ties_toward_their_mean():
         + [TIE_WEIGHT * (0.003 - mean_shift) / half])
 
 
-def test_a_run_depends_only_on_the_constants_that_reach_its_options():
+def test_a_run_depends_only_on_the_constants_that_reach_its_options(mpt_runs):
     """The fit's grouped finite differences skip a constant for a run when the constant does
     not change the run's options; then it must not change its residuals either."""
     from planner.calibration.constants import PARAMS
     from planner.calibration.fit import depends, run_residuals
-    runs = _mpt_runs()[:2]
+    runs = mpt_runs[:2]
     start = Constants()
     for run in runs:
         base = run_residuals(run, start)

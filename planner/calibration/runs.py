@@ -93,6 +93,11 @@ class CalibrationRun:
         return self.config.global_batch * self.config.seq_len
 
 
+# An entry without ``training.micro_batch`` is evaluated at micro-batch 1 and says so; the
+# accuracy report adds the error over the other plausible sizes (bench/unknown_fields.py).
+ASSUMED_MICRO_BATCH = "micro-batch 1"
+
+
 def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
@@ -239,7 +244,7 @@ def run_of(entry: Mapping[str, Any], model: ModelGraph, cluster: Cluster) -> Cal
     micro = t.get("micro_batch")
     if micro is None:
         micro = 1
-        assumptions.append("micro-batch 1")
+        assumptions.append(ASSUMED_MICRO_BATCH)
     sp = t.get("sp")
     if sp is None:
         sp = tp > 1 and prof.sp != "none"

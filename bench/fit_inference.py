@@ -86,8 +86,10 @@ def residuals(values: dict, metrics) -> np.ndarray:
             continue  # not modelled (degrees the runtimes refuse): not a residual
         for metric in metrics:
             measured = row.case.measured.get(metric)
-            if not measured or (metric == "tpot_ms" and row.below_floor()):
-                continue  # a TPOT below the physical floor is not of the stated model
+            if not measured or (metric == "tpot_ms" and (
+                    row.below_floor() or row.speculation_unknown())):
+                continue  # a TPOT below the physical floor, or of a run that may have
+                # drafted tokens, is not one of the stated model without speculation
             predicted = row.predicted(metric)
             out.append(MISSING_PENALTY if predicted is None or predicted <= 0 else
                        math.log(predicted / measured))

@@ -63,6 +63,7 @@ class Case:
     derived_tokens_per_s_per_gpu: float | None
     group: tuple  # same model, GPU type, framework, precision, isl/osl
     regime: str  # offline | aggregated | disaggregated
+    speculative: str | None = None  # serving.speculative_decoding as stated (None: not stated)
 
 
 @lru_cache(maxsize=1)
@@ -214,7 +215,7 @@ def case(entry: dict) -> Case:
     group = (entry["model"]["name"], entry["cluster"]["gpu"], entry["framework"]["name"],
              str(entry["framework"].get("version")), dtype, w["isl"], w["osl"])
     return Case(entry["id"], model, cluster, workload, config, rt.name,
-                measured, derived, group, regime)
+                measured, derived, group, regime, s.get("speculative_decoding"))
 
 
 @lru_cache(maxsize=1)

@@ -29,6 +29,11 @@ def _worker_deepspeed(cases: list[dict]) -> list[dict]:
     from deepspeed.runtime.pipe.topology import (PipelineParallelGrid,
                                                  PipeModelDataParallelTopology)
 
+    # the parser needs no collective kernel: on a CPU machine DeepSpeed's backend would first
+    # JIT-compile its shared-memory all-reduce op with g++ (minutes on 2 cores). The module is
+    # taken from sys.modules: the package's attribute ``torch`` is PyTorch itself.
+    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
+
     class Mpu:  # what the export's note asks the user to pass as ``mpu``
         def __init__(self, dp: int) -> None:
             self.dp = dp

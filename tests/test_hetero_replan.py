@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -171,10 +172,13 @@ def test_replan_of_gpt3_175b_on_1024_gpus_is_fast(tmp_path):
     path = plan_file(tmp_path, model="gpt3-175b", nodes=128, tp=8, pp=8, dp=16,
                      global_batch=1536)
     old = Plan.load(path)
+    # CPU time, not wall: the replan is single-threaded (one CP-SAT worker), and wall time on a
+    # shared 2-core CI machine measures the neighbours; the deadline still bounds the wall
+    cpu_start = time.process_time()
     with deadline(30):
         r = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
                    failed=[517], max_moved_layers=4, allow_batch_change=True)
-    assert r.wall_s < 5.0
+    assert time.process_time() - cpu_start < 5.0
     assert r.chosen.moved_layers <= 4 and r.chosen.config.dp == 15
     assert r.chosen.moved_state_bytes / GIB > 0
     assert 0 < r.throughput_loss_pct < 10

@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -267,15 +268,20 @@ def _shardplan(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
+def _side_by_side(*argvs: tuple[str, ...], cwd: Path) -> list[subprocess.CompletedProcess]:
+    """The commands in separate processes at the same time (each its own hash seed)."""
+    with ThreadPoolExecutor(max_workers=len(argvs)) as pool:
+        return list(pool.map(lambda argv: _shardplan(*argv, cwd=cwd), argvs))
+
+
 @pytest.fixture(scope="module")
 def two_plans(inputs) -> tuple[bytes, bytes]:
-    texts = []
-    for name in ("plan-a.json", "plan-b.json"):
+    names = ("plan-a.json", "plan-b.json")
+    for name in names:
         (inputs / name).unlink(missing_ok=True)
-        done = _shardplan(*SMALL_PLAN, "-o", name, cwd=inputs)
+    for done in _side_by_side(*((*SMALL_PLAN, "-o", name) for name in names), cwd=inputs):
         assert done.returncode == 0, done.stderr
-        texts.append((inputs / name).read_bytes())
-    return texts[0], texts[1]
+    return tuple((inputs / name).read_bytes() for name in names)
 
 
 def test_plan_file_bytes_are_identical(two_plans):
@@ -286,7 +292,7 @@ def test_plan_file_bytes_are_identical(two_plans):
 def test_a_work_limited_search_is_byte_identical(inputs):
     """--work-limit is the deterministic budget: the same plan in separate processes."""
     argv = (*SMALL_PLAN, "--work-limit", "2", "--json")  # 3 configurations when complete
-    first, second = (_shardplan(*argv, cwd=inputs) for _ in range(2))
+    first, second = _side_by_side(argv, argv, cwd=inputs)
     assert first.returncode == second.returncode == 0, first.stderr
     assert first.stdout == second.stdout
     solver = json.loads(first.stdout)["solver"]
@@ -318,7 +324,7 @@ def test_plan_holds_no_timestamps(two_plans):
 def test_evaluate_json_is_byte_identical_across_processes(inputs):
     argv = ("evaluate", "-m", "tiny", "-c", "small-cluster.yaml", "--global-batch", "8", "--tp",
             "2", "--pp", "2", "--json")
-    first, second = (_shardplan(*argv, cwd=inputs) for _ in range(2))
+    first, second = _side_by_side(argv, argv, cwd=inputs)
     assert first.returncode == second.returncode == 0, first.stderr
     assert first.stdout == second.stdout
     json.loads(first.stdout)

@@ -339,8 +339,10 @@ def test_signals_at_random_moments_keep_every_promise(inputs, tmp_path):
     """SIGINT or SIGTERM at seeded random moments of a ~10 s plan (start-up, loading, between
     and inside solves, the write): the exit code says which, stderr has one error line, the old
     file is intact and no temporary file is left; or, if the plan was committed first, exit 0
-    and a complete plan."""
+    and a complete plan. The five runs go side by side, each signalled at its own moment after
+    its handlers are installed."""
     rng = random.Random(16)
+    runs = []
     for trial in range(5):
         folder = tmp_path / f"run{trial}"
         folder.mkdir()
@@ -349,9 +351,15 @@ def test_signals_at_random_moments_keep_every_promise(inputs, tmp_path):
         signum = rng.choice([signal.SIGINT, signal.SIGTERM])
         proc = child(*LONG_PLAN, "-o", str(target), "--force", cwd=inputs,
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        runs.append((trial, folder, target, signum, proc, rng.uniform(0.0, 6.0)))
+    moments = []
+    for trial, folder, target, signum, proc, delay_s in runs:
         wait_for_handlers(proc)  # then a random moment of the command's own work
-        time.sleep(rng.uniform(0.0, 6.0))
-        proc.send_signal(signum)
+        moments.append((time.monotonic() + delay_s, trial))
+    for moment, trial in sorted(moments):
+        time.sleep(max(0.0, moment - time.monotonic()))
+        runs[trial][4].send_signal(runs[trial][3])
+    for trial, folder, target, signum, proc, _ in runs:
         out, err = proc.communicate(timeout=120)
         assert _listing(folder) == ["plan.json"], (trial, err)
         if proc.returncode == 0:

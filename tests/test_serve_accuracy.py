@@ -15,7 +15,7 @@ import inference  # noqa: E402
 
 @pytest.fixture(scope="module")
 def rows():
-    return inference.evaluate_all()
+    return inference.evaluate_all(readings=True)
 
 
 @pytest.fixture(scope="module")
@@ -33,21 +33,33 @@ def test_throughput_per_gpu_meets_target(summary):
 
 
 def test_latency_errors_do_not_regress(summary):
-    # Targets 15 % (TPOT) and 20 % (TTFT) are not met; these bounds guard today's level.
+    # Targets 15 % (TPOT) and 20 % (TTFT) are not met over every row; these bounds guard
+    # today's level (docs/inference.md: the DeepSeek rows that do not state MTP dominate TPOT).
     assert summary["tpot_ms"]["n"] >= 40 and summary["ttft_ms"]["n"] >= 40
-    assert summary["tpot_ms"]["median_abs"] <= 0.40
-    assert summary["ttft_ms"]["median_abs"] <= 0.37
+    assert summary["tpot_ms"]["median_abs"] <= 0.42
+    assert summary["ttft_ms"]["median_abs"] <= 0.35
     # aggregated TPOT (where the runs' configuration is fully known) is unbiased
     assert abs(summary["tpot_ms"]["bias"]["aggregated"]) <= 0.10
 
 
-def test_tpot_without_rows_below_the_physical_floor(summary):
-    # rows whose measured TPOT is below the bytes-at-full-bandwidth floor of the stated
-    # configuration (MTP not stated, or KV the GPUs cannot hold) are reported apart
-    m = summary[inference.ABOVE_FLOOR]
-    assert 1 <= m["below"] <= 12 and m["n"] + m["below"] >= summary["tpot_ms"]["n"]
-    assert m["median_abs"] < summary["tpot_ms"]["median_abs"]
-    assert m["median_abs"] <= 0.30
+def test_tpot_of_rows_whose_decoding_is_known_meets_target(summary):
+    m = summary[inference.KNOWN]["tpot_ms"]
+    assert m["n"] >= 20
+    assert m["median_abs"] <= inference.TARGETS["tpot_ms"] and abs(m["bias"]) <= 0.05
+
+
+def test_unstated_mtp_rows_read_better_as_one_draft(summary, rows):
+    """The DeepSeek rows (a model with an MTP module) that do not state their speculation:
+    read as one MTP draft their TPOT is unbiased, read as none over-predicted by far more
+    than the rows whose decoding is known: they are reported apart, not fitted."""
+    from planner.serve.evaluate import mtp_layers
+    flagged = [r for r in rows if r.speculation_unknown()]
+    assert flagged and all(mtp_layers(r.case.model) and r.case.speculative is None
+                           for r in flagged)
+    m = summary[inference.UNKNOWN]
+    assert m["n"] >= 15 and m["draft_n"] == m["n"]
+    assert m["draft_median_abs"] < m["median_abs"] and abs(m["draft_bias"]) <= 0.10
+    assert m["bias"] > 0.3
 
 
 def test_floor_flags_only_measurements_under_the_bytes_bound(rows):

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
+from conftest import run_cli
 
 from clusters import load_cluster
 from models import load_model
@@ -142,17 +143,23 @@ def test_llama70b_8xh100_target_search_is_fast(llama70, h100):
     assert best.ttft_s <= 0.5 and best.tpot_s <= 0.030
 
 
-def _invoke(args):
-    import subprocess
-    import sys
-    return subprocess.run([sys.executable, "-c", "from cli.main import main; main()", *args],
-                          capture_output=True, text=True, timeout=120)
+@dataclass
+class _Run:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_cli_evaluate_json_contract():
+def _invoke(args, capsys) -> _Run:
+    """``shardplan ARGS`` in this process, through the real entry point (exit codes included;
+    tests/conftest.py run_cli): the test is about the command, not the process."""
+    return _Run(*run_cli(args, capsys))
+
+
+def test_cli_evaluate_json_contract(capsys):
     out = _invoke(["evaluate", "--workload", "serve", "--model", "llama-3.1-8b", "--cluster",
                    "dgx-h100", "--tp", "2", "--replicas", "2", "--isl", "1024", "--osl", "256",
-                   "--concurrency", "32", "--dtype", "fp8", "--json"])
+                   "--concurrency", "32", "--dtype", "fp8", "--json"], capsys)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     predicted = doc["predicted"]
@@ -162,35 +169,47 @@ def test_cli_evaluate_json_contract():
     assert predicted["fits"] is True and doc["inference"]["deployment"]["num_gpus"] == 4
     bad = _invoke(["evaluate", "--workload", "serve", "--model", "llama-3.1-8b", "--cluster",
                    "dgx-h100", "--tp", "2", "--isl", "10", "--osl", "10", "--concurrency", "3",
-                   "--request-rate", "2", "--json"])
+                   "--request-rate", "2", "--json"], capsys)
     assert bad.returncode == 2 and "error" in json.loads(bad.stdout)
     disagg = _invoke(["evaluate", "--workload", "serve", "--model", "llama-3.1-8b", "--cluster",
                       "dgx-h100", "--prefill-workers", "1", "--prefill-tp", "2",
                       "--decode-workers", "1", "--decode-tp", "4", "--isl", "1024", "--osl",
-                      "256", "--concurrency", "16", "--json"])
+                      "256", "--concurrency", "16", "--json"], capsys)
     assert disagg.returncode == 0, disagg.stderr
     assert json.loads(disagg.stdout)["inference"]["deployment"]["mode"] == "disaggregated"
 
 
-def test_cli_plan_file_check_and_determinism(tmp_path):
-    args = ["plan", "--workload", "serve", "--model", "llama-3.1-8b", "--cluster", "dgx-h100",
+def test_cli_plan_file_check_and_determinism(tmp_path, capsys):
+    from clusters.loader import PRESET_DIR
+    two = tmp_path / "h100x2.yaml"  # one node of 2 H100: a smaller search, the same property
+    two.write_text((PRESET_DIR / "dgx-h100.yaml").read_text().replace(
+        "gpus_per_node: 8", "gpus_per_node: 2").replace("nics_per_node: 8", "nics_per_node: 2"))
+    args = ["plan", "--workload", "serve", "--model", "llama-3.1-8b", "--cluster", str(two),
             "--isl", "1024", "--osl", "256", "--ttft-ms", "300", "--tpot-ms", "20", "--dtype",
             "fp8", "--json"]
-    first, second = _invoke(args), _invoke(args)
+    first = _invoke(args, capsys)
     assert first.returncode == 0, first.stderr
+    # byte-identical from a fresh process with another hash seed (no warm caches, other set
+    # orders)
+    import os
+    import subprocess
+    import sys
+    second = subprocess.run([sys.executable, "-c", "from cli.main import main; main()", *args],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONHASHSEED": "12345"})
     assert first.stdout == second.stdout
     path = tmp_path / "serve.json"
     path.write_text(first.stdout)
     from planner.plan_io import load_plan
     doc = load_plan(path)
     assert doc["workload"] == "serve" and doc["predicted"]["ttft_ms"] <= 300
-    ok = _invoke(["check", str(path)])
+    ok = _invoke(["check", str(path)], capsys)
     assert ok.returncode == 0, ok.stderr
     # a batch the KV cache cannot hold must fail the check
     doc["inference"]["deployment"]["batch"] = 10**6
     doc["inference"]["workload"]["concurrency"] = 10**6
     path.write_text(json.dumps(doc))
-    bad = _invoke(["check", str(path), "--json"])
+    bad = _invoke(["check", str(path), "--json"], capsys)
     assert bad.returncode == 1
     assert not json.loads(bad.stdout)["ok"]
 

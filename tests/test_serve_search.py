@@ -4,12 +4,14 @@ its decode sequences and prompt tokens; the TTFT interval bound below every TTFT
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 import pytest
 
 from clusters import load_cluster
 from models import load_model
-from planner.serve.evaluate import _step, aggregated_ttft_bound_s, evaluate_serving
+from planner.serve.evaluate import (_step, aggregated_rates, aggregated_ttft_bound_s,
+                                    evaluate_serving)
 from planner.serve.phases import Calibration
 from planner.serve.runtime import CALIBRATED, runtime
 from planner.serve.search import search_serving, worker_layouts
@@ -18,44 +20,59 @@ from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
 CALIB = Calibration.from_mapping(CALIBRATED)
 
 
-def _brute_best(model, cluster, wl, rt="vllm"):
-    """Every layout the search enumerates, every batch up to what fits: the best per GPU."""
-    best = None
-    n = cluster.num_gpus
-    caps = runtime(rt)
+@lru_cache(maxsize=None)
+def _every_batch(name, gpus, isl, osl, rt):
+    """Every layout the search enumerates at every batch up to what fits, evaluated once per
+    instance setup (the targets only select among them)."""
+    model, cluster = load_model(name), _cluster(gpus)
+    wl = ServingWorkload(isl=isl, osl=osl, dtype="fp8", kv_dtype="fp8")
+    n, caps, out = cluster.num_gpus, runtime(rt), []
     for w in worker_layouts(model, n, cluster.gpus_per_node):
         base = ServingConfig("aggregated", worker=w, replicas=n // w.gpus, batch=caps.max_batch,
                              max_num_tokens=caps.max_num_tokens)
-        probe = evaluate_serving(model, cluster, replace(wl, concurrency=None), base, rt)
-        if not probe.fits:
-            continue
-        for b in range(1, probe.pools[0].max_batch + 1):
-            ev = evaluate_serving(model, cluster, replace(wl, concurrency=b * base.replicas),
-                                  base, rt)
-            if ev.meets_targets() and (best is None or ev.output_tokens_per_s_per_gpu >
-                                       best.output_tokens_per_s_per_gpu):
-                best = ev
+        probe = evaluate_serving(model, cluster, wl, base, rt)
+        if probe.fits:
+            out += [evaluate_serving(model, cluster, replace(wl, concurrency=b * base.replicas),
+                                     base, rt) for b in range(1, probe.pools[0].max_batch + 1)]
+    return out
+
+
+def _brute_best(name, gpus, wl, rt="vllm"):
+    """The best per GPU of every layout at every batch meeting ``wl``'s targets."""
+    best = None
+    for ev in _every_batch(name, gpus, wl.isl, wl.osl, rt):
+        ev = replace(ev, workload=replace(ev.workload, ttft_ms=wl.ttft_ms, tpot_ms=wl.tpot_ms))
+        if ev.meets_targets() and (best is None or ev.output_tokens_per_s_per_gpu >
+                                   best.output_tokens_per_s_per_gpu):
+            best = ev
     return best
 
 
+def _cluster(node):
+    """One node of ``(gpus, GiB)`` H100s with less memory than 80 GiB: fewer batches fit (a
+    cheaper brute force), the same search."""
+    gpus, memory_gib = node
+    cluster = replace(load_cluster("dgx-h100"), gpus_per_node=gpus)
+    return replace(cluster, gpu=replace(cluster.gpu, memory_gib=memory_gib))
+
+
 INSTANCES = (
-    # model, GPUs (one node), isl, osl, TTFT ms, TPOT ms, runtime, extra workload fields
-    ("llama-3.1-8b", 2, 2048, 256, 400.0, 12.0, "vllm", {}),
-    ("llama-3.1-8b", 4, 4096, 256, 250.0, 20.0, "trtllm", {}),
-    ("llama-3.1-8b", 2, 4096, 512, 150.0, None, "sglang", {}),
-    ("tiny-moe", 2, 4096, 128, 30.0, 2.0, "sglang", {}),
-    ("llama-3.1-8b", 2, 2048, 256, None, 9.0, "vllm", {}),
+    # model, GPUs (one node of GiB each), isl, osl, TTFT ms, TPOT ms, runtime
+    ("llama-3.1-8b", (2, 40.0), 2048, 256, 400.0, 12.0, "vllm"),
+    ("llama-3.1-8b", (4, 40.0), 4096, 256, 250.0, 20.0, "trtllm"),
+    ("llama-3.1-8b", (2, 40.0), 4096, 512, 150.0, None, "sglang"),
+    ("tiny-moe", (2, 3.8), 4096, 128, 30.0, 2.0, "sglang"),
+    ("llama-3.1-8b", (2, 40.0), 2048, 256, None, 9.0, "vllm"),
 )
 
 
-@pytest.mark.parametrize("name,gpus,isl,osl,ttft,tpot,rt,extra", INSTANCES)
-def test_search_equals_brute_force(name, gpus, isl, osl, ttft, tpot, rt, extra):
-    model = load_model(name)
-    cluster = replace(load_cluster("dgx-h100"), gpus_per_node=gpus)
+@pytest.mark.parametrize("name,gpus,isl,osl,ttft,tpot,rt", INSTANCES)
+def test_search_equals_brute_force(name, gpus, isl, osl, ttft, tpot, rt):
+    model, cluster = load_model(name), _cluster(gpus)
     wl = ServingWorkload(isl=isl, osl=osl, ttft_ms=ttft, tpot_ms=tpot, dtype="fp8",
-                         kv_dtype="fp8", **extra)
+                         kv_dtype="fp8")
     result = search_serving(model, cluster, wl, rt)
-    found, brute = result.best, _brute_best(model, cluster, wl, rt)
+    found, brute = result.best, _brute_best(name, gpus, wl, rt)
     assert (found is None) == (brute is None)
     if found is not None:
         assert found.meets_targets()
@@ -134,3 +151,26 @@ def test_pareto_frontier_equals_every_batch():
     batches = {p.pools[0].batch for p in result.frontier}
     assert any(b & (b - 1) for b in batches)  # batches other than powers of two
     assert result.evaluated < len(every)
+    # the search prunes on aggregated_rates: the whole evaluation's values, bit for bit
+    for ev in every[::17]:
+        assert aggregated_rates(model, cluster, wl, ev.config, ev.pools[0].batch, "vllm") == (
+            ev.output_tokens_per_s_per_user, ev.output_tokens_per_s_per_gpu)
+
+
+def test_staircase_answers_as_a_scan_of_every_point():
+    """Staircase.dominated (bisection over the Pareto staircase) = any point found weakly
+    dominating, on random points with ties."""
+    import random
+
+    from planner.serve.search import Staircase
+    rng = random.Random(7)
+    for _ in range(20):
+        stairs, found = Staircase(), []
+        for _ in range(60):
+            user, gpu = rng.randint(0, 30) / 3, rng.randint(0, 30) / 3
+            scan = any(u >= user and g >= gpu for u, g in found)
+            assert stairs.dominated(user, gpu) == scan
+            stairs.add(user, gpu)
+            found.append((user, gpu))
+        assert stairs.users == sorted(set(stairs.users))
+        assert all(a > b for a, b in zip(stairs.gpus, stairs.gpus[1:]))

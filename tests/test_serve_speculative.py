@@ -4,9 +4,10 @@ and the CLI's errors."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
+from conftest import run_cli
 
 from clusters import load_cluster
 from models import load_model
@@ -90,28 +91,34 @@ def test_mtp_decode_step_and_tpot(ds, h200):
     assert dis.tpot_s == pytest.approx(dis.pools[1].iteration.total_s / (1 + 0.85 + 0.85 ** 2))
 
 
-def _invoke(args):
-    import subprocess
-    import sys
-    return subprocess.run([sys.executable, "-c", "from cli.main import main; main()", *args],
-                          capture_output=True, text=True, timeout=120)
+@dataclass
+class _Run:
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_plan_file_keeps_the_speculative_setting(tmp_path):
+def _invoke(args, capsys) -> _Run:
+    """``shardplan ARGS`` in this process, through the real entry point (exit codes included;
+    tests/conftest.py run_cli): the test is about the command, not the process."""
+    return _Run(*run_cli(args, capsys))
+
+
+def test_plan_file_keeps_the_speculative_setting(tmp_path, capsys):
     out = tmp_path / "serve.json"
     args = ["plan", "--workload", "serve", "--model", "deepseek-v3", "--cluster", "dgx-h200",
             "--isl", "1024", "--osl", "1024", "--concurrency", "32", "--dtype", "fp8",
             "--kv-dtype", "fp8", "--runtime", "sglang", "--speculative", "mtp:1"]
-    result = _invoke(args + ["-o", str(out)])
+    result = _invoke(args + ["-o", str(out)], capsys)
     assert result.returncode == 0, result.stderr
     doc = json.loads(out.read_text())
     assert doc["inference"]["workload"]["speculative"] == {
         "method": "mtp", "draft_tokens": 1, "acceptance": 0.85}
-    check = _invoke(["check", str(out)])
+    check = _invoke(["check", str(out)], capsys)
     assert check.returncode == 0, check.stderr
-    assert _invoke(args[:-1] + ["eagle:3"]).returncode == 2
+    assert _invoke(args[:-1] + ["eagle:3"], capsys).returncode == 2
     no_mtp = [a if a != "deepseek-v3" else "llama-3.1-8b" for a in args]
-    assert _invoke(no_mtp).returncode == 2
+    assert _invoke(no_mtp, capsys).returncode == 2
 
 
 def test_speculative_workload_validation():

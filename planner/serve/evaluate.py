@@ -230,9 +230,7 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
 
     def at(c: float) -> tuple[float, float, float, IterationTime]:
         b = min(c, max_batch)
-        it = step(b, b * isl / steps)
-        pure = step(b, 0.0).total_s
-        tpot = (pure + calib.interference(rt.name) * (it.total_s - pure)) / tps
+        it, tpot = _decode_terms(step, calib.interference(rt.name), b, isl, steps, tps)
         chunk = _chunk(config, b, width)
         chunks = math.ceil(isl / chunk)
         own = chunks * step(b, min(isl, chunk)).total_s
@@ -263,6 +261,37 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
     return ServingEvaluation(model, cluster, workload, config, rt.name, (pool,), ttft, tpot,
                              replicas * b * tps / it.total_s, c * replicas,
                              max_batch * replicas, not problems, tuple(problems))
+
+
+def _decode_terms(step, interference: float, b: float, isl: int, steps: float,
+                  tps: float) -> tuple[IterationTime, float]:
+    """(the steady-state iteration, TPOT) of an aggregated worker running ``b`` sequences:
+    the iteration carries ``b x isl / steps`` prompt tokens; TPOT is the pure decode step plus
+    the runtime's interference share of that prefill work."""
+    it = step(b, b * isl / steps)
+    pure = step(b, 0.0).total_s
+    return it, (pure + interference * (it.total_s - pure)) / tps
+
+
+def aggregated_rates(model: ModelGraph, cluster: Cluster, workload: ServingWorkload,
+                     config: ServingConfig, b: int, runtime_name: str = DEFAULT_RUNTIME,
+                     calibration: Calibration | None = None) -> tuple[float, float]:
+    """(output tokens/s per user, per GPU) of an aggregated deployment whose workers each run
+    ``b`` sequences: the values :func:`evaluate_serving` gives at a concurrency of ``b x
+    replicas`` when ``b`` is at most its largest batch (the same terms, bit for bit), without
+    its memory and TTFT terms; what the Pareto search prunes on."""
+    calib = calibration or Calibration.from_mapping(CALIBRATED)
+    rt = runtime(runtime_name)
+    tps = workload.tokens_per_step
+    steps = workload.osl / tps
+
+    def step(batch: float, prefill: float) -> IterationTime:
+        return _step(model, cluster, workload, config.worker, calib, rt.name, batch, prefill)
+
+    c = float(b * config.replicas) / config.replicas  # as _aggregated derives it
+    it, tpot = _decode_terms(step, calib.interference(rt.name), c, workload.isl, steps, tps)
+    user = 1.0 / tpot if tpot > 0 else 0.0
+    return user, config.replicas * c * tps / it.total_s / config.num_gpus
 
 
 def _step(model, cluster, workload, w, calib, runtime_name, b, prefill) -> IterationTime:

@@ -16,10 +16,11 @@ CALIBRATED = {
     # attention and small-M GEMMs reach 60-90 % of STREAM bandwidth)
     "decode_hbm_efficiency": 0.9,
     # prefill GEMM and attention efficiency relative to the training cost model's
-    "prefill_efficiency": 0.899,
+    "prefill_efficiency": 0.915,
     # per runtime: fixed time per engine iteration beyond the kernels (scheduler, input
-    # preparation, sampling, host synchronisation, CUDA-graph launch)
-    "step_overhead_s": {"sglang": 0.0, "trtllm": 0.0, "vllm": 0.00343},
+    # preparation, sampling, host synchronisation, CUDA-graph launch); fitted on the rows
+    # whose decoding is known (not on DeepSeek rows that may have drafted tokens with MTP)
+    "step_overhead_s": {"sglang": 0.0, "trtllm": 0.00128, "vllm": 0.00343},
     # per runtime (its scheduler): fraction of the other concurrent requests whose prefill a
     # new request waits for (0: arrivals spread evenly; 1: fixed-length closed-loop clients
     # arrive in synchronised bursts)
@@ -27,7 +28,7 @@ CALIBRATED = {
     # per runtime: share of the other requests' prefill work that lands between a request's
     # output tokens (1: every iteration carries its average share, chunked prefill mixed into
     # decode; lower: prefills batched apart or deferred)
-    "prefill_interference": {"sglang": 0.84, "trtllm": 0.657, "vllm": 0.109},
+    "prefill_interference": {"sglang": 0.874, "trtllm": 1.0, "vllm": 0.111},
 }
 
 

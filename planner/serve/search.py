@@ -20,13 +20,15 @@ dividing or divided by ``tp``; for MoE models every ``ep`` dividing the experts 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from dataclasses import dataclass, field, replace
 
 from planner.errors import ErrorKind, PlannerError
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.serve.evaluate import (ServingEvaluation, aggregated_ttft_bound_s,
-                                    evaluate_serving, validate_worker)
+from planner.serve.evaluate import (ServingEvaluation, aggregated_rates,
+                                    aggregated_ttft_bound_s, evaluate_serving,
+                                    validate_worker)
 from planner.serve.bisection import largest_meeting
 from planner.serve.runtime import DEFAULT_RUNTIME, runtime
 from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
@@ -85,7 +87,10 @@ def _key(ev: ServingEvaluation) -> tuple:
 
 
 def _layout(ev: ServingEvaluation) -> tuple:
-    c = ev.config
+    return _config_layout(ev.config)
+
+
+def _config_layout(c: ServingConfig) -> tuple:
     if c.mode == "aggregated":
         return (0, -c.worker.tp, -c.worker.pp, -c.worker.ep, -c.worker.attention_dp, -c.replicas)
     return (1, -c.prefill.gpus, -c.decode.gpus, -c.prefill_workers, -c.decode_workers)
@@ -162,6 +167,7 @@ def _aggregated(model, cluster, workload, rt_name, layouts, n, result, top_k, ca
     pareto = not workload.has_targets and workload.concurrency is None and \
         workload.request_rate_per_s is None
     candidates: list[ServingEvaluation] = []
+    fitting: list[tuple[ServingConfig, int]] = []  # (layout, its largest batch)
     for w in layouts:
         base = ServingConfig("aggregated", worker=w, replicas=max(1, n // w.gpus),
                              batch=rt.max_batch, max_num_tokens=budget)
@@ -170,18 +176,15 @@ def _aggregated(model, cluster, workload, rt_name, layouts, n, result, top_k, ca
         if not probe.fits:
             continue
         cap = probe.pools[0].max_batch
+        if pareto:
+            fitting.append((base, cap))
+            continue
         if workload.concurrency is not None or workload.request_rate_per_s is not None:
             for replicas in range(1, n // w.gpus + 1):
                 ev = _eval(model, cluster, workload, replace(base, replicas=replicas), rt_name,
                            result, calibration)
                 if ev.meets_targets():
                     candidates.append(ev)
-            continue
-        if pareto:
-            candidates += _frontier_batches(
-                lambda b, base=base: _eval(model, cluster, replace(
-                    workload, concurrency=b * base.replicas), base, rt_name, result,
-                    calibration), cap, candidates, result)
             continue
 
         evals: dict[int, ServingEvaluation] = {}
@@ -201,7 +204,42 @@ def _aggregated(model, cluster, workload, rt_name, layouts, n, result, top_k, ca
             cfg = replace(base, batch=b)
             candidates.append(_eval(model, cluster, replace(workload, concurrency=b * base.replicas),
                                     cfg, rt_name, result, calibration))
+    if pareto:
+        candidates = _pareto(model, cluster, workload, rt_name, fitting, result, calibration)
     _finish(result, candidates, top_k, pareto)
+
+
+def _pareto(model, cluster, workload, rt_name, fitting, result,
+            calibration) -> list[ServingEvaluation]:
+    """The Pareto frontier over every layout of ``fitting`` and every batch up to its largest:
+    each layout's batches by :func:`_frontier_batches` on (tokens/s per user, per GPU) alone,
+    against one staircase of every point found, seeded with each layout's largest batch (its
+    most tokens/s per GPU: real points, so pruning on them is exact); then the whole
+    evaluation of the frontier's points only, chosen as :func:`pareto_frontier` does."""
+    staircase = Staircase()
+    kept: list[tuple] = []  # (tokens/s per user, per GPU, layout key, config, batch)
+
+    def rates(base: ServingConfig, b: int) -> tuple[float, float]:
+        result.evaluated += 1
+        return aggregated_rates(model, cluster, workload, base, b, rt_name, calibration)
+
+    seeds = []
+    for base, cap in fitting:
+        user, gpu = rates(base, cap)
+        staircase.add(user, gpu)
+        kept.append((user, gpu, _config_layout(base), base, cap))
+        seeds.append((-gpu, _config_layout(base), base, cap))
+    # the layouts with the most tokens/s per GPU first: their points prune the others' most
+    for _, _, base, cap in sorted(seeds, key=lambda s: s[:2]):
+        kept += [(user, gpu, _config_layout(base), base, b) for b, user, gpu in
+                 _frontier_batches(lambda b, base=base: rates(base, b), cap, staircase, result)]
+    frontier, best_gpu = [], -1.0
+    for user, gpu, _, base, b in sorted(kept, key=lambda k: (-k[0], -k[1], k[2])):
+        if gpu > best_gpu:
+            frontier.append(_eval(model, cluster, replace(workload, concurrency=b * base.replicas),
+                                  base, rt_name, result, calibration))
+            best_gpu = gpu
+    return frontier
 
 
 def _finish(result, candidates, top_k, pareto):
@@ -214,39 +252,63 @@ def _finish(result, candidates, top_k, pareto):
     result.alternatives = ranked[1:1 + top_k]
 
 
-def _frontier_batches(at, cap: int, known: list[ServingEvaluation],
-                      result: ServeSearchResult) -> list[ServingEvaluation]:
-    """Every batch ``1 .. cap`` of one layout that may be on the Pareto frontier (tokens/s per
-    user against per GPU), the others left out only when a point already found weakly
-    dominates them: over ``lo .. hi`` tokens/s per user is at most its value at ``lo`` (TPOT
-    does not fall with the batch) and tokens/s per GPU at most ``hi / lo`` x its value at
-    ``lo`` (the iteration time does not fall), so an interval whose corner is dominated by a
-    known point holds no frontier point (``tests/test_serve_search.py`` compares the frontier
-    with every batch's)."""
-    points: list[ServingEvaluation] = []
-    seen: dict[int, ServingEvaluation] = {}
+class Staircase:
+    """The points found so far, kept as their Pareto staircase in (tokens/s per user, tokens/s
+    per GPU): users ascending, per-GPU strictly descending. A point is weakly dominated by some
+    point found iff it is by a step of the staircase (weak dominance is transitive), which
+    :meth:`dominated` answers by bisection instead of a scan of every point."""
 
-    def point(b: int) -> ServingEvaluation:
+    def __init__(self) -> None:
+        self.users: list[float] = []
+        self.gpus: list[float] = []
+
+    def dominated(self, user: float, gpu: float) -> bool:
+        i = bisect_left(self.users, user)  # the first step at least as fast per user
+        return i < len(self.users) and self.gpus[i] >= gpu
+
+    def add(self, user: float, gpu: float) -> None:
+        if self.dominated(user, gpu):
+            return
+        i = bisect_left(self.users, user)
+        j = i  # steps slower per user and no better per GPU are dominated by the new one
+        while i > 0 and self.gpus[i - 1] <= gpu:
+            i -= 1
+        if j < len(self.users) and self.users[j] == user:
+            j += 1  # same speed per user, less per GPU (else it dominated the new point)
+        self.users[i:j] = [user]
+        self.gpus[i:j] = [gpu]
+
+
+def _frontier_batches(rates, cap: int, known: Staircase,
+                      result: ServeSearchResult) -> list[tuple[int, float, float]]:
+    """``(batch, tokens/s per user, tokens/s per GPU)`` of every batch ``1 .. cap`` of one
+    layout (which fits: fitting is the memory's, the same at every batch) that may be on the
+    Pareto frontier, the others left out only when a point already found (``known``: every
+    layout's so far; this one's are added) weakly dominates them: over ``lo .. hi`` tokens/s
+    per user is at most its value at ``lo`` (TPOT does not fall with the batch) and tokens/s
+    per GPU at most ``hi / lo`` x its value at ``lo`` (the iteration time does not fall), so
+    an interval whose corner is dominated holds no frontier point
+    (``tests/test_serve_search.py`` compares the frontier with every batch's). ``rates(b)``:
+    (tokens/s per user, per GPU) at batch ``b``
+    (:func:`~planner.serve.evaluate.aggregated_rates`, the values of the whole evaluation)."""
+    points: list[tuple[int, float, float]] = []
+    seen: dict[int, tuple[float, float]] = {}
+
+    def point(b: int) -> tuple[float, float]:
         if b not in seen:
-            seen[b] = at(b)
+            seen[b] = rates(b)
         return seen[b]
-
-    def dominated(user: float, gpu: float) -> bool:
-        return any(p.output_tokens_per_s_per_user >= user and
-                   p.output_tokens_per_s_per_gpu >= gpu for p in known + points)
 
     stack = [(1, cap)]
     while stack:
         lo, hi = stack.pop()
-        low = point(lo)
-        if not low.fits:
-            continue  # fitting is the memory's, the same at every batch of the layout
-        if dominated(low.output_tokens_per_s_per_user,
-                     hi / lo * low.output_tokens_per_s_per_gpu):
+        user, gpu = point(lo)
+        if known.dominated(user, hi / lo * gpu):
             result.pruned += hi - lo + 1
             continue
         if lo == hi:
-            points.append(low)
+            points.append((lo, user, gpu))
+            known.add(user, gpu)
             continue
         mid = (lo + hi) // 2
         stack += [(mid + 1, hi), (lo, mid)]  # the lower half (faster tokens) first

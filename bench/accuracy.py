@@ -833,7 +833,8 @@ def main() -> int:
     parser.add_argument("--pairs", action="store_true",
                         help="list every misordered pair (measured and predicted tokens/s/GPU)")
     args = parser.parse_args()
-    rows, skipped = run(baseline=args.baseline)
+    loaded = load_all()
+    rows, skipped = run(baseline=args.baseline, loaded=loaded)
     if args.pairs:
         for p in ranked_pairs(rows):
             if not p["agree"]:
@@ -841,7 +842,7 @@ def main() -> int:
                 print(f"{a.run.source[:40]} | {p['differs']} | {a.id} vs {b.id}: measured "
                       f"{_throughput(a, False):.0f} vs {_throughput(b, False):.0f}, predicted "
                       f"{_throughput(a, True):.0f} vs {_throughput(b, True):.0f}")
-    baseline_rows = None if args.baseline else run(baseline=True)[0]
+    baseline_rows = None if args.baseline else run(baseline=True, loaded=loaded)[0]
     published = read_entries(FILES[0])
     if not args.no_write and not args.baseline:
         bands = unknown_fields.micro_batch_bands(rows, shipped().constants)

@@ -1,12 +1,15 @@
 """Fit the MoE-specific constants of the cost model on the measured MoE runs, and estimate how
 well they carry to runs of a source they were not fitted on.
 
-Four physical quantities, each searched over a plausible range on a grid (no per-entry
+Five physical quantities, each searched over a plausible range on a grid (no per-entry
 values; every run is scored with the same constants):
 
-* ``planner.moe.DEFAULT_A2A_OVERLAP``: fraction of the dispatch / combine all-to-all that the
-  runtime hides behind compute (Megatron-Core's EP communication overlap, shared-expert
-  overlap); 0 or 0.5.
+* ``planner.moe.DEFAULT_A2A_OVERLAP``: fraction of the dispatch / combine all-to-all that a
+  runtime hides behind compute without an EP overlap schedule (shared-expert overlap,
+  independent streams); 0 or 0.5.
+* ``planner.moe.EP_COMM_OVERLAP``: the fraction hidden where the recipe enables Megatron-Core's
+  EP communication overlap (``bench/moe_accuracy.py`` ``A2A_OVERLAP_RECIPES``; 13 runs);
+  0.8, 0.9 or 1. It only moves those runs, so only they are re-evaluated along this axis.
 * ``planner.cost.moe.DROPLESS_SYNC_S``: the host time a dropless layer pass adds by reading the
   token counts back and sizing its buffers from them; 0 to 2.5 ms.
 * ``planner.cost.moe.GROUPED_GEMM_EFFICIENCY``: grouped-GEMM kernels relative to dense GEMMs of
@@ -39,6 +42,7 @@ from bench import moe_accuracy  # noqa: E402
 from planner.cost import compute, moe, terms  # noqa: E402
 
 OVERLAPS = (0.0, 0.5)
+EP_OVERLAPS = (0.8, 0.9, 1.0)
 SYNCS_S = (0.0, 1.5e-3, 2.0e-3, 2.5e-3)
 GROUPED = (0.8, 1.0)
 # The host floor and the dropless sync together cannot exceed what the host-bound runs took in
@@ -52,9 +56,10 @@ def _clear_caches() -> None:
         fn.cache_clear()
 
 
-def row_errors(overlap: float, sync_s: float, grouped: float, host_s: float
-               ) -> dict[str, float]:
-    """Signed step-time error of every evaluated run under one point of the grid."""
+def row_errors(overlap: float, ep_overlap: float, sync_s: float, grouped: float,
+               host_s: float, keep=None) -> dict[str, float]:
+    """Signed step-time error of every evaluated run (that ``keep`` accepts) under one point of
+    the grid."""
     moe.DROPLESS_SYNC_S, moe.GROUPED_GEMM_EFFICIENCY = sync_s, grouped
     moe.HOST_PER_LAYER_PASS_S = host_s
     _clear_caches()
@@ -62,14 +67,36 @@ def row_errors(overlap: float, sync_s: float, grouped: float, host_s: float
 
     def options(entry):
         opts = base(entry)
-        return replace(opts, moe=replace(opts.moe, a2a_overlap=overlap))
+        hidden = ep_overlap if moe_accuracy.ep_comm_overlap_of(entry) else overlap
+        return replace(opts, moe=replace(opts.moe, a2a_overlap=hidden))
 
     moe_accuracy.options_of = options
     try:
-        rows, _ = moe_accuracy.run()
+        rows, _ = moe_accuracy.run(keep)
     finally:
         moe_accuracy.options_of = base
     return {r.id: r.time_error for r in rows if r.time_error is not None}
+
+
+def grid() -> dict[tuple, dict[str, float]]:
+    """Errors at every grid point; along the EP-overlap axis only the runs it moves are
+    re-evaluated."""
+    table = {}
+    for overlap, sync_s, grouped, host_s in itertools.product(OVERLAPS, SYNCS_S, GROUPED,
+                                                              HOSTS_S):
+        first, *rest = EP_OVERLAPS
+        errors = row_errors(overlap, first, sync_s, grouped, host_s)
+        table[(overlap, first, sync_s, grouped, host_s)] = errors
+        for ep_overlap in rest:
+            moved = row_errors(overlap, ep_overlap, sync_s, grouped, host_s,
+                               moe_accuracy.ep_comm_overlap_of)
+            table[(overlap, ep_overlap, sync_s, grouped, host_s)] = {**errors, **moved}
+        for point in [p for p in table if p[0] == overlap and p[2:] == (sync_s, grouped,
+                                                                          host_s)]:
+            mean, median, worst = stats(list(table[point].values()))
+            print(f"{_name(point)}: mean {mean:.1%} median {median:.1%} max {worst:.1%}",
+                  flush=True)
+    return table
 
 
 def source_of(run_id: str) -> str:
@@ -110,19 +137,14 @@ def held_out(table: dict) -> list[tuple[str, tuple, list[float]]]:
 
 
 def _name(point: tuple) -> str:
-    return (f"overlap {point[0]:.2f}, sync {point[1] * 1e6:.0f} us, grouped {point[2]:.2f}, "
-            f"host {point[3] * 1e3:.1f} ms/pass")
+    return (f"overlap {point[0]:.2f}, EP overlap {point[1]:.2f}, sync {point[2] * 1e6:.0f} us, "
+            f"grouped {point[3]:.2f}, host {point[4] * 1e3:.1f} ms/pass")
 
 
 def main() -> int:
-    shipped = (moe_accuracy.MoeOptions().a2a_overlap, moe.DROPLESS_SYNC_S,
-               moe.GROUPED_GEMM_EFFICIENCY, moe.HOST_PER_LAYER_PASS_S)
-    table = {}
-    for point in itertools.product(OVERLAPS, SYNCS_S, GROUPED, HOSTS_S):
-        table[point] = row_errors(*point)
-        mean, median, worst = stats(list(table[point].values()))
-        print(f"{_name(point)}: mean {mean:.1%} median {median:.1%} max {worst:.1%}",
-              flush=True)
+    shipped = (moe_accuracy.MoeOptions().a2a_overlap, moe_accuracy.EP_COMM_OVERLAP,
+               moe.DROPLESS_SYNC_S, moe.GROUPED_GEMM_EFFICIENCY, moe.HOST_PER_LAYER_PASS_S)
+    table = grid()
     best = best_point(table, lambda i: True)
     mean, median, worst = stats(list(table[best].values()))
     print(f"best: {_name(best)}: mean {mean:.1%}, median {median:.1%}, max {worst:.1%}")

@@ -47,6 +47,13 @@ SYNC_FREE_RANK_CAPACITY = 1.5
 # fitted by bench/moe_fit.py on the measured runs (grid 0 / 0.5: 0.5, the lower mean error);
 # --moe-a2a-overlap sets it per run.
 DEFAULT_A2A_OVERLAP = 0.5
+# Fraction hidden by Megatron-Core's EP communication overlap (``--overlap-moe-expert-parallel-
+# comm``, Megatron-Bridge ``moe_a2a_overlap = True``): the 1F1B schedule runs one micro-batch's
+# dispatch and combine while another's forward or backward computes (the DualPipe idea,
+# DeepSeek-V3 report §3.2.1), which hides nearly all of it where compute covers it. Fitted by
+# bench/moe_fit.py on the runs whose recipes enable it (bench/moe_accuracy.py
+# ``A2A_OVERLAP_RECIPES``); ``--moe-a2a-overlap`` takes it for such a runtime.
+EP_COMM_OVERLAP = 0.9
 
 
 @dataclass(frozen=True)

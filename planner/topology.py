@@ -42,8 +42,10 @@ Scale: rings are periodic, so the ring computation runs on a window of at most
 ``min(2 * scalable_unit_nodes, MAX_WINDOW_GPUS / gpus_per_node, MAX_WINDOW_HOPS /
 gpus_per_node**2)`` (at least 2) nodes touched by the first group (a longer ring is closed
 inside the window; leaf uplinks get the window's share of their capacity). Paths are routed
-once per (local src, local dst, same node / same unit / other unit) class and relabelled, and
-results are memoised per (topology, size, stride): about 50 ms uncached and 30 us cached for
+once per (local src, local dst, same node / same unit / other unit) class and relabelled (one
+router for all clusters that differ only in size, bandwidths or tier names), and results are
+memoised per (topology, size, stride), and across node counts where the size does not enter
+(same spine presence, same groups in the window): about 50 ms uncached and 30 us cached for
 the largest groups of a 16,384-GPU cluster.
 """
 from __future__ import annotations
@@ -311,22 +313,25 @@ def _window_nodes(topo: _Topo, size: int, stride: int) -> list[int]:
     return nodes
 
 
-def _groups_in_window(topo: _Topo, size: int, stride: int,
-                      nodes: list[int]) -> dict[tuple[int, int], list[int]]:
+def _groups_in_window(topo: _Topo, size: int, stride: int, nodes: list[int],
+                      last_base: int | None = None) -> dict[tuple[int, int], list[int]]:
     """Every group of this (size, stride) layout, restricted to ranks on ``nodes``.
 
-    Groups: ranks ``block * size * stride + offset + i * stride`` for offset < stride. Returns
-    group id -> its ranks in ring order (ascending i); group (0, 0) is the reference group.
+    Groups: ranks ``block * size * stride + offset + i * stride`` for offset < stride, those
+    with a first rank (base) up to ``last_base``: by default the last base of a group that
+    fits the cluster. Returns group id -> its ranks in ring order (ascending i); group (0, 0)
+    is the reference group.
     """
     gpn = topo.gpus_per_node
     span = size * stride
-    total = topo.num_nodes * gpn
+    if last_base is None:
+        last_base = topo.num_nodes * gpn - 1 - (size - 1) * stride
     groups: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     for node in nodes:
         for rank in range(node * gpn, (node + 1) * gpn):
             block, rest = divmod(rank, span)
             offset = rest % stride
-            if block * span + offset + (size - 1) * stride >= total:
+            if block * span + offset > last_base:
                 continue  # an incomplete trailing group: not part of the layout
             groups[(block, offset)].append((rest // stride, rank))
     return {gid: [rank for _, rank in sorted(members)] for gid, members in groups.items()}
@@ -377,38 +382,83 @@ def _ring_hops(ring: list[tuple]) -> list[tuple[tuple, tuple]]:
     return list(zip(ring, ring[1:] + ring[:1])) if len(ring) > 1 else []
 
 
-@lru_cache(maxsize=16)
+def _routing_part(topo: _Topo) -> _Topo:
+    """``topo`` with the fields routing ignores set to fixed values, so clusters that differ
+    only in size (beyond whether there is a spine), bandwidths, oversubscription or tier names
+    share one router: paths are least ``route_cost`` on the prototype graphs (whose shape
+    depends on the node shape, the scalable unit, the spine's presence and whether there is a
+    network) and their latencies are sums of the edge latencies."""
+    return topo._replace(
+        num_nodes=_nodes_for_spine(topo), tier0_bytes_per_s=1.0, tier0_name="",
+        net_bytes_per_s=1.0 if topo.net_bytes_per_s > 0 else 0.0, net_name="",
+        oversubscription=1.0)
+
+
+def _nodes_for_spine(topo: _Topo) -> int:
+    """The smallest node count with the same spine presence as ``topo``."""
+    return topo.su_nodes + 1 if topo.has_spine else 1
+
+
+@lru_cache(maxsize=64)
+def _shared_router(routing: _Topo) -> _Router:
+    return _Router(routing)
+
+
 def _router(topo: _Topo) -> _Router:
-    return _Router(topo)
+    return _shared_router(_routing_part(topo))
 
 
-@lru_cache(maxsize=8)
 def _window_graph(topo: _Topo, nodes: tuple[int, ...]) -> nx.Graph:
+    # The graph of a window depends on the cluster's size only through the spine's presence.
+    return _shared_window_graph(topo._replace(num_nodes=_nodes_for_spine(topo)), nodes)
+
+
+@lru_cache(maxsize=32)
+def _shared_window_graph(topo: _Topo, nodes: tuple[int, ...]) -> nx.Graph:
     return _build_graph(topo, nodes)
 
 
 @lru_cache(maxsize=4096)
 def _group_link(topo: _Topo, size: int, stride: int) -> Link:
+    groups = _groups_in_window(topo, size, stride, _window_nodes(topo, size, stride))
+    last_base = max(block * size * stride + offset for block, offset in groups)
+    return _window_link(topo._replace(num_nodes=_nodes_for_spine(topo)), size, stride,
+                        last_base)
+
+
+@lru_cache(maxsize=4096)
+def _window_link(topo: _Topo, size: int, stride: int, last_base: int) -> Link:
+    """The link of every cluster equal to ``topo`` but for its size (with the same spine
+    presence) whose window holds the groups of bases up to ``last_base``: nothing else of the
+    cluster's size enters the computation, so e.g. the tensor groups of one node shape and
+    fabric are computed once for all node counts."""
     nodes = _window_nodes(topo, size, stride)
     router, graph = _router(topo), _window_graph(topo, tuple(nodes))
-    groups = _groups_in_window(topo, size, stride, nodes)
-    bandwidth, latency_s, channels = _ring_bandwidth(router, graph, groups)
+    groups = _groups_in_window(topo, size, stride, nodes, last_base)
+    bandwidth, latency_s, channels = _ring_bandwidth(topo, router, graph, groups)
     crosses = len(nodes) > 1
     return Link(bandwidth_bytes_per_s=bandwidth, latency_s=latency_s,
                 tier=topo.net_name if crosses else topo.tier0_name, crosses_nodes=crosses,
                 channels=channels,
                 all_to_all_bandwidth_bytes_per_s=_all_to_all_bandwidth(
-                    router, graph, size, stride, groups, nodes[0], nodes))
+                    topo, router, graph, size, stride, groups, nodes[0], nodes))
 
 
-def _ring_bandwidth(router: _Router, graph: nx.Graph, groups: dict[tuple[int, int], list[int]]
-                    ) -> tuple[float, float, int]:
+def clear_caches() -> None:
+    """Forget every memoised router, window graph and link (to time or test a fresh
+    computation)."""
+    for cached in (_group_link, _window_link, _shared_router, _shared_window_graph):
+        cached.cache_clear()
+
+
+def _ring_bandwidth(topo: _Topo, router: _Router, graph: nx.Graph,
+                    groups: dict[tuple[int, int], list[int]]) -> tuple[float, float, int]:
     """(bus bandwidth, step latency, channels) of group (0, 0) with every group's rings loaded."""
     loads: dict[tuple, float] = defaultdict(float)
     own_edges: set[tuple] = set()
     latency_s, channels = 0.0, 1
     for gid, ranks in groups.items():
-        hop_lists = _channels(router.topo, ranks)
+        hop_lists = _channels(topo, ranks)
         if gid == (0, 0):
             channels = len(hop_lists)
         share = 1.0 / len(hop_lists)
@@ -426,7 +476,7 @@ def _ring_bandwidth(router: _Router, graph: nx.Graph, groups: dict[tuple[int, in
     return bandwidth, latency_s, channels
 
 
-def _all_to_all_bandwidth(router: _Router, graph: nx.Graph, size: int, stride: int,
+def _all_to_all_bandwidth(topo: _Topo, router: _Router, graph: nx.Graph, size: int, stride: int,
                           groups: Iterable[tuple[int, int]], first: int,
                           window: list[int]) -> float:
     """All-to-all bus bandwidth ``B`` with t = (n-1)/n * S / B (nccl-tests convention).
@@ -438,7 +488,6 @@ def _all_to_all_bandwidth(router: _Router, graph: nx.Graph, size: int, stride: i
     checked. Flows of one class (source GPU, destination local index, same node / unit /
     neither) leave the node on the same edges, so each class is routed once, weighted by count.
     """
-    topo = router.topo
     gpn, span = topo.gpus_per_node, size * stride
     loads: dict[tuple, float] = defaultdict(float)
     own_edges: set[tuple] = set()

@@ -8,7 +8,8 @@ from collections import Counter
 import pytest
 
 from clusters import load_cluster
-from planner.topology import Link, _group_link, build_topology, group_link
+from planner.topology import (Link, _group_link, _shared_router, _window_link, build_topology,
+                              clear_caches, group_link)
 from planner.errors import ErrorKind, PlannerError
 
 H100_NVLINK = 450e9 * 0.8
@@ -168,7 +169,7 @@ def test_invalid_groups(size, stride):
 def test_deterministic_and_memoised():
     cluster = load_cluster("dgx-h100", nodes=64)
     first = group_link(cluster, 64, 8)
-    _group_link.cache_clear()
+    clear_caches()
     second = group_link(cluster, 64, 8)
     assert first == second
     hits = _group_link.cache_info().hits
@@ -178,10 +179,30 @@ def test_deterministic_and_memoised():
     assert group_link(load_cluster("dgx-h100", nodes=64), 64, 8) is group_link(cluster, 64, 8)
 
 
+def test_links_shared_across_clusters_equal_a_fresh_computation(tmp_path):
+    # Routers, window graphs and links are shared by clusters that differ only in size (same
+    # spine presence, same groups in the window), bandwidths or names: exactly equal floats.
+    clusters = [load_cluster("dgx-h100", nodes=n) for n in (40, 3, 2, 1)]
+    clusters += [cluster_file(tmp_path, nodes=n, su=2, oversub=2.0, nics=4, name=f"s{n}")
+                 for n in (5, 3)]
+    clusters += [load_cluster("mi300x", nodes=2), load_cluster("dgx-a100-80g", nodes=3)]
+    groups = [(2, 1), (3, 1), (8, 1), (4, 2), (3, 4), (3, 8), (16, 8), (2, 16), (5, 4)]
+    cases = [(c, size, stride) for c in clusters for size, stride in groups
+             if (size - 1) * stride < c.num_gpus]
+    clear_caches()
+    shared = [group_link(*case) for case in cases]
+    assert _window_link.cache_info().hits > 0 and _shared_router.cache_info().hits > 0
+    fresh = []
+    for case in cases:
+        clear_caches()
+        fresh.append(group_link(*case))
+    assert shared == fresh
+
+
 def test_16k_gpu_cluster():
     # how fast this is: bench/topology.py (wall-clock numbers do not belong in a test)
     cluster = load_cluster("dgx-h100", nodes=2048)
-    _group_link.cache_clear()
+    clear_caches()
     links = [group_link(cluster, size, stride) for size, stride in
              [(8, 1), (2048, 8), (256, 64), (16, 1), (4096, 4), (2, 8192), (16384, 1)]]
     assert links[0].tier == "nvlink" and links[1].tier == "infiniband"

@@ -2,6 +2,7 @@
 published step time is read the documented way."""
 from __future__ import annotations
 
+import copy
 import sys
 from pathlib import Path
 
@@ -20,15 +21,19 @@ def result():
 
 
 def test_data_is_the_calibration_file():
-    data = yaml.safe_load(moe_accuracy.DATA.read_text())
+    data = yaml.load(moe_accuracy.DATA.read_text(), Loader=moe_accuracy._LOADER)
     assert data["schema_version"] == 1 and len(data["entries"]) == 58
+    assert moe_accuracy.entries() == tuple(data["entries"])
 
 
 def test_every_entry_is_evaluated(result):
     rows, skipped = result
     assert len(rows) == 58 and not skipped  # GB300 has its preset (dgx-gb300-nvl72)
-    for entry in yaml.safe_load(moe_accuracy.DATA.read_text())["entries"]:
-        moe_accuracy.build_model(entry)  # raises on a shape mismatch with the preset
+    # every row came through build_model, which raises on a shape mismatch with the preset:
+    entry = copy.deepcopy(moe_accuracy.entries()[0])
+    entry["model"]["layers"] += 1
+    with pytest.raises(ValueError, match="preset deepseek-v3 has"):
+        moe_accuracy.build_model(entry)
 
 
 def test_published_times_follow_the_file(result):
@@ -68,7 +73,7 @@ def test_token_dropping_run_has_no_read_back(result):
 def test_full_iteration_cuda_graphs_follow_the_recipes():
     """Megatron-Bridge captured the whole iteration for the MXFP8 Qwen3 / DeepSeek-V3 recipes
     on GB200 / GB300 / B300 from the 26.06 container on (DeepSeek-V3 B300: later)."""
-    entries = {e["id"]: e for e in yaml.safe_load(moe_accuracy.DATA.read_text())["entries"]}
+    entries = {e["id"]: e for e in moe_accuracy.entries()}
     graph = {i: moe_accuracy.cuda_graph_of(e) for i, e in entries.items()}
     assert graph["mbridge-26.06-Qwen3-30B-A3B-GB200-8gpu-mxfp8"] == "full_iteration"
     assert graph["mbridge-26.08-DeepSeek-V3-GB300-256gpu-mxfp8"] == "full_iteration"
@@ -78,3 +83,30 @@ def test_full_iteration_cuda_graphs_follow_the_recipes():
     assert all(g == "none" for i, g in graph.items() if not i.startswith("mbridge-26.0"))
     assert moe_accuracy.recompute_modules_of(
         entries["mbridge-26.08-DeepSeek-V3-GB200-256gpu-mxfp8"]) == ("mla_up_proj",)
+
+
+def test_ep_comm_overlap_follows_the_recipes(result):
+    """Megatron-Bridge recipes with moe_a2a_overlap=True hide EP_COMM_OVERLAP of the
+    all-to-all: Qwen3 H100 25.11-26.02.01, DeepSeek-V3 B200 ep32 from 26.04.01, the MXFP8
+    full-iteration recipes on GB200 / GB300 from 26.06; the B200 ep32 run, all-to-all over
+    InfiniBand, is then within 15 %."""
+    entries = {e["id"]: e for e in moe_accuracy.entries()}
+    on = {i for i, e in entries.items() if moe_accuracy.ep_comm_overlap_of(e)}
+    assert {"mbridge-25.11-Qwen3-30B-A3B-H100-16gpu-fp8-cs",
+            "mbridge-26.02.01-Qwen3-30B-A3B-H100-16gpu-fp8",
+            "mbridge-26.04.01-DeepSeek-V3-B200-256gpu-mxfp8",
+            "mbridge-26.06-DeepSeek-V3-GB200-256gpu-mxfp8",
+            "mbridge-26.08-Qwen3-30B-A3B-GB300-8gpu-mxfp8"} <= on
+    assert not on & {"mbridge-25.09-Qwen3-30B-A3B-H100-16gpu-fp8",
+                     "mbridge-26.04-Qwen3-30B-A3B-H100-16gpu-fp8",
+                     "mbridge-26.04-DeepSeek-V3-B200-256gpu-mxfp8",
+                     "mbridge-26.04.01-DeepSeek-V3-GB200-256gpu-mxfp8",
+                     "mbridge-26.06-DeepSeek-V3-B300-256gpu-mxfp8"}
+    assert all(i.startswith("mbridge-") for i in on)
+    b200 = entries["mbridge-26.04.01-DeepSeek-V3-B200-256gpu-mxfp8"]
+    assert moe_accuracy.options_of(b200).moe.a2a_overlap == moe_accuracy.EP_COMM_OVERLAP
+    rows, _ = result
+    by_id = {r.id: r for r in rows}
+    assert abs(by_id["mbridge-26.04.01-DeepSeek-V3-B200-256gpu-mxfp8"].time_error) < 0.15
+    regimes = {name: n for name, n, _, _ in moe_accuracy.regime_bias(rows)}
+    assert sum(regimes.values()) == moe_accuracy.summary(rows)["time_n"]

@@ -87,17 +87,20 @@ def test_solver_places_mtp_and_matches_brute_force():
 
 
 def test_cli_plans_with_mtp_and_exports_mtp_num_layers(tmp_path, capsys):
-    """``plan --mtp-layers 1`` writes a plan whose model holds the MTP module; ``check``
-    re-validates it and the Megatron export carries ``--mtp-num-layers 1``."""
+    """``plan --mtp-layers 1`` writes a plan whose model holds the MTP module (on the last of
+    two pipeline stages, pinned so the search stays short); ``check`` re-validates it and the
+    Megatron export carries ``--mtp-num-layers 1``."""
     import json
 
     from conftest import run_cli
     out = tmp_path / "plan.json"
     code, _, err = run_cli(["plan", "-m", "tiny-moe", "-c", "tiny", "--global-batch", "16",
-                            "--mtp-layers", "1", "--work-limit", "20", "-o", out], capsys)
+                            "--mtp-layers", "1", "--work-limit", "20", "--pin", "pp=2",
+                            "--pin", "tp=1", "-o", out], capsys)
     assert code == 0, err
     doc = json.loads(out.read_text())
     assert [x["kind"] for x in doc["layers"]][-2:] == ["mtp", "head"]
+    assert doc["parallelism"]["pp"] == 2 and doc["layers"][-2]["stage"] == 1
     code, _, err = run_cli(["check", out], capsys)
     assert code == 0, err
     code, text, err = run_cli(["export", out, "--format", "megatron"], capsys)

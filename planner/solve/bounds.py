@@ -178,16 +178,18 @@ def fitting_time_lower_bound(p: StageProblem) -> float:
             if x.state_bytes > 0:
                 refs.append((x.state_bytes, x.act_stored_bytes))
     ends = {min(f), max(f)}
+    # per group: its count, the stages' in-flight counts it may see, and per option its
+    # linear cost, state bytes and stored activation bytes (read once, for every weight)
+    rows = [(n, ends if where is None else (f[where],),
+             [(a * x.time_s + x.optimizer_s / pp, x.state_bytes, x.act_stored_bytes)
+              for x in costs]) for n, costs, where in groups]
     best = 0.0
     for rs, ra in refs:
-        def weighted(x, fi: float) -> float:
-            return (x.state_bytes + alpha * fi * x.act_stored_bytes) / (rs + alpha * fi * ra)
-
         items = []
-        for n, costs, where in groups:
-            at = ends if where is None else (f[where],)
-            items.append((n, [(a * x.time_s + x.optimizer_s / pp,
-                               min(weighted(x, fi) for fi in at)) for x in costs]))
+        for n, at, options in rows:
+            scale = [(alpha * fi, rs + alpha * fi * ra) for fi in at]
+            items.append((n, [(cost, min((s + af * st) / w for af, w in scale))
+                              for cost, s, st in options]))
         best = max(best, _knapsack_lp(items, sum(room / (rs + alpha * fi * ra) for fi in f)))
         if best == float("inf"):
             break
@@ -268,20 +270,28 @@ def stage_lp_bound(p: StageProblem) -> float:
     o = lp.NumVar(0, inf, "o")
     stage_time = []
     fixed_at = {0: list(p.pre), pp - 1: list(p.post)} if pp > 1 else {0: list(p.pre + p.post)}
-    counts = None
-    if v > 1:
-        counts = [[0] * pp for _ in p.classes]
-        for ci, cls in enumerate(p.classes):
+    # Classes with the same option terms are one class here (the LP keeps no contiguity):
+    # Gemma-2's 42 alternating sliding-window / global blocks are two.
+    merged: dict[tuple, int] = {}
+    kinds: list[tuple] = []  # (option terms, blocks, blocks each rank holds when interleaved)
+    for cls in p.classes:
+        k = merged.setdefault(cls.costs, len(kinds))
+        if k == len(kinds):
+            kinds.append((cls.costs, 0, [0] * pp))
+        costs, count, ranks = kinds[k]
+        if v > 1:
             for blk in range(cls.first_block, cls.first_block + cls.count):
-                counts[ci][interleaved_rank(blk, p.num_blocks, pp, v)] += 1
-    per_class = [[] for _ in p.classes]
+                ranks[interleaved_rank(blk, p.num_blocks, pp, v)] += 1
+        kinds[k] = (costs, count + cls.count, ranks)
+    counts = [ranks for _, _, ranks in kinds] if v > 1 else None
+    per_class = [[] for _ in kinds]
     for i in range(pp):
         f = t.in_flight[i]
         time_expr, mem_expr, opt_expr, blocks = [], [], [], []
-        for ci, cls in enumerate(p.classes):
+        for ci, (costs, count, _) in enumerate(kinds):
             row = []
-            for ri, x in enumerate(cls.costs):
-                n = lp.NumVar(0, cls.count, f"n{i}_{ci}_{ri}")
+            for ri, x in enumerate(costs):
+                n = lp.NumVar(0, count, f"n{i}_{ci}_{ri}")
                 row.append(n)
                 time_expr.append(x.time_s * n)
                 mem_expr.append((x.state_bytes + alpha * f * x.act_stored_bytes) * n)
@@ -306,8 +316,8 @@ def stage_lp_bound(p: StageProblem) -> float:
         lp.Add(sum(mem_expr) <= room)
         stage_time.append(ti)
     if counts is None:
-        for ci, cls in enumerate(p.classes):
-            lp.Add(sum(n for row in per_class[ci] for n in row) == cls.count)
+        for ci, (_, count, _) in enumerate(kinds):
+            lp.Add(sum(n for row in per_class[ci] for n in row) == count)
     lp.Minimize(((m * v - 1) * big_t + sum(stage_time)) * (1.0 / v) + o)
     status = lp.Solve()
     if status == pywraplp.Solver.INFEASIBLE:

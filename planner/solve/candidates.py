@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.context import make_context
@@ -18,8 +18,8 @@ from planner.errors import ErrorKind, PlannerError
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.profiles import profile as runtime_profile
-from planner.solve.bounds import (fitting_time_lower_bound, memory_lower_bound, rule_problems,
-                                  time_lower_bound)
+from planner.solve.bounds import (fitting_time_lower_bound, free_memory_lower_bound,
+                                  free_time_lower_bound, rule_problems)
 from planner.solve.costs import StageProblem, stage_problem
 from planner.solve.space import Pins, enumerate_configs
 
@@ -48,6 +48,9 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
     # activations are proportional to it) and the space yields micro-batches in increasing
     # order: once one is over capacity, the larger ones of the same configuration are too.
     over: set[tuple] = set()
+    # Configurations that differ only in their virtual stages share their layers' terms
+    # (:func:`terms_key`): computed once, with each configuration's own context.
+    shared: dict[tuple, tuple[StageProblem, list[StageProblem]]] = {}
     for config in enumerate_configs(model, cluster, global_batch, seq_len, dtype, pins, prof):
         if time.monotonic() > deadline:
             raise PlannerError(ErrorKind.SOLVER_LIMIT,
@@ -57,19 +60,41 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
         family = _without_micro_batch(config)
         if family in over:
             continue
-        problem = stage_problem(make_context(model, cluster, config, runtime),
-                                pins.block_options(config, prof), capacity)
-        memory_lb = memory_lower_bound(problem)
+        ctx = make_context(model, cluster, config, runtime)
+        key = terms_key(config)
+        if key in shared:
+            base, base_parts = shared[key]
+            problem = replace(base, ctx=ctx)
+            parts = [problem if q is base else replace(q, ctx=ctx) for q in base_parts]
+        else:
+            problem = stage_problem(ctx, pins.block_options(config, prof), capacity)
+            parts = rule_problems(problem)
+            shared[key] = (problem, parts)
+        # under the recompute rule: the least over the rule's groups of settings (bounds.py)
+        memories = [free_memory_lower_bound(q) for q in parts]
+        memory_lb = min(memories)
         if memory_lb > capacity:
             over.add(family)
-        time_lb = time_lower_bound(problem, capacity)
-        # under the recompute rule: the least over the rule's groups of settings (bounds.py)
-        fit_lb = max(time_lb, min(fitting_time_lower_bound(q) for q in rule_problems(problem))) \
+        fitting = [q for q, mem in zip(parts, memories) if mem <= capacity] or parts
+        time_lb = min(free_time_lower_bound(q) for q in fitting)
+        fit_lb = max(time_lb, min(fitting_time_lower_bound(q) for q in parts)) \
             if memory_lb <= capacity else math.inf
         out.append(Candidate(config, problem, time_lb, memory_lb, fit_lb))
     # stable, deterministic order: the bound over fitting plans first, then the config's fields
     out.sort(key=lambda c: (c.fit_lb_s, config_key(c.config)))
     return out
+
+
+def terms_key(c: ParallelConfig) -> tuple:
+    """What a configuration's layer terms and block options depend on: every field but its
+    virtual stages, which change only configuration terms (in-flight micro-batches, boundary
+    transfers, the bubble: :func:`planner.cost.terms.config_terms`), except under a V
+    placement, where the head's stored activations are divided by its chunk's in-flight count
+    (``tests/test_graph_search_speed.py`` checks the terms agree)."""
+    if c.schedule_spec.placement == "v":
+        return config_key(c)
+    return (c.tp, c.pp, c.dp, c.cp, c.ep, c.mesh.expert_tp, c.micro_batch, c.zero_stage,
+            not c.sp, c.dp_shard, c.pipeline_schedule)
 
 
 def config_key(c: ParallelConfig) -> tuple:

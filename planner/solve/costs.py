@@ -10,6 +10,7 @@ these records and nothing else, so they agree with ``evaluate`` by construction.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from planner.cost.context import CostContext
 from planner.cost.terms import (ConfigTerms, LayerTerms, config_terms, embedding_sync_s,
@@ -72,6 +73,10 @@ class StageProblem:
     def sync_choices(self) -> tuple[tuple[int, tuple[float, ...]], ...]:
         """(embedding index, the tied table's gradient-sync seconds per option of it), for
         the embedding(s) among the non-block layers (``embedding_sync_s`` of its layout)."""
+        return self._sync_choices
+
+    @cached_property  # the bounds read it several times per configuration
+    def _sync_choices(self) -> tuple[tuple[int, tuple[float, ...]], ...]:
         layers = self.ctx.model.layers
         return tuple((j, tuple(embedding_sync_s(self.ctx, o.layout)
                                for o, _ in self.edge_choices(j)))

@@ -5,13 +5,14 @@ Consumes a model, a cluster, the training inputs and :class:`SearchOptions`; pro
 
 It reads like pseudocode (torchrec's planner shape): propose (``space.enumerate_configs``),
 bound (a compute lower bound on step time, a memory lower bound on the fullest stage), keep the
-candidates that could still win sorted by bound, solve each exactly (``inner.solve_stages``,
-hinted with Megatron's uniform split), keep the best k, stop when the next bound cannot beat the
-k-th best. Every pruned candidate's bound is at least the incumbent, so when the loop ends
+candidates that could still win in a queue by bound (tightened once, lazily, by the LP that keeps
+the stages), solve each exactly (``inner.solve_stages``, hinted with Megatron's uniform split),
+keep the best k, stop when the next bound cannot beat the k-th best. Every pruned candidate's bound is at least the incumbent, so when the loop ends
 without hitting the time limit the result is OPTIMAL within the cost model.
 """
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -127,14 +128,6 @@ def _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, opti
     return [(rank(ev), config_key(ev.config), ev) for ev in [found.best, *found.alternatives]]
 
 
-def _cannot_beat(problem, cutoff_s: float) -> bool:
-    """The bounds that cost more than the candidate's sort key, tried before a CP-SAT solve:
-    the integrality of contiguous stages, then the LP with the stages kept
-    (:mod:`planner.solve.bounds`)."""
-    return (contiguous_split_exceeds(problem, cutoff_s)
-            or stage_lp_bound(problem) > cutoff_s)
-
-
 def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
            dtype: str = "bf16", pins: Pins = Pins(), options: SearchOptions = SearchOptions(),
            progress: Progress | None = None) -> SearchResult:
@@ -181,22 +174,41 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     timed_out = False
     out_of_work = False
     scale = 0.0
-    for index, cand in enumerate(fitting):
+    # Best first over lower bounds that tighten lazily: a candidate comes up by its sort
+    # bound; the first time, the LP with the stages kept (bounds.stage_lp_bound) refines it,
+    # and if another candidate's bound is now lower it goes back in the queue. The candidates
+    # that really can be fast are solved first, so the incumbent is good early and the finer
+    # bound prunes the rest.
+    queue = [(c.fit_lb_s, config_key(c.config), False, i) for i, c in enumerate(fitting)]
+    heapq.heapify(queue)
+    popped = 0
+    while queue:
+        bound, key, refined, index = queue[0]
+        cand = fitting[index]
         cutoff = kept[-1][0][0] if len(kept) >= options.top_k else math.inf
-        if cand.fit_lb_s > cutoff:
+        if bound > cutoff * (1 + 1e-9):
             break  # every remaining candidate's bound is above the k-th best (a tie may win
             # on memory, so a bound equal to it is still solved)
         remaining = loop_deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
-            open_bound = min(open_bound, cand.fit_lb_s)
+            open_bound = min(open_bound, bound)
             break
         if work_limit is not None and evaluated >= work_limit:
             out_of_work = True
-            open_bound = min(open_bound, cand.fit_lb_s)
+            open_bound = min(open_bound, bound)
             break
-        if math.isfinite(cutoff) and _cannot_beat(cand.problem, cutoff * (1 + 1e-9)):
-            continue  # proven by the finer bounds: no fitting placement reaches the k-th best
+        heapq.heappop(queue)
+        if not refined:
+            bound = max(bound, stage_lp_bound(cand.problem))
+            if queue and bound > queue[0][0]:
+                heapq.heappush(queue, (bound, key, True, index))
+                continue
+            if bound > cutoff * (1 + 1e-9):
+                continue  # proven by the LP: no fitting placement reaches the k-th best
+        popped += 1
+        if math.isfinite(cutoff) and contiguous_split_exceeds(cand.problem, cutoff * (1 + 1e-9)):
+            continue  # proven by the integrality of contiguous stages
         # the hint: the best uniform plan of this configuration over the mesh layout (a
         # uniform non-mesh layout is rarely the best start and costs an evaluation each)
         allowed = pins.block_options(cand.config, prof)
@@ -222,7 +234,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         if result.status == "OPTIMAL" or result.status == "INFEASIBLE":
             optimal += 1
         else:
-            open_bound = min(open_bound, max(result.bound_s, cand.fit_lb_s))
+            open_bound = min(open_bound, max(result.bound_s, bound))
         placement = result.placement
         ev = None
         if placement is not None:
@@ -234,8 +246,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             kept.sort(key=lambda item: (item[0], item[1]))
             del kept[options.top_k:]
         if progress is not None:
-            progress(index + 1, len(fitting), kept[0][0][0] if kept else math.inf,
-                     min(cand.fit_lb_s, open_bound))
+            progress(popped, len(fitting), kept[0][0][0] if kept else math.inf,
+                     min(bound, open_bound))
     if fallback and (timed_out or out_of_work):
         work = None if options.work_limit is None else max(1, options.work_limit - work_limit)
         kept = sorted(kept + _uniform_incumbents(model, cluster, global_batch, seq_len, dtype,

@@ -4,10 +4,10 @@ and the CLI's errors."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
-from conftest import run_cli
+from test_serve_model import _invoke  # in-process shardplan (one helper)
 
 from clusters import load_cluster
 from models import load_model
@@ -89,19 +89,6 @@ def test_mtp_decode_step_and_tpot(ds, h200):
     cluster = load_cluster("dgx-h200", nodes=2)
     dis = evaluate_serving(ds, cluster, _wl(2, mode="disaggregated"), dcfg, "sglang")
     assert dis.tpot_s == pytest.approx(dis.pools[1].iteration.total_s / (1 + 0.85 + 0.85 ** 2))
-
-
-@dataclass
-class _Run:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def _invoke(args, capsys) -> _Run:
-    """``shardplan ARGS`` in this process, through the real entry point (exit codes included;
-    tests/conftest.py run_cli): the test is about the command, not the process."""
-    return _Run(*run_cli(args, capsys))
 
 
 def test_plan_file_keeps_the_speculative_setting(tmp_path, capsys):

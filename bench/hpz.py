@@ -38,13 +38,14 @@ END = "<!-- hpz:end -->"
 
 # ZeRO-3 data parallelism over several nodes, where hpZ applies: DeepSpeed's ZeRO++ tutorial
 # setting (GPT on 4 nodes), on A100-40GB (8 x 200 Gb/s rails) and H100 (8 x 400 Gb/s), the
-# latter two with ZeRO-3 pinned (the plain ZeRO-3 plan against hpZ's); then the tiny test
-# cluster, whose nodes talk over 5 GB/s Ethernet (the low-bandwidth setting ZeRO++ targets)
+# latter two with ZeRO-3 pinned (the plain ZeRO-3 plan against hpZ's). The tiny test cluster
+# (5 GB/s Ethernet between nodes, the low-bandwidth setting ZeRO++ targets) is not here: its
+# 2 GiB GPUs cannot hold the ZeRO optimizer's 5e8-element buckets; tests/test_hpz.py covers it
+# on a larger tiny GPU
 CASES = [
     Case("gpt3-6.7b", "dgx-a100-40g", 4, 512),
     Case("gpt3-6.7b", "dgx-a100-40g", 4, 512, (("zero", "3"),)),
     Case("llama-3.1-8b", "dgx-h100", 4, 256, (("zero", "3"),)),
-    Case("tiny", "tiny", 2, 16, (("zero", "3"),)),
 ]
 
 

@@ -249,6 +249,8 @@ class StateBytes:
     grads_sharded_from_stage: int = 2  # ZeRO stage from which the gradient buffer is sharded
     grad_reduce_bytes: float = 4.0  # element size of the data-parallel gradient reduction
     bucket_bytes: float = 0.0  # communication buckets allocated next to the states (ZeRO >= 1)
+    # the layout the runtime switches to from ZeRO-2 on (a different optimizer class), if any
+    zero2_layout: str | None = None
 
 
 RUNTIME_STATE_BYTES = {
@@ -261,9 +263,12 @@ RUNTIME_STATE_BYTES = {
                             grad_reduce_bytes=2.0, bucket_bytes=2 * 5e8 * 2),
     # DeepSpeed BF16_Optimizer (bf16_optimizer.py, used by Megatron-DeepSpeed for BLOOM): the
     # bf16 .grad tensors (2) plus an unsharded fp32 accumulation buffer (4); fp32 master, m and
-    # v (12) sharded over DP (published_runs.yaml, bloom176B-main-run notes).
+    # v (12) sharded over DP (published_runs.yaml, bloom176B-main-run notes). DeepSpeed's engine
+    # (runtime/engine.py, _configure_optimizer) builds it for ZeRO-0/1 only: from ZeRO-2 on a
+    # bf16 model gets the ZeRO optimizer (stage_1_and_2.py, stage3.py), the fp16 layout's bytes.
     "deepspeed-bf16": StateBytes(weights=2.0, grads=6.0, optimizer=12.0,
-                                 grads_sharded_from_stage=4, grad_reduce_bytes=4.0),
+                                 grads_sharded_from_stage=4, grad_reduce_bytes=4.0,
+                                 zero2_layout="deepspeed"),
     # PyTorch in fp32 (the CPU verification runtime, planner/runtime): fp32 weights and
     # gradients, Adam's m and v (torch.optim.Adam state), no separate master copy.
     "torch-fp32": StateBytes(weights=4.0, grads=4.0, optimizer=8.0, grads_sharded_from_stage=2,
@@ -317,9 +322,12 @@ class RuntimeOptions:
                                pool_efficiency=())
         return self
 
-    @property
-    def state_bytes(self) -> StateBytes:
-        return RUNTIME_STATE_BYTES[self.runtime]
+    def state_bytes(self, zero_stage: int) -> StateBytes:
+        """Bytes per parameter of the runtime's states under ZeRO stage ``zero_stage``."""
+        state = RUNTIME_STATE_BYTES[self.runtime]
+        if zero_stage >= 2 and state.zero2_layout is not None:
+            return RUNTIME_STATE_BYTES[state.zero2_layout]
+        return state
 
 
 def resolve_dp(num_gpus: int, tp: int, pp: int, cp: int = 1) -> int:

@@ -174,8 +174,8 @@ def test_fsdp2_under_pp_keeps_weights_and_gradients_unsharded():
     assert config_terms(ctx).dp_gather_dense.slope_s_per_byte > 0
     block = next(i for i, l in enumerate(pp.model.layers) if l.kind.value == "block")
     t = layer_terms(ctx, pp.model.layers[block], pp.placement.options[block])
-    sharded = pp.options.state_bytes.weights * t.dense_params / pp.config.dp
-    assert t.params_bytes == pytest.approx(sharded + pp.options.state_bytes.weights
+    sharded = pp.options.state_bytes(pp.config.zero_stage).weights * t.dense_params / pp.config.dp
+    assert t.params_bytes == pytest.approx(sharded + pp.options.state_bytes(pp.config.zero_stage).weights
                                            * t.dense_params)
     assert t.grads_bytes >= UNSHARDED_GRAD_BYTES * t.dense_params
     assert t.gather_buffer_bytes == 0

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from planner.topology import Link
-from planner.config import RUNTIME_STATE_BYTES
+from planner.config import RUNTIME_STATE_BYTES, RuntimeOptions
 from planner.strategy import Recompute
 from planner.cost import comm
 from planner.cost.memory import (block_activation_bytes_per_token, in_flight_micro_batches,
@@ -49,6 +49,22 @@ def test_megatron_keeps_18_bytes_per_parameter():
     assert zero_state_bytes(1e9, 8, 0, RUNTIME_STATE_BYTES["megatron"]).total == 18e9
     # distributed optimizer: 6 + 12/d
     assert zero_state_bytes(1e9, 8, 1, RUNTIME_STATE_BYTES["megatron"]).total == 6e9 + 12e9 / 8
+
+
+def test_deepspeed_bf16_shards_gradients_from_zero_2():
+    # DeepSpeed's engine builds BF16_Optimizer for ZeRO-0/1 only (runtime/engine.py): its bf16
+    # .grad and unsharded fp32 accumulation buffer (6 B/param); from ZeRO-2 a bf16 model gets
+    # the ZeRO optimizer (stage_1_and_2.py, stage3.py): 16-bit gradients sharded with the stage,
+    # an fp32 gradient partition next to the fp32 master, m and v (16 B/param sharded)
+    options = RuntimeOptions(runtime="deepspeed-bf16")
+    one = zero_state_bytes(1e9, 8, 1, options.state_bytes(1))
+    assert one.grads == 6e9 and one.optimizer == 12e9 / 8
+    for stage in (2, 3):
+        states = zero_state_bytes(1e9, 8, stage, options.state_bytes(stage))
+        assert states.grads == 2e9 / 8 and states.optimizer == 16e9 / 8
+        assert options.state_bytes(stage) == RUNTIME_STATE_BYTES["deepspeed"]
+    megatron = RuntimeOptions(runtime="megatron")
+    assert megatron.state_bytes(3) == megatron.state_bytes(0) == RUNTIME_STATE_BYTES["megatron"]
 
 
 def gpt_block(h: int, a: int) -> Layer:

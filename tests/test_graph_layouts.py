@@ -114,7 +114,7 @@ def test_tied_table_sync_follows_its_layout(tiny):
     model = vlm(tied=True, hidden_embedding=512, hv=512)
     c = config(model, tiny, pp=2, dp=2)
     ctx = make_context(model, tiny, c)
-    grad = ctx.options.state_bytes.grad_reduce_bytes
+    grad = ctx.options.state_bytes(ctx.config.zero_stage).grad_reduce_bytes
     for layout, t in ((Layout.MESH, 2), (Layout.REPLICATED, 1), (Layout.TP_DOUBLE, 4)):
         expected = comm.all_reduce_s(32000 * 512 / t * grad, 2, ctx.links.pp)
         assert embedding_sync_s(ctx, layout) == pytest.approx(expected)

@@ -53,7 +53,7 @@ def test_offload_moves_the_optimizer_states_and_costs_the_host_step(tiny):
     assert off.optimizer_bytes == 0 and on_gpu.optimizer_bytes > 0
     assert off.host_bytes == pytest.approx(on_gpu.optimizer_bytes + 4 * owned)
     assert off.params_bytes == on_gpu.params_bytes and off.grads_bytes == on_gpu.grads_bytes
-    state = ctx.options.state_bytes
+    state = ctx.options.state_bytes(ctx.config.zero_stage)
     link = owned * (state.grad_reduce_bytes + state.weights) / (25e9 * 0.8)
     adam = max(owned * OPTIMIZER_BYTES_PER_PARAM / (50e9 * 0.8),
                owned * offload.ADAM_FLOPS_PER_PARAM / (8 * 50e9))

@@ -208,8 +208,8 @@ def config_terms(ctx: CostContext) -> ConfigTerms:
 @lru_cache(maxsize=4096)
 def _config_terms(ctx: CostContext) -> ConfigTerms:
     c, mesh, opts = ctx.config, ctx.mesh, ctx.options
-    state = opts.state_bytes
     zero = c.zero_stage
+    state = opts.state_bytes(zero)
     n, n_expert = mesh.shard_degree, mesh.expert_shard_degree
     hidden_bytes = ctx.shard.tokens * ctx.model.hidden * ACT_BYTES
     buffers = 0.0
@@ -477,7 +477,8 @@ def embedding_sync_s(ctx: CostContext, layout: Layout = Layout.MESH) -> float:
         return 0.0  # (a V placement keeps the embedding and the head on rank 0)
     view = layout_view(ctx, layout)
     tp = view.tp if view is not None else c.tp
-    size = ctx.model.vocab * ctx.model.hidden / tp * ctx.options.state_bytes.grad_reduce_bytes
+    size = (ctx.model.vocab * ctx.model.hidden / tp
+            * ctx.options.state_bytes(c.zero_stage).grad_reduce_bytes)
     return comm.all_reduce_s(size, 2, ctx.links.pp)
 
 
@@ -605,8 +606,8 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
                                              opts.recompute_modules, opts.cross_entropy)
     working += moe_buffer
     dense, expert = layer_params_on_gpu(layer, tp, c.ep, mesh.expert_tp)
-    state = opts.state_bytes
     zero = c.zero_stage
+    state = opts.state_bytes(zero)
     n, n_expert = view.dp_shard, mesh.expert_shard_degree
     dense_states = zero_state_bytes(dense, n, zero, state)
     expert_states = zero_state_bytes(expert, n_expert, zero, state)

@@ -232,7 +232,7 @@ def cheap_bounds(model, cluster, config, options, splits=()) -> tuple[float, flo
         return math.inf, math.inf, 0.0
     m = c.num_micro_batches
     time_lb = (m - 1) / sum(rates) + min(works)
-    state = options.state_bytes
+    state = options.state_bytes(c.zero_stage)
     dense = sum(layer_params_on_gpu(cls.layer, c.tp, c.ep)[0] * cls.count for cls in classes)
     expert = sum(layer_params_on_gpu(cls.layer, c.tp, c.ep)[1] * cls.count for cls in classes)
     states = zero_state_bytes(dense, c.dp * c.cp, c.zero_stage, state).total + \

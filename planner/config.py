@@ -264,8 +264,9 @@ RUNTIME_STATE_BYTES = {
     # DeepSpeed BF16_Optimizer (bf16_optimizer.py, used by Megatron-DeepSpeed for BLOOM): the
     # bf16 .grad tensors (2) plus an unsharded fp32 accumulation buffer (4); fp32 master, m and
     # v (12) sharded over DP (published_runs.yaml, bloom176B-main-run notes). DeepSpeed's engine
-    # (runtime/engine.py, _configure_optimizer) builds it for ZeRO-0/1 only: from ZeRO-2 on a
-    # bf16 model gets the ZeRO optimizer (stage_1_and_2.py, stage3.py), the fp16 layout's bytes.
+    # (runtime/engine.py, _do_optimizer_sanity_check) builds it for ZeRO-1 (and ZeRO-0 under
+    # pipeline parallelism) only: from ZeRO-2 on a bf16 model gets the ZeRO optimizer
+    # (stage_1_and_2.py, stage3.py), the fp16 layout's bytes.
     "deepspeed-bf16": StateBytes(weights=2.0, grads=6.0, optimizer=12.0,
                                  grads_sharded_from_stage=4, grad_reduce_bytes=4.0,
                                  zero2_layout="deepspeed"),

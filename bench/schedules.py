@@ -107,36 +107,42 @@ def gain_rows(case: Case, runs: list[tuple[str, dict]], cells) -> list[str]:
             f"{cells(r)} | {base / r['step_s'] - 1:+.1%} |" for label, r in runs]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def gain_bench(doc: str, cases: list[Case], header: list[str], runs_of, cells, write) -> int:
+    """The command of a two-way gain table (this script and bench/hpz.py): ``--quick`` takes
+    the first case and only prints; otherwise ``write(lines)`` rewrites the docs section."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="the first instance only; print, write nothing")
     args = parser.parse_args()
-    cases = CASES[:1] if args.quick else CASES
-    lines = ["`python bench/schedules.py`: the torchtitan search restricted to 1F1B and "
-             "interleaved 1F1B, then with",
-             "every schedule torchtitan runs (ZB-H1 as InterleavedZeroBubble, ZB-V, DualPipeV; "
-             "`planner/cost/pipeline.py`).",
-             "Wall-clock seconds of one solve on a shared machine; gain = step time without / "
-             "with - 1.", "",
-             "| instance | schedules | solve s | status | solved / total | plan | step s | "
-             "bubble s | peak GiB | MFU | gain |",
-             "|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines = list(header)
     for line in lines:
         print(line)
-    for case in cases:
-        for line in gain_rows(case, [("1F1B, interleaved", run(case, CLASSIC)),
-                                     ("all torchtitan", run(case, None))],
-                              lambda r: (f"{r['plan']} | {r['step_s']:.3f} | "
-                                         f"{r['bubble_s']:.3f} | {r['peak_gib']:.1f} | "
-                                         f"{r['mfu']:.1%}")):
+    for case in cases[:1] if args.quick else cases:
+        for line in gain_rows(case, runs_of(case), cells):
             lines.append(line)
             print(line, flush=True)
     if not args.quick:
-        write_section(lines)
+        write(lines)
         print(f"wrote {DOC}")
     return 0
 
+
+def main() -> int:
+    header = ["`python bench/schedules.py`: the torchtitan search restricted to 1F1B and "
+              "interleaved 1F1B, then with",
+              "every schedule torchtitan runs (ZB-H1 as InterleavedZeroBubble, ZB-V, DualPipeV; "
+              "`planner/cost/pipeline.py`).",
+              "Wall-clock seconds of one solve on a shared machine; gain = step time without / "
+              "with - 1.", "",
+              "| instance | schedules | solve s | status | solved / total | plan | step s | "
+              "bubble s | peak GiB | MFU | gain |",
+              "|---|---|---:|---|---:|---|---:|---:|---:|---:|---:|"]
+    return gain_bench(__doc__, CASES, header,
+                      lambda case: [("1F1B, interleaved", run(case, CLASSIC)),
+                                    ("all torchtitan", run(case, None))],
+                      lambda r: (f"{r['plan']} | {r['step_s']:.3f} | {r['bubble_s']:.3f} | "
+                                 f"{r['peak_gib']:.1f} | {r['mfu']:.1%}"),
+                      write_section)
 
 if __name__ == "__main__":
     sys.exit(main())

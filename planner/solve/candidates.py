@@ -2,7 +2,8 @@
 
 Consumes a model, a cluster, the training inputs, the user's pins and the runtime options;
 produces :class:`Candidate` values (configuration, its :class:`~planner.solve.costs.StageProblem`
-and its time and memory lower bounds from :mod:`planner.solve.bounds`), sorted by time bound.
+and its time and memory lower bounds from :mod:`planner.solve.bounds`; the bound over plans
+that fit, an LP per configuration, when first read), sorted by time bound.
 The search (:mod:`planner.solve.search`) solves them in that order; the infeasibility
 explanation (:mod:`planner.solve.explain`) reads them to say how close the space came.
 """
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.context import make_context
@@ -30,8 +32,18 @@ class Candidate:
     problem: StageProblem
     time_lb_s: float  # no placement of this configuration is faster
     memory_lb_bytes: float
-    # no placement that fits the memory limit is faster (>= time_lb_s; inf: none fits)
-    fit_lb_s: float = 0.0
+    capacity_bytes: float = math.inf  # what a stage may use
+    # the problem cut to each group of settings the recompute rule allows (bounds.py)
+    parts: tuple[StageProblem, ...] = field(default=(), compare=False, repr=False)
+
+    @cached_property
+    def fit_lb_s(self) -> float:
+        """No placement that fits the memory limit is faster (>= time_lb_s; inf: none fits,
+        even fractionally). Computed when first read: the search reads it only for the
+        candidates whose ``time_lb_s`` comes up before its incumbent prunes the rest."""
+        if self.memory_lb_bytes > self.capacity_bytes:
+            return math.inf
+        return max(self.time_lb_s, min(fitting_time_lower_bound(q) for q in self.parts))
 
 
 def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
@@ -64,8 +76,8 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
         key = terms_key(config)
         if key in shared:
             base, base_parts = shared[key]
-            problem = replace(base, ctx=ctx)
-            parts = [problem if q is base else replace(q, ctx=ctx) for q in base_parts]
+            problem = base.with_context(ctx)
+            parts = [problem if q is base else q.with_context(ctx) for q in base_parts]
         else:
             problem = stage_problem(ctx, pins.block_options(config, prof), capacity)
             parts = rule_problems(problem)
@@ -77,11 +89,9 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
             over.add(family)
         fitting = [q for q, mem in zip(parts, memories) if mem <= capacity] or parts
         time_lb = min(free_time_lower_bound(q) for q in fitting)
-        fit_lb = max(time_lb, min(fitting_time_lower_bound(q) for q in parts)) \
-            if memory_lb <= capacity else math.inf
-        out.append(Candidate(config, problem, time_lb, memory_lb, fit_lb))
-    # stable, deterministic order: the bound over fitting plans first, then the config's fields
-    out.sort(key=lambda c: (c.fit_lb_s, config_key(c.config)))
+        out.append(Candidate(config, problem, time_lb, memory_lb, capacity, tuple(parts)))
+    # stable, deterministic order: the time bound first, then the config's fields
+    out.sort(key=lambda c: (c.time_lb_s, config_key(c.config)))
     return out
 
 

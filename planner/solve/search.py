@@ -152,8 +152,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             ("check that the global batch is divisible by some data-parallel degree",
              "remove pins that contradict each other (see --pin)"),
             {"pins": pins.as_dict()})
-    fitting = [c for c in cands if c.memory_lb_bytes <= limit and math.isfinite(c.fit_lb_s)]
-    pruned_memory = total - len(fitting)
+    fitting = [c for c in cands if c.memory_lb_bytes <= limit]
+    pruned_memory = total - len(fitting)  # + those whose fitting bound says none fits
     prof = runtime_profile(options.runtime.profile)
 
     kept: list[tuple[tuple[float, float], tuple, Evaluation]] = []  # (rank, key, evaluation)
@@ -174,16 +174,17 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     timed_out = False
     out_of_work = False
     scale = 0.0
-    # Best first over lower bounds that tighten lazily: a candidate comes up by its sort
-    # bound; the first time, the LP with the stages kept (bounds.stage_lp_bound) refines it,
-    # and if another candidate's bound is now lower it goes back in the queue. The candidates
-    # that really can be fast are solved first, so the incumbent is good early and the finer
-    # bound prunes the rest.
-    queue = [(c.fit_lb_s, config_key(c.config), False, i) for i, c in enumerate(fitting)]
+    # Best first over lower bounds that tighten lazily: a candidate comes up by its time
+    # bound; the first time, the bound over fitting plans (the knapsack LPs) refines it, the
+    # second time the LP with the stages kept (bounds.stage_lp_bound), and each time, if
+    # another candidate's bound is now lower, it goes back in the queue. The candidates that
+    # really can be fast are solved first, so the incumbent is good early and the finer
+    # bounds are computed only for the candidates it does not prune first.
+    queue = [(c.time_lb_s, config_key(c.config), 0, i) for i, c in enumerate(fitting)]
     heapq.heapify(queue)
     popped = 0
     while queue:
-        bound, key, refined, index = queue[0]
+        bound, key, level, index = queue[0]
         cand = fitting[index]
         cutoff = kept[-1][0][0] if len(kept) >= options.top_k else math.inf
         if bound > cutoff * (1 + 1e-9):
@@ -199,13 +200,22 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             open_bound = min(open_bound, bound)
             break
         heapq.heappop(queue)
-        if not refined:
+        if level == 0:
+            bound = max(bound, cand.fit_lb_s)
+            if math.isinf(bound):
+                pruned_memory += 1  # not even a fractional choice of options fits
+                continue
+            if queue and bound > queue[0][0]:
+                heapq.heappush(queue, (bound, key, 1, index))
+                continue
+            level = 1
+        if level == 1:
             bound = max(bound, stage_lp_bound(cand.problem))
             if queue and bound > queue[0][0]:
-                heapq.heappush(queue, (bound, key, True, index))
+                heapq.heappush(queue, (bound, key, 2, index))
                 continue
-            if bound > cutoff * (1 + 1e-9):
-                continue  # proven by the LP: no fitting placement reaches the k-th best
+        if bound > cutoff * (1 + 1e-9):
+            continue  # proven by the LPs: no fitting placement reaches the k-th best
         popped += 1
         if math.isfinite(cutoff) and contiguous_split_exceeds(cand.problem, cutoff * (1 + 1e-9)):
             continue  # proven by the integrality of contiguous stages

@@ -300,6 +300,15 @@ def cross_entropy_of(entry: dict) -> str:
     return "fp32"
 
 
+def state_layout_of(entry: dict, prof) -> str:
+    """The optimizer-state layout of the entry's framework: NeMo AutoModel trains its bf16
+    model with ``torch.optim.Adam`` (``torch-bf16``: 2-byte weights, gradients and moments, no
+    fp32 master; planner/config.py), others the profile's layout for the dtype."""
+    if "automodel" in (entry["training"].get("framework") or "").lower():
+        return "torch-bf16"
+    return prof.state_layout_for(dtype_of(entry))
+
+
 def options_of(entry: dict) -> RuntimeOptions:
     """The runtime profile of the entry's framework with the library's calibrated constants
     (what ``shardplan evaluate --runtime`` uses), routing as the entry states it
@@ -311,7 +320,7 @@ def options_of(entry: dict) -> RuntimeOptions:
     prof = profile_for_framework(framework)
     routing = (t.get("moe_routing") or "").lower()
     capacity = 1.0 if "token-dropping" in routing else 0.0
-    options = RuntimeOptions(runtime=prof.state_layout_for(dtype_of(entry)), profile=prof.name,
+    options = RuntimeOptions(runtime=state_layout_of(entry, prof), profile=prof.name,
                              recompute_modules=recompute_modules_of(entry),
                              cross_entropy=cross_entropy_of(entry),
                              moe=MoeOptions(capacity_factor=capacity,

@@ -128,3 +128,18 @@ def test_automodel_fits_with_bf16_adam_states(result):
     mixed = zero_state_bytes(params, 8, 3, RUNTIME_STATE_BYTES["zero-paper"]).total / 2**30
     bf16 = zero_state_bytes(params, 8, 3, RUNTIME_STATE_BYTES["torch-bf16"]).total / 2**30
     assert mixed > 56 and bf16 < 29
+
+
+def test_twin_floor_is_the_spread_of_identical_inputs(result):
+    """Runs with identical inputs get one prediction; the least max error over them is
+    (b - a) / (a + b): on the file, the 26.02 / 26.02.01 Qwen3-30B-A3B runs on 16 H100."""
+    rows, _ = result
+    floor, twins = moe_accuracy.twin_floor(rows)
+    assert sorted(twins) == ["mbridge-26.02-Qwen3-30B-A3B-H100-16gpu-fp8",
+                             "mbridge-26.02.01-Qwen3-30B-A3B-H100-16gpu-fp8"]
+    by_id = {r.id: r for r in rows}
+    a, b = sorted(by_id[t].time_published_s for t in twins)
+    assert floor == pytest.approx((b - a) / (a + b)) and 0.27 < floor < 0.29
+    p = 2 * a * b / (a + b)  # the best common prediction misses both by the floor
+    assert p / a - 1 == pytest.approx(floor) and 1 - p / b == pytest.approx(floor)
+    assert max(abs(r.time_error) for r in rows if r.time_error is not None) >= floor

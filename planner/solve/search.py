@@ -152,8 +152,10 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             ("check that the global batch is divisible by some data-parallel degree",
              "remove pins that contradict each other (see --pin)"),
             {"pins": pins.as_dict()})
+    # the memory bound prunes here; the finer bound over fitting placements
+    # (Candidate.fit_lb_s) is read when a candidate comes up
     fitting = [c for c in cands if c.memory_lb_bytes <= limit]
-    pruned_memory = total - len(fitting)  # + those whose fitting bound says none fits
+    pruned_memory = total - len(fitting)
     prof = runtime_profile(options.runtime.profile)
 
     kept: list[tuple[tuple[float, float], tuple, Evaluation]] = []  # (rank, key, evaluation)
@@ -175,11 +177,12 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     out_of_work = False
     scale = 0.0
     # Best first over lower bounds that tighten lazily: a candidate comes up by its time
-    # bound; the first time, the bound over fitting plans (the knapsack LPs) refines it, the
-    # second time the LP with the stages kept (bounds.stage_lp_bound), and each time, if
-    # another candidate's bound is now lower, it goes back in the queue. The candidates that
-    # really can be fast are solved first, so the incumbent is good early and the finer
-    # bounds are computed only for the candidates it does not prune first.
+    # bound; then by the knapsack bound over fitting placements (Candidate.fit_lb_s), then by
+    # the LP with the stages kept (bounds.stage_lp_bound), each computed the first time the
+    # candidate comes up at the level before, and if another candidate's bound is now lower
+    # it goes back in the queue. The candidates that really can be fast are solved first, so
+    # the incumbent is good early and the finer bounds prune the rest; the costly ones are
+    # computed only for the few candidates that come up.
     queue = [(c.time_lb_s, config_key(c.config), 0, i) for i, c in enumerate(fitting)]
     heapq.heapify(queue)
     popped = 0
@@ -200,22 +203,16 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             open_bound = min(open_bound, bound)
             break
         heapq.heappop(queue)
-        if level == 0:
-            bound = max(bound, cand.fit_lb_s)
+        if level < 2:
+            finer = cand.fit_lb_s if level == 0 else stage_lp_bound(cand.problem)
+            bound = max(bound, finer)
             if math.isinf(bound):
-                pruned_memory += 1  # not even a fractional choice of options fits
+                continue  # no placement of it fits, even fractionally
+            if level == 0 or (queue and bound > queue[0][0]):
+                heapq.heappush(queue, (bound, key, level + 1, index))
                 continue
-            if queue and bound > queue[0][0]:
-                heapq.heappush(queue, (bound, key, 1, index))
-                continue
-            level = 1
-        if level == 1:
-            bound = max(bound, stage_lp_bound(cand.problem))
-            if queue and bound > queue[0][0]:
-                heapq.heappush(queue, (bound, key, 2, index))
-                continue
-        if bound > cutoff * (1 + 1e-9):
-            continue  # proven by the LPs: no fitting placement reaches the k-th best
+            if bound > cutoff * (1 + 1e-9):
+                continue  # proven by the LP: no fitting placement reaches the k-th best
         popped += 1
         if math.isfinite(cutoff) and contiguous_split_exceeds(cand.problem, cutoff * (1 + 1e-9)):
             continue  # proven by the integrality of contiguous stages

@@ -69,8 +69,11 @@ class StageProblem:
         (bounds: the least any choice of embedding and head layouts can cost)."""
         key = ("fixed", name, pick)
         if key not in self._sums:
-            self._sums[key] = sum(pick(getattr(x, name) for _, x in self.edge_choices(i))
-                                  for i in self.pre + self.post)
+            if not self.edge_options:  # the mesh terms only (edge_choices' fallback), in order
+                value = sum(getattr(x, name) for x in self.pre_costs + self.post_costs)
+            else:  # edge_costs[k]: the options' terms of layer (pre + post)[k]
+                value = sum(pick(getattr(x, name) for x in costs) for costs in self.edge_costs)
+            self._sums[key] = value
         return self._sums[key]
 
     def class_sum(self, names: str | tuple[str, ...], pick=min) -> float:

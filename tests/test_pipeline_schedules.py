@@ -14,7 +14,7 @@ from models.native import build_native
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.memory import in_flight_micro_batches
 from planner.cost.model import evaluate
-from planner.cost.pipeline import SCHEDULES, bubble_credit_s, pipeline_time_s
+from planner.cost.pipeline import SCHEDULES, bubble_pieces, pipeline_time_s
 from planner.errors import PlannerError
 from planner.export import export_plan
 from planner.plan import dumps, make_plan
@@ -37,37 +37,47 @@ def _equal_stage_bubble(name: str, p: int, f: float, b_in: float, w: float) -> f
     spec = SCHEDULES[name]
     v = spec.min_chunks
     t = v * (f + b_in + w)  # a rank's work per micro-batch: v chunks
-    credit = bubble_credit_s(p, v, spec.w_credit, spec.b_extra, p * v * (b_in + w), p * v * w)
     m = 4 * p
-    return pipeline_time_s([t] * p, m, v, credit) - m * t
+    return pipeline_time_s([t] * p, m, v, bubble_pieces(spec, p), p * v * (b_in + w),
+                           p * v * w) - m * t
 
 
 @pytest.mark.parametrize("p", [2, 4, 8])
 def test_published_bubbles_with_equal_f_b_w(p):
     # Sea AI Lab's comparison with T_F = T_B = T_W (Qi et al. 2024): bubble rate (p-1)/m for
-    # 1F1B, (p-1)/(3m) for ZB1P, 0 for ZB-V; m micro-batches of 3 T each
+    # 1F1B, (p-1)/(3m) for ZB1P; ZB-V keeps the first forward's wait (p-1) F on rank p-1
+    # (the operation order, planner/cost/pipeline_sim.py: not the zero of the equal-time
+    # headline); m micro-batches of 3 T each
     one = _equal_stage_bubble("1f1b", p, 1.0, 1.0, 1.0)
     assert one == pytest.approx((p - 1) * 3.0)
     assert _equal_stage_bubble("zb-h1", p, 1.0, 1.0, 1.0) == pytest.approx(one / 3)
-    assert _equal_stage_bubble("zbv", p, 1.0, 1.0, 1.0) == pytest.approx(0.0, abs=1e-12)
-    # DeepSeek-V3 Table 2 / DualPipe README forms per chunk (B = full backward chunk): ZB1P
-    # (p-1)(F + B - 2W); DualPipeV (PP/2 - 1)(F&B + B - 3W) over PP = 2p chunk stages, with
-    # F&B = F + B (no communication overlap modelled); ZB-V (p-1)(F + B - 3W)
+    assert _equal_stage_bubble("zbv", p, 1.0, 1.0, 1.0) == pytest.approx(p - 1)
+    # DeepSeek-V3 Table 2 / DualPipe README forms per chunk (B = full backward chunk) where
+    # the orders agree with them: ZB1P (p-1)(F + B - 2W) while W <= min(F, I); DualPipeV
+    # (PP/2 - 1)(F&B + B - 3W) over PP = 2p chunk stages, F&B = F + B, is one F above the
+    # order's (p - 2) F + (p - 1)(2 I - W) where that piece is the largest (p F < (p-1) I),
+    # below 2 (p-1) F + (p-1)(I - W) otherwise; ZB-V (p-1)(F + B - 3W) only where F = I
+    # (elsewhere 2 (p-1)(I - W) or (2p-3) F + I - 2 (p-1) W is larger)
     f, b_in, w = 1.0, 1.3, 0.8
     b = b_in + w
     assert _equal_stage_bubble("zb-h1", p, f, b_in, w) == pytest.approx((p - 1) * (f + b - 2 * w))
-    assert _equal_stage_bubble("zbv", p, f, b_in, w) == pytest.approx((p - 1) * (f + b - 3 * w))
     assert _equal_stage_bubble("dualpipev", p, f, b_in, w) == \
-        pytest.approx((2 * p / 2 - 1) * ((f + b) + b - 3 * w))
+        pytest.approx(max(2 * (p - 1) * f + (p - 1) * (b_in - w),
+                          (p - 2) * f + (p - 1) * (2 * b_in - w)))
+    assert _equal_stage_bubble("dualpipev", p, 0.5, b_in, w) == \
+        pytest.approx((2 * p / 2 - 1) * ((0.5 + b) + b - 3 * w) - 0.5)
     assert _equal_stage_bubble("interleaved-1f1b", p, f, b_in, w) == \
         pytest.approx((p - 1) * (f + b))
+    f, b_in, w = 1.2, 1.2, 0.3
+    assert _equal_stage_bubble("zbv", p, f, b_in, w) == \
+        pytest.approx((p - 1) * (f + b_in + w - 3 * w))
 
 
 def test_bubble_is_never_negative():
     # one heavy stage: the W credit cannot make the pipeline shorter than its busy time
     times = [10.0, 0.1]
-    credit = bubble_credit_s(2, 1, 2.0, 0.0, 8.0, 4.0)
-    assert pipeline_time_s(times, 8, 1, credit) == 8 * 10.0
+    pieces = ((1.0, 0.0, -1.0),)  # a W credit larger than the fill
+    assert pipeline_time_s(times, 8, 1, pieces, 8.0, 4.0) == 8 * 10.0
 
 
 def test_v_placement_and_in_flight():

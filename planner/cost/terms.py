@@ -58,7 +58,7 @@ from planner.cost.compute import KERNEL_LAUNCH_S, Shard, hbm_bytes_per_s, layer_
 from planner.cost.context import CostContext
 from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches,
                                  layer_activation_bytes, layer_params_on_gpu, zero_state_bytes)
-from planner.cost.pipeline import bubble_credit_s, pipeline_time_s
+from planner.cost.pipeline import bubble_pieces, pipeline_time_s
 from planner.hardware import GIB
 from planner.ir import Layer, LayerKind
 from planner.profiles import profile
@@ -182,10 +182,9 @@ class ConfigTerms:
     comm_slowdown: float = 0.0  # compute slowdown per second of overlapped NCCL traffic
     micro_batch_overhead_s: float = 0.0  # fixed host / launch seconds per micro-batch per stage
     host_capacity_bytes: float = float("inf")  # host memory per GPU (Cluster.cpu_memory)
-    # the pipeline schedule's bubble correction (planner.cost.pipeline): W chunks each bubble
-    # unit hides, extra full-backward chunks it adds; 0 for 1F1B and interleaved 1F1B
-    bubble_wgrad_credit: float = 0.0
-    bubble_bwd_extra: float = 0.0
+    # a zero-bubble schedule's fill/drain pieces (x, y, z): x (sum t - max t) + y sum b +
+    # z sum w (planner.cost.pipeline.bubble_pieces); () for 1F1B and interleaved 1F1B
+    bubble_pieces: tuple[tuple[float, float, float], ...] = ()
     head_stage: int = -1  # the rank of the last model chunk (-1: the last rank; V: rank 0)
 
 
@@ -197,7 +196,7 @@ SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "b
                        "dp_reduce_dense",
                        "dp_reduce_expert", "dp_gather_dense", "dp_gather_expert",
                        "embedding_sync_s", "in_flight", "comm_slowdown",
-                       "micro_batch_overhead_s", "bubble_wgrad_credit", "bubble_bwd_extra")
+                       "micro_batch_overhead_s", "bubble_pieces")
 
 
 def config_terms(ctx: CostContext) -> ConfigTerms:
@@ -254,8 +253,7 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s,
         host_capacity_bytes=(ctx.cluster.cpu_memory.capacity_bytes if ctx.cluster.cpu_memory is not None
                              else float("inf")),
-        bubble_wgrad_credit=spec.w_credit if c.pp > 1 else 0.0,
-        bubble_bwd_extra=spec.b_extra if c.pp > 1 else 0.0,
+        bubble_pieces=bubble_pieces(spec, c.pp),
         head_stage=0 if c.pp > 1 and spec.placement == "v" else -1)
 
 
@@ -774,15 +772,14 @@ def dp_sync_s(t: ConfigTerms, layers: Sequence[LayerTerms]) -> tuple[float, floa
 def pipeline_s(t: ConfigTerms, stage_layers: Sequence[Sequence[LayerTerms]],
                stage_times: Sequence[float]) -> float:
     """The pipeline's seconds under the configuration's schedule (planner.cost.pipeline): the
-    stage times, plus a zero-bubble schedule's correction from the stages' full backward and
-    weight-gradient sums."""
-    credit = 0.0
-    if t.bubble_wgrad_credit or t.bubble_bwd_extra:
-        credit = bubble_credit_s(
-            t.pp, t.virtual_stages, t.bubble_wgrad_credit, t.bubble_bwd_extra,
-            sum(x.bwd_s + x.recompute_s for layers in stage_layers for x in layers),
-            sum(x.wgrad_s for layers in stage_layers for x in layers))
-    return pipeline_time_s(stage_times, t.num_micro_batches, t.virtual_stages, credit)
+    stage times, and for a zero-bubble schedule the stages' full backward and weight-gradient
+    sums its fill/drain pieces read."""
+    if not t.bubble_pieces:
+        return pipeline_time_s(stage_times, t.num_micro_batches, t.virtual_stages)
+    return pipeline_time_s(
+        stage_times, t.num_micro_batches, t.virtual_stages, t.bubble_pieces,
+        sum(x.bwd_s + x.recompute_s for layers in stage_layers for x in layers),
+        sum(x.wgrad_s for layers in stage_layers for x in layers))
 
 
 @dataclass(frozen=True)

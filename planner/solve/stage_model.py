@@ -109,8 +109,8 @@ class StageModel:
             return value
         if isinstance(value, Affine):
             return NO_COMM
-        if isinstance(value, tuple):
-            return tuple(0.0 for _ in value)
+        if isinstance(value, tuple):  # (tuples of pieces drop to none)
+            return tuple(0.0 for _ in value if not isinstance(_, tuple))
         return 0.0
 
     def terms(self, p: int, crossing: bool = False) -> ConfigTerms:

@@ -27,7 +27,11 @@ they match the simulator at p 12 and 16 (``tests/test_pipeline_sim.py``;
   ``k max(F + I - W, F, I)``. The published ``(p - 1)(F + B - 2W)`` (Qi et al., "Zero Bubble
   Pipeline Parallelism", ICLR 2024, §3.1; DeepSeek-V3 technical report, Table 2) is the first
   piece; it holds while ``W <= min(F, I)``: a W pass can fill neither the first forward's wait
-  ``k F`` nor the last input gradient's chain ``k I``. Peak activations as 1F1B.
+  ``k F`` nor the last input gradient's chain ``k I``. Peak activations: ``p`` stage
+  micro-batches on every rank, not 1F1B's ``p - r``: a deferred W keeps the saved inputs of its
+  layers' GEMMs (Qi et al.'s ``M_W = 32 bsh`` of ``M_B = 34 bsh`` per layer), and rank r defers
+  r of them (the simulator's count with activations freed by W; the paper's "as 1F1B" is the
+  first rank's ``p M_B``).
 * ZB-V (``ScheduleZBVZeroBubble``, Qi et al. §6): 2 chunks per rank in a V (rank r holds
   chunks r and 2p-1-r), ``max(k F, k I, 2k(I - W), k(F + I - 2W), 2k F - (2k+1) W,
   2k F - k I - W, (2k-1) F - (k-1) I, (2k-1) F + I - 2k W)``: at ``F = I = W`` it is ``k F``, not the zero of the
@@ -69,7 +73,7 @@ class PipelineSchedule:
     # the fill/drain pieces (c_F, c_I, c_W), each coefficient (a, b) meaning a (p - 1) + b;
     # () is 1F1B's (p - 1)(F + I + W)
     bubble: tuple[Piece, ...]
-    in_flight: str  # "1f1b" (Megatron's warm-up count), "v" (p stages), "v+1" (p + 1/2)
+    in_flight: str  # "1f1b" (Megatron's warm-up count), "p" (p stages), "v+1" (p + 1/2)
     min_micro_batches_per_rank: int = 0  # m >= this x p (1F1B runs any m)
     source: str = ""
 
@@ -84,7 +88,7 @@ SCHEDULES = {s.name: s for s in (
     PipelineSchedule("interleaved-1f1b", "interleaved 1F1B", "loop", 2, 0, (), "1f1b",
                      source="Narayanan et al. 2021 §2.2.2"),
     PipelineSchedule("zb-h1", "zero-bubble ZB-H1 (ZB1P)", "loop", 1, 0,
-                     ((K, K, (-1, 0)), (K, (0, 0), (0, 0)), ((0, 0), K, (0, 0))), "1f1b",
+                     ((K, K, (-1, 0)), (K, (0, 0), (0, 0)), ((0, 0), K, (0, 0))), "p",
                      # with fewer micro-batches than ranks the deferred W passes find no
                      # drain to fill (up to -41% against the order at m = 1): m >= p
                      min_micro_batches_per_rank=1,
@@ -94,7 +98,7 @@ SCHEDULES = {s.name: s for s in (
     PipelineSchedule("zbv", "zero-bubble ZB-V", "v", 2, 2,
                      ((K, (0, 0), (0, 0)), ((0, 0), K, (0, 0)), ((0, 0), (2, 0), (-2, 0)),
                       (K, K, (-2, 0)), ((2, 0), (0, 0), (-2, -1)), ((2, 0), (-1, 0), (0, -1)),
-                      ((2, -1), (-1, 1), (0, 0)), ((2, -1), (0, 1), (-2, 0))), "v",
+                      ((2, -1), (-1, 1), (0, 0)), ((2, -1), (0, 1), (-2, 0))), "p",
                      min_micro_batches_per_rank=2,
                      source="Qi et al. arXiv 2401.10241 §6; PyTorch ScheduleZBVZeroBubble"),
     # deepseek-ai/DualPipe dualpipev.py asserts num_chunks >= num_ranks * 2
@@ -166,7 +170,7 @@ def in_flight_stages(spec: PipelineSchedule, stage: int, pp: int, num_micro_batc
                      virtual_stages: int) -> float | None:
     """Micro-batches of the whole stage's activations rank ``stage`` holds at its peak under
     the V schedules (None: Megatron's 1F1B warm-up count applies, planner.cost.memory)."""
-    if spec.in_flight == "v":  # ZB-V: p M_B on every rank (Qi et al. §6)
+    if spec.in_flight == "p":  # ZB-H1, ZB-V: p stage micro-batches on every rank
         return float(min(pp, num_micro_batches))
     if spec.in_flight == "v+1":  # DualPipeV: PP + 1 chunks of 1/2 stage
         return min(2 * pp + 1, 2 * num_micro_batches) / 2

@@ -15,8 +15,8 @@ either rank.
 
 The orders, one function per schedule, transcribe the published ones:
 
-* 1F1B and interleaved 1F1B: Megatron-LM's (:func:`planner.schedule.order`; Narayanan et al.
-  2021 §2.2).
+* 1F1B and interleaved 1F1B: Megatron-LM's (:func:`megatron_order`; Narayanan et al. 2021
+  §2.2).
 * ZB-H1 / ZB1P: PyTorch's ``ScheduleInterleavedZeroBubble`` (``_get_1f1b_rank_ops`` with
   ``enable_zero_bubble``; Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, §3.1):
   ``(v - 1) m_r + p - 1 - r`` warm-up forwards, then F, I and, after the first ``r`` steady
@@ -27,11 +27,12 @@ The orders, one function per schedule, transcribe the published ones:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
-from planner.cost.pipeline import SCHEDULES, chunk_rank
-from planner.schedule import order as megatron_order
+from planner.cost.pipeline import SCHEDULES, bubble_pieces, chunk_rank, pipeline_time_s
 
 Op = tuple[str, int, int]  # (kind, micro-batch, chunk stage)
 Entry = tuple[Op, ...]  # one or two operations the rank runs as one
@@ -64,6 +65,39 @@ class SimResult:
     # gradient (I or B) not yet ended), in units of the rank's whole-stage activations: each
     # chunk weighs its share ``act_weight`` of the rank's chunks (1/v for equal chunks)
     peak_in_flight: tuple[float, ...]
+
+
+def megatron_order(rank: int, pp: int, v: int, m: int) -> list[tuple[str, int, int]]:
+    """Megatron-LM's 1F1B and interleaved 1F1B (``megatron/core/pipeline_parallel/
+    schedules.py``): (kind, micro-batch, chunk) in the order ``rank`` runs them; 1F1B with
+    ``pp - rank - 1`` warm-up forwards, interleaved with ``(pp - rank - 1) * 2 + (v - 1) * pp``,
+    micro-batches in groups of pp, forward chunk ``(k // pp) % v``, backward chunk
+    ``v - 1 - (k // pp) % v``."""
+    total = m * v
+
+    def forward(k: int) -> tuple[str, int, int]:
+        group, pos = divmod(k, pp * v)
+        return ("forward", group * pp + pos % pp, (k // pp) % v)
+
+    def backward(k: int) -> tuple[str, int, int]:
+        group, pos = divmod(k, pp * v)
+        return ("backward", group * pp + pos % pp, v - 1 - (k // pp) % v)
+
+    if v == 1:
+        warmup = min(pp - rank - 1, m)
+    else:
+        warmup = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
+    ops = [forward(k) for k in range(warmup)]
+    f, b = warmup, 0
+    while f < total:
+        ops.append(forward(f))
+        f += 1
+        ops.append(backward(b))
+        b += 1
+    while b < total:
+        ops.append(backward(b))
+        b += 1
+    return ops
 
 
 def _loop_orders(pp: int, v: int, m: int) -> list[list[Entry]]:
@@ -240,68 +274,116 @@ def schedule_orders(schedule: str, pp: int, virtual_stages: int,
 
 def simulate(schedule: str, times: Sequence[StageTimes], num_micro_batches: int,
              pp: int, p2p_s: float = 0.0,
-             act_weight: Sequence[float] | None = None) -> SimResult:
+             act_weight: Sequence[float] | None = None, hold_until_w: bool = False
+             ) -> SimResult:
     """Run ``schedule`` over ``len(times) = pp v`` chunk stages (``times[s]``: chunk stage
     ``s`` in model order) for ``num_micro_batches`` micro-batches. ``act_weight[s]``: chunk
-    ``s``'s share of its rank's stored activations (default: equal chunks, 1/v)."""
+    ``s``'s share of its rank's stored activations (default: equal chunks, 1/v).
+    ``hold_until_w``: a chunk's activations are freed by its W, not its input gradient (the
+    weight gradients read the layers' saved inputs)."""
     n_stages = len(times)
     v = n_stages // pp
     if v * pp != n_stages:
         raise ValueError(f"{n_stages} chunk stages do not split over {pp} ranks")
+    m = num_micro_batches
     placement = SCHEDULES[schedule].placement
     rank_of = [chunk_rank(s, pp, placement) for s in range(n_stages)]
     weight = list(act_weight) if act_weight is not None else [1.0 / v] * n_stages
-    orders = schedule_orders(schedule, pp, v, num_micro_batches)
-    done: dict[Op, float] = {}
+    orders = schedule_orders(schedule, pp, v, m)
+    # completion times by (slot, micro-batch, stage): slot 0 the forward, 1 the input
+    # gradient (of an I or a B), 2 the weight gradient (W)
+    done = [[[-1.0] * n_stages for _ in range(m)] for _ in range(3)]
+    slot = {"F": 0, "I": 1, "B": 1, "W": 2}
+    last = n_stages - 1
+    # per entry: (duration, [(slot, mb, stage, latency)] it waits for, [(slot, mb, stage)] it
+    # completes, activation weight it takes, activation weight it frees)
+    plans = []
+    for r, order in enumerate(orders):
+        plan = []
+        for entry in order:
+            deps, outs, take, free_w, length = [], [], 0.0, 0.0, 0.0
+            for kind, mb, s in entry:
+                length += times[s].of(kind)
+                if kind == "F":
+                    if s > 0:
+                        deps.append((0, mb, s - 1, p2p_s if rank_of[s - 1] != r else 0.0))
+                    take += weight[s]
+                elif kind == "W":
+                    deps.append((1, mb, s, 0.0))
+                    if hold_until_w:
+                        free_w += weight[s]
+                else:
+                    if s == last:
+                        deps.append((0, mb, s, 0.0))
+                    else:
+                        deps.append((1, mb, s + 1, p2p_s if rank_of[s + 1] != r else 0.0))
+                    if not (hold_until_w and kind == "I"):
+                        free_w += weight[s]
+                outs.append((slot[kind], mb, s))
+            plan.append((length, deps, outs, take, free_w))
+        plans.append(plan)
     free = [0.0] * pp
     busy = [0.0] * pp
     held = [0.0] * pp
     peak = [0.0] * pp
     pos = [0] * pp
-    last = n_stages - 1
-
-    def ready(op: Op, r: int) -> float | None:
-        kind, mb, s = op
-        if kind == "F":
-            dep = ("F", mb, s - 1) if s > 0 else None
-        elif kind == "W":
-            dep = ("I", mb, s)
-        elif s == last:
-            dep = ("F", mb, s)
-        else:
-            dep = next((d for d in (("B", mb, s + 1), ("I", mb, s + 1)) if d in done),
-                       ("B", mb, s + 1))
-        if dep is None:
-            return 0.0
-        if dep not in done:
-            return None
-        return done[dep] + (p2p_s if rank_of[dep[2]] != r else 0.0)
-
-    remaining = sum(len(o) for o in orders)
+    remaining = sum(len(o) for o in plans)
     while remaining:
         progressed = False
         for r in range(pp):
-            while pos[r] < len(orders[r]):
-                entry = orders[r][pos[r]]
-                starts = [ready(op, r) for op in entry]
-                if any(x is None for x in starts):
-                    break
-                start = max([free[r], *starts])
-                length = sum(times[op[2]].of(op[0]) for op in entry)
-                end = start + length
-                for op in entry:
-                    if op[0] == "F":
-                        held[r] += weight[op[2]]
-                        peak[r] = max(peak[r], held[r])
-                for op in entry:
-                    if op[0] in ("B", "I"):
-                        held[r] -= weight[op[2]]
-                    done[op] = end
-                free[r] = end
-                busy[r] += length
-                pos[r] += 1
-                remaining -= 1
+            plan, i, start_r = plans[r], pos[r], free[r]
+            while i < len(plan):
+                length, deps, outs, take, free_w = plan[i]
+                start = start_r
+                for k, mb, s, lat in deps:
+                    t = done[k][mb][s]
+                    if t < 0.0:
+                        break
+                    if t + lat > start:
+                        start = t + lat
+                else:
+                    end = start + length
+                    held[r] += take
+                    if held[r] > peak[r]:
+                        peak[r] = held[r]
+                    held[r] -= free_w
+                    for k, mb, s in outs:
+                        done[k][mb][s] = end
+                    busy[r] += length
+                    start_r = end
+                    i += 1
+                    continue
+                break
+            if i != pos[r]:
+                remaining -= i - pos[r]
+                pos[r], free[r] = i, start_r
                 progressed = True
         if not progressed:
             raise RuntimeError(f"{schedule}: the operation order deadlocks")
     return SimResult(max(free), tuple(busy), tuple(peak))
+
+
+@lru_cache(maxsize=4096)
+def uneven_chunk_excess(schedule: str, pp: int, num_micro_batches: int,
+                        chunk_weights: tuple[float, ...]) -> float:
+    """How much longer the schedule's order runs than its closed form
+    (:func:`planner.cost.pipeline.pipeline_time_s`) on chunks of these relative weights
+    (model order; :func:`planner.cost.terms.chunk_weights`): ``simulator / closed form - 1``,
+    rounded up to 1/1024, and 0 where the closed form is not below the order (equal chunks).
+    The closed form sees only each rank's sum; unequal chunks inside a rank stretch the fill
+    through the long chunks and slow the steady state where the ranks' chunk sizes differ.
+    Chunk times F = w/3, B = 2w/3 (W = B/2 where the schedule splits the backward)."""
+    n = len(chunk_weights)
+    if pp <= 1 or n <= pp or not any(chunk_weights):
+        return 0.0
+    spec = SCHEDULES[schedule]
+    split = 1 / 3 if spec.splits_backward else 0.0
+    times = [StageTimes(x / 3, 2 * x / 3, split * x) for x in chunk_weights]
+    stage = [0.0] * pp
+    for s, x in enumerate(chunk_weights):
+        stage[chunk_rank(s, pp, spec.placement)] += x
+    total = sum(chunk_weights)
+    closed = pipeline_time_s(stage, num_micro_batches, n // pp, bubble_pieces(spec, pp),
+                             2 / 3 * total, split * total)
+    ratio = simulate(schedule, times, num_micro_batches, pp).makespan_s / closed
+    return max(0.0, math.ceil((ratio - 1) * 1024 - 1e-9) / 1024)

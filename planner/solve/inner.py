@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
 from planner import cpsat
+from planner.cost.terms import pipeline_excess
 from planner.solve.costs import StageProblem
 from planner.solve.recompute_model import add_rule, rule_of
 from planner.solve.stage_model import StageModel, blocks_in, decode_placement
@@ -129,6 +130,9 @@ class _Builder:
 
         # x[i,c]: blocks of class c in stage i; n[i,c,r]: with option r (planner.solve.stage_model)
         sm = self.stages = StageModel(M, self.scale_s, pp, [P], drop=self.drop)
+        # unequal chunks inside a rank: every stage time x 1 + the order's excess
+        # (planner.cost.terms.stage_time, pipeline_excess)
+        sm.stage_factor = 1 + pipeline_excess(replace(T, chunk_weights=self.ct("chunk_weights")))
         self.edge_vars()
         sm.e = self.e
         # peak memory of the plan (bytes): the secondary objective of the tie-break solve

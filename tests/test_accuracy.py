@@ -16,8 +16,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.accuracy import (by_label, load_all, misordered_by_cause,  # noqa: E402
-                            rank_agreement, read_entries, run, source_noise, stats, zero_rows)
+from bench import landing  # noqa: E402
+from bench.accuracy import (by_label, landing_section, load_all,  # noqa: E402
+                            misordered_by_cause, rank_agreement, read_entries, run,
+                            source_noise, stats, zero_rows)
+from planner.calibration.regimes import regime_of  # noqa: E402
+from planner.calibration.store import shipped  # noqa: E402
 from planner.calibration.runs import eq3_flops, megatron_model_flops  # noqa: E402
 
 
@@ -283,3 +287,31 @@ def test_check_flags_the_edge_runs_in_both_directions(rows):
     assert "bloom-prequel-0228-184B-l100-h12288-a64-dp16-tp4-pp6-mbs1" in \
         v[(True, "fits only at the optimistic end")]
     assert not v.get((False, "does not fit"))
+
+
+def test_the_search_is_judged_in_the_regime_it_lands_in(rows):
+    """bench/landing.py (docs/accuracy.md "Where the search lands"): the planner's search on
+    two calibration runs' hardware, model, batch and runtime. Its plan is never predicted slower
+    than the published configuration (which the search space holds), the regime reported is
+    the searched plan's own, and the section's statistics are that regime's calibration runs."""
+    cases = ("mbridge-25.11-Llama3-8B-B200-8gpu-fp8-cs", "mpt-70b-seq2048-64xh100")
+    landed = landing.land(rows, shipped(), cases)
+    for x in landed:
+        ev, c = x["plan"], x["plan"].config
+        assert ev.step_time_s <= x["row"].pred.step_time_s * (1 + 1e-9), x["case"]
+        assert x["regime"] == regime_of(ev.options.profile, ev.cluster.gpu.name, c.tp, c.pp,
+                                        c.cp, c.zero_stage)
+        assert x["interval"]["regime"] == x["regime"].key
+    b200, mpt = landed
+    # on 8 B200 the search keeps the published layout: the source measured it, at +6.7 %
+    assert landing.degrees(b200["plan"].config) == landing.degrees(b200["row"].run.config)
+    assert b200["row"] in b200["same_degrees"]
+    # MPT-70B on 64 H100: FSDP at micro-batch 1 without recomputation, which no H100 FSDP1
+    # run used with every block (the three that ran without recomputation are 7B/13B)
+    assert mpt["recompute"] == "none" and mpt["regime"].key == "fsdp/hopper/fsdp"
+    assert mpt["same_recompute"] == sum(
+        1 for r in rows if r.run.regime.key == "fsdp/hopper/fsdp" and r.time_error is not None
+        and landing.recompute_mix(r.pred.evaluation) == "none")
+    text = "\n".join(landing_section(rows, landed))
+    n = by_label(rows, lambda r: r.run.regime.key)["fsdp/hopper/fsdp"]["time_n"]
+    assert f"| mpt-70b-seq2048-64xh100 | fsdp/hopper/fsdp | {n} | {mpt['same_recompute']} |" in text

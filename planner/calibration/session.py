@@ -71,7 +71,10 @@ def prediction_intervals(ev, calibration: CalibrationProfile | None,
     t = band(calibration.bands, "step_time", ev.step_time_s, labels, gpus, params, coverage)
     m = band(calibration.bands, "memory", ev.peak_memory_bytes / GIB, labels, gpus, params,
              coverage)
-    reasons = set(t.extrapolating) | set(m.extrapolating)
+    # each note names its quantity: the step-time bands rest on many more runs than the
+    # memory bands (only some sources publish memory)
+    reasons = {f"step time: {r}" for r in t.extrapolating} | \
+        {f"peak memory: {r}" for r in m.extrapolating}
     high = mfu_reason(calibration.bands, ev.mfu, regime.generation)
     if high:
         reasons.add(high)

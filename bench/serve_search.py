@@ -71,7 +71,7 @@ SMALL = (
     ("llama-3.1-8b", 4, 20.0, 4096, 256, 400.0, 12.0, {}, "vllm"),
     ("llama-3.1-8b", 3, 20.0, 2048, 512, 300.0, None, {"concurrency": 24}, "trtllm"),
     ("llama-3.1-8b", 4, 20.0, 2048, 256, None, 15.0, {"request_rate_per_s": 6.0}, "sglang"),
-    ("tiny-moe", 4, 3.8, 8192, 128, 6.0, 0.4, {}, "sglang"),
+    ("tiny-moe", 4, 3.8, 8192, 128, 40.0, 0.4, {}, "sglang"),
 )
 
 LARGE = (

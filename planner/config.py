@@ -274,6 +274,16 @@ RUNTIME_STATE_BYTES = {
     # gradients, Adam's m and v (torch.optim.Adam state), no separate master copy.
     "torch-fp32": StateBytes(weights=4.0, grads=4.0, optimizer=8.0, grads_sharded_from_stage=2,
                              grad_reduce_bytes=4.0),
+    # PyTorch FSDP2 on a bf16 model with torch.optim.Adam: no fp32 master copy, and Adam's
+    # exp_avg / exp_avg_sq take the parameter's dtype (torch/optim/adam.py, zeros_like(p)), so
+    # weights, gradients and both moments are 2 bytes each; FSDP2's MixedPrecisionPolicy
+    # (reduce_dtype=float32) reduce-scatters in fp32 and keeps the sharded gradient in the
+    # parameter's dtype. NeMo AutoModel runs this way: its models are cast to bf16
+    # (initialize_weights(dtype=torch.bfloat16) -> cast_model_to_dtype; model_init.py's
+    # local_torch_dtype defaults to bf16) and its MoE benchmark configs use torch.optim.Adam
+    # (examples/benchmark/configs/*_te_deepep.yaml).
+    "torch-bf16": StateBytes(weights=2.0, grads=2.0, optimizer=4.0, grads_sharded_from_stage=2,
+                             grad_reduce_bytes=4.0),
     # Plain mixed-precision Adam with 16-bit gradients, as in the ZeRO paper (K = 12).
     "zero-paper": StateBytes(weights=2.0, grads=2.0, optimizer=12.0, grads_sharded_from_stage=2,
                              grad_reduce_bytes=2.0),

@@ -179,7 +179,7 @@ class ModelGraph:
     def active_params(self) -> int:
         return sum(layer.active_params for layer in self.layers)
 
-    @property
+    @cached_property  # read by every ParallelConfig.validate of the search's enumeration
     def num_blocks(self) -> int:
         return sum(1 for layer in self.layers if layer.kind is LayerKind.BLOCK)
 

@@ -49,12 +49,12 @@ def test_published_times_follow_the_file(result):
 def test_moe_runs_within_the_calibrated_errors(result):
     """Regression guard on the fitted MoE constants (docs/moe.md): median step-time error at
     most 12 % over the evaluated runs, and all but the known misses of docs/moe.md predicted to
-    fit (AutoModel's Qwen3-30B-A3B on 8 H100, the two torchtitan Llama 4 Scout runs)."""
+    fit (the two torchtitan Llama 4 Scout runs)."""
     rows, _ = result
     s = moe_accuracy.summary(rows)
     assert s["time_n"] >= 57 and s["rejected"] <= 1
     assert s["time_median"] <= 0.12
-    assert s["fit_ok"] >= s["fit_n"] - 3
+    assert s["fit_ok"] >= s["fit_n"] - 2
     by_id = {r.id: r for r in rows}
     assert by_id["mbridge-26.08-DeepSeek-V3-GB200-256gpu-mxfp8"].fits_predicted  # mla_up_proj
 
@@ -110,3 +110,36 @@ def test_ep_comm_overlap_follows_the_recipes(result):
     assert abs(by_id["mbridge-26.04.01-DeepSeek-V3-B200-256gpu-mxfp8"].time_error) < 0.15
     regimes = {name: n for name, n, _, _ in moe_accuracy.regime_bias(rows)}
     assert sum(regimes.values()) == moe_accuracy.summary(rows)["time_n"]
+
+
+def test_automodel_fits_with_bf16_adam_states(result):
+    """NeMo AutoModel trains a bf16 model with torch.optim.Adam (``torch-bf16``: 8 bytes per
+    parameter, no fp32 master): its Qwen3-30B-A3B run on 8 H100 fits (it ran); with the
+    16-byte mixed-precision layout the same states alone take 57 GiB and it does not."""
+    from planner.config import RUNTIME_STATE_BYTES
+    from planner.cost.memory import zero_state_bytes
+    assert zero_state_bytes(8e9, 8, 3, RUNTIME_STATE_BYTES["torch-bf16"]).total == 8e9
+    rows, _ = result
+    row = {r.id: r for r in rows}["automodel-Qwen3-30B-A3B-H100-8gpu-bf16"]
+    assert row.fits_predicted
+    entry = next(e for e in moe_accuracy.entries() if e["id"] == row.id)
+    assert moe_accuracy.state_layout_of(entry, None) == "torch-bf16"
+    params = moe_accuracy.build_model(entry).params
+    mixed = zero_state_bytes(params, 8, 3, RUNTIME_STATE_BYTES["zero-paper"]).total / 2**30
+    bf16 = zero_state_bytes(params, 8, 3, RUNTIME_STATE_BYTES["torch-bf16"]).total / 2**30
+    assert mixed > 56 and bf16 < 29
+
+
+def test_twin_floor_is_the_spread_of_identical_inputs(result):
+    """Runs with identical inputs get one prediction; the least max error over them is
+    (b - a) / (a + b): on the file, the 26.02 / 26.02.01 Qwen3-30B-A3B runs on 16 H100."""
+    rows, _ = result
+    floor, twins = moe_accuracy.twin_floor(rows)
+    assert sorted(twins) == ["mbridge-26.02-Qwen3-30B-A3B-H100-16gpu-fp8",
+                             "mbridge-26.02.01-Qwen3-30B-A3B-H100-16gpu-fp8"]
+    by_id = {r.id: r for r in rows}
+    a, b = sorted(by_id[t].time_published_s for t in twins)
+    assert floor == pytest.approx((b - a) / (a + b)) and 0.27 < floor < 0.29
+    p = 2 * a * b / (a + b)  # the best common prediction misses both by the floor
+    assert p / a - 1 == pytest.approx(floor) and 1 - p / b == pytest.approx(floor)
+    assert max(abs(r.time_error) for r in rows if r.time_error is not None) >= floor

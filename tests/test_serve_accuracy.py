@@ -36,10 +36,14 @@ def test_latency_errors_do_not_regress(summary):
     # Targets 15 % (TPOT) and 20 % (TTFT) are not met over every row; these bounds guard
     # today's level (docs/inference.md: the DeepSeek rows that do not state MTP dominate TPOT).
     assert summary["tpot_ms"]["n"] >= 40 and summary["ttft_ms"]["n"] >= 40
-    assert summary["tpot_ms"]["median_abs"] <= 0.42
-    assert summary["ttft_ms"]["median_abs"] <= 0.35
+    assert summary["tpot_ms"]["median_abs"] <= 0.39
+    assert summary["ttft_ms"]["median_abs"] <= 0.27
     # aggregated TPOT (where the runs' configuration is fully known) is unbiased
     assert abs(summary["tpot_ms"]["bias"]["aggregated"]) <= 0.10
+    # TTFT is unbiased in both regimes, and on the rows whose decoding is known: the family
+    # split (MoE under-, dense over-predicted) went with the eager MoE host floor
+    assert all(abs(b) <= 0.10 for b in summary["ttft_ms"]["bias"].values())
+    assert abs(summary[inference.KNOWN]["ttft_ms"]["bias"]) <= 0.10
 
 
 def test_tpot_of_rows_whose_decoding_is_known_meets_target(summary):
@@ -72,7 +76,7 @@ def test_floor_flags_only_measurements_under_the_bytes_bound(rows):
 def test_best_configuration_ranking(summary):
     rank = summary["rank"]
     assert rank["groups"] >= 4
-    assert rank["agree"] >= 3
+    assert rank["agree"] / rank["groups"] >= inference.RANK_TARGET
 
 
 def test_calibrated_constants_within_physical_bounds():

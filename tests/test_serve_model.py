@@ -225,3 +225,57 @@ def test_worker_mesh_and_workload_union():
     assert mesh.stride("pp") == 8 and mesh.stride("ep") == 1
     assert ServingWorkload in get_args(Workload)
     assert ServingWorkload(isl=8, osl=8).kind == "serving"
+
+
+def test_eager_prefill_iterations_wait_on_the_host_for_moe_layers(llama70):
+    """Iterations that carry prompt tokens run without CUDA graphs: each MoE layer takes at least
+    the shared host floor (planner.cost.moe, one forward pass); decode-only iterations (CUDA
+    graphs) and dense layers never wait on the host."""
+    from planner.cost import moe
+    from planner.serve.phases import Calibration, iteration_time
+    from planner.serve.runtime import CALIBRATED
+    calib = Calibration.from_mapping(CALIBRATED)
+    h200 = load_cluster("dgx-h200")
+    ds, w = load_model("deepseek-v3"), WorkerConfig(tp=8, ep=8)
+    moe_layers = sum(1 for layer in ds.blocks() if layer.mlp is not None and layer.mlp.is_moe)
+
+    def it(model, worker, decode, prompt):
+        return iteration_time(model, h200, worker, "fp8", "fp8", calib, decode_seqs=decode,
+                              context=1536, prefill_tokens=prompt, prefill_isl=1024,
+                              prefill_requests=prompt / 1024, runtime="trtllm")
+
+    assert it(ds, w, 32, 0).host_s == 0.0
+    small = it(ds, w, 1, 16)  # a few prompt tokens: every MoE layer is host-bound
+    assert small.host_s > 0
+    assert small.total_s - small.overhead_s >= moe_layers * moe.HOST_PER_LAYER_PASS_S * (1 - 1e-9)
+    assert it(ds, w, 1, 16).total_s > it(ds, w, 32, 0).total_s
+    # a dense model never waits on the host, prefill or not
+    assert it(llama70, WorkerConfig(tp=1), 1, 16).host_s == 0.0
+
+
+def test_steady_iteration_schedules_whole_prompts(llama70, h100):
+    """With fewer than one new prompt per iteration (b / steps < 1) a share f of the iterations
+    carries one whole prompt and the rest decode only: the mean is their blend, not one
+    iteration of b + b x isl / steps rows."""
+    from planner.serve.evaluate import _step, mean_iteration
+    from planner.serve.phases import Calibration
+    from planner.serve.runtime import CALIBRATED
+    calib = Calibration.from_mapping(CALIBRATED)
+    wl = ServingWorkload(isl=1000, osl=1000, dtype="fp8", kv_dtype="fp8")
+    w = WorkerConfig(tp=1)
+
+    def step(b, p):
+        return _step(llama70, h100, wl, w, calib, "trtllm", b, p)
+
+    b = 200  # 0.2 prompts per iteration
+    mean = mean_iteration(step, b, 1000, 1000, 8192 - b)
+    f = b * 1000 / 1000 / 1000
+    assert mean.total_s == pytest.approx(f * step(b, 1000).total_s +
+                                         (1 - f) * step(b, 0).total_s, rel=1e-12)
+    # a prompt longer than the chunk is prefilled in chunk-sized pieces
+    long = mean_iteration(step, b, 20000, 1000, 8192 - b)
+    f = b * 20000 / 1000 / (8192 - b)
+    assert long.total_s == pytest.approx(f * step(b, 8192 - b).total_s +
+                                         (1 - f) * step(b, 0).total_s, rel=1e-12)
+    # a prompt or more per iteration: every iteration carries b x isl / steps prompt tokens
+    assert mean_iteration(step, b, 1000, 100, 8192 - b).total_s == step(b, 2000).total_s

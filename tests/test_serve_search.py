@@ -11,7 +11,7 @@ import pytest
 from clusters import load_cluster
 from models import load_model
 from planner.serve.evaluate import (_step, aggregated_rates, aggregated_ttft_bound_s,
-                                    evaluate_serving)
+                                    evaluate_serving, mean_iteration, mean_iteration_bounds)
 from planner.serve.phases import Calibration
 from planner.serve.runtime import CALIBRATED, runtime
 from planner.serve.search import search_serving, worker_layouts
@@ -29,7 +29,7 @@ def _every_batch(name, gpus, isl, osl, rt):
     n, caps, out = cluster.num_gpus, runtime(rt), []
     for w in worker_layouts(model, n, cluster.gpus_per_node):
         base = ServingConfig("aggregated", worker=w, replicas=n // w.gpus, batch=caps.max_batch,
-                             max_num_tokens=caps.max_num_tokens)
+                             max_num_tokens=caps.default_max_num_tokens(cluster.gpu))
         probe = evaluate_serving(model, cluster, wl, base, rt)
         if probe.fits:
             out += [evaluate_serving(model, cluster, replace(wl, concurrency=b * base.replicas),
@@ -103,12 +103,38 @@ def test_iteration_time_never_falls_with_more_tokens():
             assert all(y >= x for x, y in zip(times, times[1:])), (model.name, w, b)
 
 
+def test_mean_iteration_never_falls_with_the_batch_and_its_bounds_hold():
+    """The search's pruning reads the mean steady-state iteration as non-decreasing in the
+    batch, whole prompts (isl 1024 <= chunk) and chunked ones (isl 16384 > chunk alike)."""
+    for model, cluster, w, rt, draft in _layouts():
+        for isl, osl in ((1024, 256), (16384, 256)):
+            wl = ServingWorkload(isl=isl, osl=osl, dtype="fp8", kv_dtype="fp8",
+                                 draft_tokens=draft)
+            steps = osl / wl.tokens_per_step
+
+            def step(b, p, wl=wl):
+                return _step(model, cluster, wl, w, CALIB, rt, b, p)
+
+            def chunk(b):
+                return 8192 - b * (1 + draft)
+
+            batches = range(1, 400, 3)
+            means = [mean_iteration(step, b, isl, steps, chunk(b)).total_s for b in batches]
+            assert all(y >= x for x, y in zip(means, means[1:])), (model.name, w, isl)
+            for lo, hi in ((1, 10), (40, 52), (100, 160)):
+                low, up = mean_iteration_bounds(step, lo, hi, isl, steps, chunk(lo), chunk(hi))
+                inside = [mean_iteration(step, b, isl, steps, chunk(b)).total_s
+                          for b in range(lo, hi + 1)]
+                assert low.total_s <= min(inside) * (1 + 1e-12)
+                assert up.total_s >= max(inside) * (1 - 1e-12)
+
+
 def test_ttft_bound_is_below_every_ttft_it_bounds():
     for model, cluster, w, rt, draft in _layouts():
         wl = ServingWorkload(isl=1024, osl=256, dtype="fp8", kv_dtype="fp8", draft_tokens=draft)
         caps = runtime(rt)
         cfg = ServingConfig("aggregated", worker=w, batch=caps.max_batch,
-                            max_num_tokens=caps.max_num_tokens)
+                            max_num_tokens=caps.default_max_num_tokens(cluster.gpu))
         cap = evaluate_serving(model, cluster, wl, cfg, rt).pools[0].max_batch
         ttft = {b: evaluate_serving(model, cluster, replace(wl, concurrency=b), cfg, rt).ttft_s
                 for b in range(1, min(cap, 300) + 1)}
@@ -135,7 +161,8 @@ def test_pareto_frontier_equals_every_batch():
     caps = runtime("vllm")
     for w in worker_layouts(model, cluster.num_gpus, cluster.gpus_per_node):
         base = ServingConfig("aggregated", worker=w, replicas=cluster.num_gpus // w.gpus,
-                             batch=caps.max_batch, max_num_tokens=caps.max_num_tokens)
+                             batch=caps.max_batch,
+                             max_num_tokens=caps.default_max_num_tokens(cluster.gpu))
         probe = evaluate_serving(model, cluster, wl, base, "vllm")
         if probe.fits:
             every += [evaluate_serving(model, cluster, replace(
@@ -150,7 +177,9 @@ def test_pareto_frontier_equals_every_batch():
     assert len(users) >= 3 and users == sorted(users, reverse=True) and gpus == sorted(gpus)
     batches = {p.pools[0].batch for p in result.frontier}
     assert any(b & (b - 1) for b in batches)  # batches other than powers of two
-    assert result.evaluated < len(every)
+    # fewer batches tried (on aggregated_rates, plus one probe per layout) than every batch;
+    # only the frontier's points are evaluated in full
+    assert result.evaluated - len(result.frontier) < len(every)
     # the search prunes on aggregated_rates: the whole evaluation's values, bit for bit
     for ev in every[::17]:
         assert aggregated_rates(model, cluster, wl, ev.config, ev.pools[0].batch, "vllm") == (

@@ -6,10 +6,10 @@ produces a :class:`ServingEvaluation`. Steady state of continuous (in-flight) ba
 
 * **Aggregated**: a worker runs ``b = min(concurrency per replica, batch cap, KV capacity)``
   sequences. Each finishes after ``osl`` steps and is replaced by a request with ``isl`` prompt
-  tokens, so an iteration carries on average ``b x isl / osl`` prefill tokens next to its ``b``
-  decode tokens (chunked prefill mixes them; the iteration token budget ``max_num_tokens`` caps
-  it: at most ``max_num_tokens / (1 + isl/osl)`` sequences can be kept decoding). TPOT is that
-  iteration's time, throughput ``b / TPOT`` per worker. TTFT is the request's own prefill
+  tokens, so the iterations carry on average ``b x isl / osl`` prefill tokens next to their
+  ``b`` decode tokens, as whole prompts or chunks (:func:`mean_iteration`; the iteration token
+  budget ``max_num_tokens`` caps it: at most ``max_num_tokens / (1 + isl/osl)`` sequences can
+  be kept decoding). TPOT is the mean iteration's time, throughput ``b / TPOT`` per worker. TTFT is the request's own prefill
   (``ceil(isl / chunk)`` iterations), plus the marginal prefill time of the requests ahead of it
   (a calibrated fraction of the other concurrent requests: fixed-length closed-loop clients
   arrive in bursts), plus waiting for a free slot when concurrency exceeds the batch.
@@ -230,8 +230,8 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
 
     def at(c: float) -> tuple[float, float, float, IterationTime]:
         b = min(c, max_batch)
-        it, tpot = _decode_terms(step, calib.interference(rt.name), b, isl, steps, tps)
         chunk = _chunk(config, b, width)
+        it, tpot = _decode_terms(step, calib.interference(rt.name), b, isl, steps, tps, chunk)
         chunks = math.ceil(isl / chunk)
         own = chunks * step(b, min(isl, chunk)).total_s
         marginal = max(step(b, isl).total_s - step(b, 0.0).total_s, 0.0)
@@ -263,12 +263,59 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
                              max_batch * replicas, not problems, tuple(problems))
 
 
+def _prompt_tokens(tokens: float, isl: int, chunk: int) -> float:
+    """Prompt tokens of an iteration that carries prefill (see :func:`mean_iteration`)."""
+    return max(tokens, min(isl, chunk))
+
+
+def _mixed(step, b: float, prompt: float, f: float) -> IterationTime:
+    """``f x step(b, prompt) + (1 - f) x step(b, 0)``, term by term."""
+    if f <= 0 or prompt <= 0:
+        return step(b, 0.0)
+    mixed = step(b, prompt)
+    if f >= 1.0:
+        return mixed
+    pure = step(b, 0.0)
+    fields = ("gemm_s", "attention_s", "comm_s", "overhead_s", "host_s")
+    return IterationTime(*(f * getattr(mixed, k) + (1.0 - f) * getattr(pure, k)
+                           for k in fields))
+
+
+def mean_iteration(step, b: float, isl: int, steps: float, chunk: int) -> IterationTime:
+    """The mean steady-state iteration of an aggregated worker running ``b`` sequences.
+
+    Prompts arrive at ``lam = b / steps`` per iteration (each finished sequence is replaced)
+    and are scheduled whole, or in chunks of ``chunk`` tokens when longer (chunked prefill):
+    an iteration that carries prefill carries ``P = max(lam x isl, min(isl, chunk))`` prompt
+    tokens, and a fraction ``f = lam x isl / P`` of the iterations carry them (the others are
+    pure decode): the mean is ``f x step(b, P) + (1 - f) x step(b, 0)``. With a prompt or more
+    per iteration (``lam >= 1``) every iteration carries ``lam x isl`` tokens. Not the average
+    tokens spread over every iteration: a GEMM of ``b + P`` rows is tiled as such
+    (``planner.cost.compute``), and ``b + lam x isl`` rows never run when ``lam < 1``."""
+    tokens = b * isl / steps
+    prompt = _prompt_tokens(tokens, isl, chunk)
+    return _mixed(step, b, prompt, tokens / prompt if prompt > 0 else 0.0)
+
+
+def mean_iteration_bounds(step, lo: float, hi: float, isl: int, steps: float, chunk_lo: int,
+                          chunk_hi: int) -> tuple[IterationTime, IterationTime]:
+    """(lower, upper) bounds on :func:`mean_iteration` at every batch ``lo .. hi`` (chunks
+    ``chunk_lo >= chunk_hi`` at the ends), equal to it when ``lo == hi``: a step does not
+    fall with its decode sequences or prompt tokens, and the mean is the blend of two steps
+    that grows with the share ``f`` of the larger one."""
+    t_lo, t_hi = lo * isl / steps, hi * isl / steps
+    p_min, p_max = _prompt_tokens(t_lo, isl, chunk_hi), _prompt_tokens(t_hi, isl, chunk_lo)
+    lower = _mixed(step, lo, p_min, min(1.0, t_lo / p_max) if p_max > 0 else 0.0)
+    upper = _mixed(step, hi, p_max, min(1.0, t_hi / p_min) if p_min > 0 else 0.0)
+    return lower, upper
+
+
 def _decode_terms(step, interference: float, b: float, isl: int, steps: float,
-                  tps: float) -> tuple[IterationTime, float]:
-    """(the steady-state iteration, TPOT) of an aggregated worker running ``b`` sequences:
-    the iteration carries ``b x isl / steps`` prompt tokens; TPOT is the pure decode step plus
-    the runtime's interference share of that prefill work."""
-    it = step(b, b * isl / steps)
+                  tps: float, chunk: int) -> tuple[IterationTime, float]:
+    """(the mean steady-state iteration, TPOT) of an aggregated worker running ``b``
+    sequences (:func:`mean_iteration`); TPOT is the pure decode step plus the runtime's
+    interference share of the prefill work the iterations carry."""
+    it = mean_iteration(step, b, isl, steps, chunk)
     pure = step(b, 0.0).total_s
     return it, (pure + interference * (it.total_s - pure)) / tps
 
@@ -289,7 +336,8 @@ def aggregated_rates(model: ModelGraph, cluster: Cluster, workload: ServingWorkl
         return _step(model, cluster, workload, config.worker, calib, rt.name, batch, prefill)
 
     c = float(b * config.replicas) / config.replicas  # as _aggregated derives it
-    it, tpot = _decode_terms(step, calib.interference(rt.name), c, workload.isl, steps, tps)
+    it, tpot = _decode_terms(step, calib.interference(rt.name), c, workload.isl, steps, tps,
+                             _chunk(config, c, 1 + workload.draft_tokens))
     user = 1.0 / tpot if tpot > 0 else 0.0
     return user, config.replicas * c * tps / it.total_s / config.num_gpus
 
@@ -328,7 +376,12 @@ def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: Servi
     def step(b: float, prefill: float) -> float:
         return _step(model, cluster, workload, w, calib, rt.name, b, prefill).total_s
 
-    it_lo, it_hi = step(lo, lo * isl / steps), step(hi, hi * isl / steps)
+    def it_step(b: float, prefill: float) -> IterationTime:
+        return _step(model, cluster, workload, w, calib, rt.name, b, prefill)
+
+    lower, upper = mean_iteration_bounds(it_step, lo, hi, isl, steps,
+                                         _chunk(config, lo, width), _chunk(config, hi, width))
+    it_lo, it_hi = lower.total_s, upper.total_s
     own = math.ceil(isl / _chunk(config, lo, width)) * step(lo, min(isl, _chunk(config, hi,
                                                                                 width)))
     marginal = max(step(lo, isl) - step(hi, 0.0), 0.0)

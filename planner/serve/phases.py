@@ -27,6 +27,13 @@ Serving-specific terms written here:
 * Pipeline parallelism: ``pp`` micro-batches of ``seqs / pp`` sequences in flight; a token's
   step passes every stage once (``pp`` stage times plus ``pp - 1`` activation hand-offs).
 * A fixed per-iteration overhead (scheduler, sampling, CUDA-graph launch).
+* Eager iterations: the runtimes replay CUDA graphs only for decode-only batches
+  (TensorRT-LLM ``cuda_graph_config``: generation-only batches; SGLang ``--cuda-graph-max-bs``:
+  decode batches; vLLM ``cudagraph_capture_sizes``: batches of at most 512 tokens by default,
+  fewer than a prompt chunk). An iteration that carries prompt tokens is issued layer by layer
+  from Python, and a MoE layer takes at least the host's time to issue it: the training
+  model's floor (:func:`planner.cost.moe.host_floor_s`, one forward pass per layer; the
+  runtimes' fused MoE kernels take the routing on the device, so no token-count read-back).
 
 The decode HBM efficiency, prefill efficiency and per-step overhead are calibrated constants
 (:data:`planner.serve.runtime.CALIBRATED`), applied by handing the leaf terms a GPU whose HBM
@@ -41,11 +48,12 @@ from typing import Mapping
 
 from planner.topology import group_link
 from planner.config import RuntimeOptions
-from planner.cost import comm
+from planner.cost import comm, moe
 from planner.cost.compute import (HBM_EFFICIENCY, KERNEL_LAUNCH_S, Shard, _mlp_gemms,
                                   elementwise_bytes, gemm_time_s, layer_compute)
 from planner.hardware import Cluster, Gpu
 from planner.ir import Attention, Layer, LayerKind, ModelGraph
+from planner.moe import MoeOptions
 from planner.serve._cache import Ident
 from planner.serve.floor import experts_hit_fraction
 from planner.serve.memory import ACT_BYTES, kv_elements_per_token
@@ -53,6 +61,9 @@ from planner.serve.workload import KV_BYTES, WorkerConfig
 
 OPTIONS = RuntimeOptions(attention_kernel="flash", dropout=False)
 FLASH_FALLBACK = 0.8  # as planner.cost.compute: flash efficiency = 0.8 x matmul when none given
+# Serving MoE kernels size their work on the device (no host read-back of token counts): the
+# static-shape case of planner.cost.moe.host_floor_s.
+SERVING_MOE = MoeOptions(capacity_factor=1.0)
 
 
 @dataclass(frozen=True)
@@ -63,14 +74,15 @@ class IterationTime:
     attention_s: float  # attention core: decode KV reads, prefill attention
     comm_s: float
     overhead_s: float
+    host_s: float = 0.0  # MoE layers waiting on the host to issue them (eager iterations)
 
     @property
     def total_s(self) -> float:
-        return self.gemm_s + self.attention_s + self.comm_s + self.overhead_s
+        return self.gemm_s + self.attention_s + self.comm_s + self.overhead_s + self.host_s
 
     def as_dict(self) -> dict:
         return {"gemm_s": self.gemm_s, "attention_s": self.attention_s, "comm_s": self.comm_s,
-                "overhead_s": self.overhead_s, "total_s": self.total_s}
+                "overhead_s": self.overhead_s, "host_s": self.host_s, "total_s": self.total_s}
 
 
 @dataclass(frozen=True)
@@ -229,14 +241,15 @@ def iteration_time(model: ModelGraph, cluster: Cluster, worker: WorkerConfig, dt
 def _layers_time(classes, cluster: Cluster, w: WorkerConfig, gpu: Gpu, hbm: float,
                  gemm_dtype: str, kv_dtype: str, micro: int, seqs_group: float, width: float,
                  context: float, prefill_group: float, prefill_isl: float,
-                 sampled: float) -> tuple[float, float, float]:
-    """(GEMM + element-wise, attention core, communication) seconds of ``classes``
+                 sampled: float) -> tuple[float, float, float, float]:
+    """(GEMM + element-wise, attention core, communication, host wait) seconds of ``classes``
     (``(layer, count)`` pairs) for one micro-batch per attention group: ``seqs_group``
-    decoding sequences of ``width`` tokens each and ``prefill_group`` prefill tokens."""
+    decoding sequences of ``width`` tokens each and ``prefill_group`` prefill tokens (with
+    prefill tokens the iteration runs eagerly: the MoE host floor, module docstring)."""
     tokens_group = seqs_group * width + prefill_group
     tokens_stage = tokens_group * w.attention_dp  # all tokens of a micro-batch in a stage
     link_tp, link_moe, _ = _links(cluster, w)
-    gemm = attention = communication = 0.0
+    gemm = attention = communication = host = 0.0
     for layer, count in classes:
         if layer.kind is not LayerKind.BLOCK:
             embed_tokens = tokens_group if layer.kind is LayerKind.EMBEDDING else sampled
@@ -252,24 +265,26 @@ def _layers_time(classes, cluster: Cluster, w: WorkerConfig, gpu: Gpu, hbm: floa
         else:  # attention on tp ranks, experts over ep x moe_tp ranks
             t = _layer_part_s(replace(layer, mlp=None), tokens_group, w.tp, 1, gemm_dtype, gpu)
             t += _moe_part_s(layer, tokens_stage / w.ep, w.moe_tp, w.ep, gemm_dtype, gpu)
+        a = c = 0.0
         if att is not None:
-            attention += count * attention_core_s(att, gpu, w.tp, kv_dtype, seqs_group, context,
-                                                  prefill_group, prefill_isl / 2, hbm,
-                                                  queries_per_seq=width)
-            communication += count * comm.all_reduce_s(
-                tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
+            a = attention_core_s(att, gpu, w.tp, kv_dtype, seqs_group, context, prefill_group,
+                                 prefill_isl / 2, hbm, queries_per_seq=width)
+            c += comm.all_reduce_s(tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
         if mlp is not None:
             if split and w.attention_dp > 1:  # dispatch and combine of the routed tokens
                 buffer = tokens_group * mlp.top_k * layer.hidden * ACT_BYTES
-                communication += count * 2 * comm.all_to_all_s(buffer, w.ep, link_moe)
+                c += 2 * comm.all_to_all_s(buffer, w.ep, link_moe)
                 if w.tp > 1:
-                    communication += count * comm.all_reduce_s(
-                        tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
+                    c += comm.all_reduce_s(tokens_group * layer.hidden * ACT_BYTES, w.tp,
+                                           link_tp)
             else:  # row-parallel output (or the experts' partial sums) reduced over tp
-                communication += count * comm.all_reduce_s(
-                    tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
+                c += comm.all_reduce_s(tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
         gemm += count * t
-    return gemm, attention, communication
+        attention += count * a
+        communication += count * c
+        if split and prefill_group > 0:
+            host += count * moe.host_floor_s(t + a + c, 1.0, options=SERVING_MOE)
+    return gemm, attention, communication, host
 
 
 @lru_cache(maxsize=65536)
@@ -288,8 +303,9 @@ def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, deco
     sampled = (decode_seqs * width + prefill_requests) / w.attention_dp / micro
     classes = [(cls.layer, cls.count) for cls in model.layer_classes()]
     args = (cluster, w, gpu, hbm, gemm_dtype, kv_dtype, micro)
-    gemm, attention, communication = _layers_time(classes, *args, seqs_group, width, context,
-                                                  prefill_group, prefill_isl, sampled)
+    gemm, attention, communication, host = _layers_time(classes, *args, seqs_group, width,
+                                                        context, prefill_group, prefill_isl,
+                                                        sampled)
     if draft_tokens and seqs_group > 0:
         # the MTP module: one block (as the model's last) and the shared output head, at one
         # token per sequence, once per draft token
@@ -299,8 +315,8 @@ def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, deco
                 if cls.layer.kind is LayerKind.HEAD]
         # it lives on the last pipeline stage and runs there once per micro-batch, adding
         # pp x its time to the iteration (see the wall-time note below)
-        g, a, c = _layers_time([(block, 1)] + head, *args, seqs_group, 1.0, context, 0.0, 0.0,
-                               seqs_group)
+        g, a, c, _ = _layers_time([(block, 1)] + head, *args, seqs_group, 1.0, context, 0.0,
+                                  0.0, seqs_group)
         gemm += draft_tokens * micro * g
         attention += draft_tokens * micro * a
         communication += draft_tokens * micro * c
@@ -313,4 +329,4 @@ def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, deco
         tokens_group = seqs_group * width + prefill_group
         communication += (w.pp - 1) * comm.p2p_s(tokens_group * model.hidden * ACT_BYTES,
                                                  link_pp)
-    return IterationTime(gemm, attention, communication, calib.overhead_s(runtime))
+    return IterationTime(gemm, attention, communication, calib.overhead_s(runtime), host)

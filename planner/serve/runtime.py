@@ -20,15 +20,15 @@ CALIBRATED = {
     # per runtime: fixed time per engine iteration beyond the kernels (scheduler, input
     # preparation, sampling, host synchronisation, CUDA-graph launch); fitted on the rows
     # whose decoding is known (not on DeepSeek rows that may have drafted tokens with MTP)
-    "step_overhead_s": {"sglang": 0.0, "trtllm": 0.00128, "vllm": 0.00343},
+    "step_overhead_s": {"sglang": 0.0, "trtllm": 0.0000859, "vllm": 0.00331},
     # per runtime (its scheduler): fraction of the other concurrent requests whose prefill a
     # new request waits for (0: arrivals spread evenly; 1: fixed-length closed-loop clients
     # arrive in synchronised bursts)
-    "prefill_queue_fraction": {"sglang": 0.31, "trtllm": 0.33, "vllm": 0.05},
+    "prefill_queue_fraction": {"sglang": 0.08, "trtllm": 0.12, "vllm": 0.07},
     # per runtime: share of the other requests' prefill work that lands between a request's
     # output tokens (1: every iteration carries its average share, chunked prefill mixed into
     # decode; lower: prefills batched apart or deferred)
-    "prefill_interference": {"sglang": 0.874, "trtllm": 1.0, "vllm": 0.111},
+    "prefill_interference": {"sglang": 0.9, "trtllm": 1.0, "vllm": 0.125},
 }
 
 

@@ -152,7 +152,9 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             ("check that the global batch is divisible by some data-parallel degree",
              "remove pins that contradict each other (see --pin)"),
             {"pins": pins.as_dict()})
-    fitting = [c for c in cands if c.memory_lb_bytes <= limit and math.isfinite(c.fit_lb_s)]
+    # the memory bound prunes here; the finer bound over fitting placements
+    # (Candidate.fit_lb_s) is read when a candidate comes up
+    fitting = [c for c in cands if c.memory_lb_bytes <= limit]
     pruned_memory = total - len(fitting)
     prof = runtime_profile(options.runtime.profile)
 
@@ -174,16 +176,18 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     timed_out = False
     out_of_work = False
     scale = 0.0
-    # Best first over lower bounds that tighten lazily: a candidate comes up by its sort
-    # bound; the first time, the LP with the stages kept (bounds.stage_lp_bound) refines it,
-    # and if another candidate's bound is now lower it goes back in the queue. The candidates
-    # that really can be fast are solved first, so the incumbent is good early and the finer
-    # bound prunes the rest.
-    queue = [(c.fit_lb_s, config_key(c.config), False, i) for i, c in enumerate(fitting)]
+    # Best first over lower bounds that tighten lazily: a candidate comes up by its time
+    # bound; then by the knapsack bound over fitting placements (Candidate.fit_lb_s), then by
+    # the LP with the stages kept (bounds.stage_lp_bound), each computed the first time the
+    # candidate comes up at the level before, and if another candidate's bound is now lower
+    # it goes back in the queue. The candidates that really can be fast are solved first, so
+    # the incumbent is good early and the finer bounds prune the rest; the costly ones are
+    # computed only for the few candidates that come up.
+    queue = [(c.time_lb_s, config_key(c.config), 0, i) for i, c in enumerate(fitting)]
     heapq.heapify(queue)
     popped = 0
     while queue:
-        bound, key, refined, index = queue[0]
+        bound, key, level, index = queue[0]
         cand = fitting[index]
         cutoff = kept[-1][0][0] if len(kept) >= options.top_k else math.inf
         if bound > cutoff * (1 + 1e-9):
@@ -199,10 +203,13 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             open_bound = min(open_bound, bound)
             break
         heapq.heappop(queue)
-        if not refined:
-            bound = max(bound, stage_lp_bound(cand.problem))
-            if queue and bound > queue[0][0]:
-                heapq.heappush(queue, (bound, key, True, index))
+        if level < 2:
+            finer = cand.fit_lb_s if level == 0 else stage_lp_bound(cand.problem)
+            bound = max(bound, finer)
+            if math.isinf(bound):
+                continue  # no placement of it fits, even fractionally
+            if level == 0 or (queue and bound > queue[0][0]):
+                heapq.heappush(queue, (bound, key, level + 1, index))
                 continue
             if bound > cutoff * (1 + 1e-9):
                 continue  # proven by the LP: no fitting placement reaches the k-th best

@@ -11,7 +11,7 @@ import pytest
 
 from planner.cost.memory import in_flight_micro_batches
 from planner.cost.pipeline import SCHEDULES, bubble_pieces, chunk_rank, pipeline_time_s
-from planner.cost.pipeline_sim import (StageTimes, schedule_orders, simulate,
+from planner.cost.pipeline_sim import (StageTimes, makespan_s, schedule_orders, simulate,
                                        uneven_chunk_excess)
 
 CHUNKS = {"1f1b": 1, "interleaved-1f1b": 2, "zb-h1": 2, "zbv": 2, "dualpipev": 2}
@@ -176,3 +176,18 @@ def test_chunk_weights_and_the_evaluated_pipeline():
     flat = evaluate(six, cluster, replace(config, virtual_stages=1))
     assert ev.breakdown.pipeline_s > 0 and ev.breakdown.bubble_s >= 0
     assert ev.step_time_s != flat.step_time_s
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+def test_long_pipelines_extrapolate_exactly(schedule):
+    # past 5 p micro-batches the makespan grows by one period per p micro-batches
+    v = CHUNKS[schedule]
+    pp, blocks = 4, 4 * v + 3
+    base, extra = divmod(blocks, pp * v)
+    weights = [float(base + (c < extra)) for c in range(pp * v)]
+    weights[-1] += 0.7  # the head
+    split = 1 / 3 if SCHEDULES[schedule].splits_backward else 0.0
+    times = [StageTimes(x / 3, 2 * x / 3, split * x) for x in weights]
+    for m in (24, 36, 44):
+        assert makespan_s(schedule, times, m, pp) == \
+            pytest.approx(simulate(schedule, times, m, pp).makespan_s, rel=1e-12)

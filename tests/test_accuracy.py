@@ -20,7 +20,7 @@ from bench import landing  # noqa: E402
 from bench.accuracy import (by_label, landing_section, load_all,  # noqa: E402
                             misordered_by_cause, rank_agreement, read_entries, run,
                             source_noise, stats, zero_rows)
-from planner.calibration.regimes import regime_of  # noqa: E402
+from planner.calibration.regimes import recompute_kinds, regime_of  # noqa: E402
 from planner.calibration.store import shipped  # noqa: E402
 from planner.calibration.runs import eq3_flops, megatron_model_flops  # noqa: E402
 
@@ -306,12 +306,14 @@ def test_the_search_is_judged_in_the_regime_it_lands_in(rows):
     # on 8 B200 the search keeps the published layout: the source measured it, at +6.7 %
     assert landing.degrees(b200["plan"].config) == landing.degrees(b200["row"].run.config)
     assert b200["row"] in b200["same_degrees"]
-    # MPT-70B on 64 H100: FSDP at micro-batch 1 without recomputation, which no H100 FSDP1
-    # run used with every block (the three that ran without recomputation are 7B/13B)
+    # MPT-70B on 64 H100: FSDP at micro-batch 1 without recomputation, which only the 7B and
+    # 13B H100 FSDP1 runs used; the band names the policy only where no run of the regime did
     assert mpt["recompute"] == "none" and mpt["regime"].key == "fsdp/hopper/fsdp"
     assert mpt["same_recompute"] == sum(
         1 for r in rows if r.run.regime.key == "fsdp/hopper/fsdp" and r.time_error is not None
-        and landing.recompute_mix(r.pred.evaluation) == "none")
+        and "none" in recompute_kinds(r.run.model, r.pred.evaluation.placement)) == 3
+    assert not any("recomputation" in n and n.startswith("extrapolating: step time")
+                   for n in mpt["interval"]["extrapolating"])
     text = "\n".join(landing_section(rows, landed))
     n = by_label(rows, lambda r: r.run.regime.key)["fsdp/hopper/fsdp"]["time_n"]
     assert f"| mpt-70b-seq2048-64xh100 | fsdp/hopper/fsdp | {n} | {mpt['same_recompute']} |" in text

@@ -153,3 +153,26 @@ def test_widened_bands_add_the_between_source_spread_in_quadrature():
     narrow = band(table, "step_time", 1.0, ["runtime:fsdp"], 8, 1e9)
     broad = band(wide, "step_time", 1.0, ["runtime:fsdp"], 8, 1e9)
     assert broad.low < narrow.low < 1.0 < narrow.high < broad.high
+
+
+def test_bands_widen_for_a_recomputation_no_run_of_the_regime_used():
+    """A label's spread records the block recomputation policies of its calibration runs; a
+    prediction with another policy is extrapolating (widened, and says which), one with a
+    policy some run used is not, and a table without the record (an older profile) checks
+    nothing. The record survives the profile file's round trip."""
+    from planner.calibration.bands import BandTable, Spread, band, build_table
+    label = "regime:deepspeed/ampere/deep-pp"
+    table = build_table([("step_time", 0.01 * i, [label], 384, 1.8e11, 0.4, ("full",))
+                         for i in range(4)])
+    assert table.labels["step_time"][label].recompute == ("full",)
+    seen = band(table, "step_time", 100.0, [label], 384, 1.8e11, recompute=("full",))
+    new = band(table, "step_time", 100.0, [label], 384, 1.8e11, recompute=("full", "none"))
+    assert not seen.extrapolating
+    assert new.extrapolating == ("no calibration run of deepspeed/ampere/deep-pp with none "
+                                 "recomputation of a block (its runs: full)",)
+    assert new.low < seen.low < 100.0 < seen.high < new.high
+    assert BandTable.from_plain(table.to_plain()).labels["step_time"][label].recompute == \
+        ("full",)
+    old = BandTable({"step_time": Spread(4, 0.0, 0.03)},
+                    {"step_time": {label: Spread(4, 0.0, 0.03)}})
+    assert not band(old, "step_time", 1.0, [label], 8, 1e9, recompute=("none",)).extrapolating

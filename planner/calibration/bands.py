@@ -9,7 +9,8 @@ wider ones: a label's sigma is shrunk toward the pooled sigma with a prior weigh
 ``PRIOR_RUNS`` runs (sigma^2 = (n s^2 + k S^2) / (n + k)); the most specific label with at
 least ``MIN_RUNS`` runs is used (the full regime, then the parallelism regime, the GPU
 generation, the runtime). Outside the calibration data's coverage (a regime with no run,
-more than twice the GPUs or the parameters of any calibration run of the regime) the spread is multiplied by
+more than twice the GPUs or the parameters of any calibration run of the regime, a block
+recomputation policy no calibration run of the regime used) the spread is multiplied by
 ``EXTRAPOLATION_WIDENING`` and the band says why ("extrapolating: ...").
 """
 from __future__ import annotations
@@ -42,17 +43,24 @@ class Spread:
     max_gpus: int = 0
     max_params: float = 0.0
     max_mfu: float = 0.0  # the highest MFU measured among the label's runs (0: unknown)
+    # the block recomputation policies the label's runs used (planner.strategy.Recompute
+    # values; empty: not recorded, no check)
+    recompute: tuple[str, ...] = ()
 
     def to_plain(self) -> dict:
-        return {"n": self.n, "mu": round(self.mu, 5), "sigma": round(self.sigma, 5),
-                "max_gpus": self.max_gpus, "max_params": float(f"{self.max_params:.4g}"),
-                "max_mfu": round(self.max_mfu, 4)}
+        out = {"n": self.n, "mu": round(self.mu, 5), "sigma": round(self.sigma, 5),
+               "max_gpus": self.max_gpus, "max_params": float(f"{self.max_params:.4g}"),
+               "max_mfu": round(self.max_mfu, 4)}
+        if self.recompute:
+            out["recompute"] = list(self.recompute)
+        return out
 
     @staticmethod
     def from_plain(data: Mapping) -> "Spread":
         return Spread(int(data["n"]), float(data["mu"]), float(data["sigma"]),
                       int(data.get("max_gpus", 0)), float(data.get("max_params", 0.0)),
-                      float(data.get("max_mfu", 0.0)))
+                      float(data.get("max_mfu", 0.0)),
+                      tuple(str(x) for x in data.get("recompute") or ()))
 
 
 @dataclass(frozen=True)
@@ -77,7 +85,8 @@ class BandTable:
 
 
 def spread_of(log_ratios: Sequence[float], gpus: Sequence[int] = (),
-              params: Sequence[float] = (), mfus: Sequence[float] = ()) -> Spread:
+              params: Sequence[float] = (), mfus: Sequence[float] = (),
+              recompute: Iterable[Iterable[str]] = ()) -> Spread:
     n = len(log_ratios)
     if n == 0:
         return Spread(0, 0.0, 0.0)
@@ -87,26 +96,29 @@ def spread_of(log_ratios: Sequence[float], gpus: Sequence[int] = (),
     mu = statistics.median(log_ratios)
     sigma = MAD_TO_SIGMA * statistics.median(abs(x - mu) for x in log_ratios) if n > 1 else 0.0
     return Spread(n, mu, sigma, max(gpus, default=0), max(params, default=0.0),
-                  max(mfus, default=0.0))
+                  max(mfus, default=0.0), tuple(sorted({k for ks in recompute for k in ks})))
 
 
 def build_table(samples: Iterable[tuple]) -> BandTable:
     """``samples``: (quantity, log(measured/predicted), labels, GPUs, parameters[, measured
-    MFU])."""
+    MFU[, the run's block recomputation policies]])."""
     by_q: dict[str, list] = {}
     for quantity, ratio, labels, gpus, params, *rest in samples:
         by_q.setdefault(quantity, []).append((ratio, labels, gpus, params,
-                                              rest[0] if rest else 0.0))
+                                              rest[0] if rest else 0.0,
+                                              tuple(rest[1]) if len(rest) > 1 else ()))
     pooled, per_label = {}, {}
     for q, items in by_q.items():
         pooled[q] = spread_of([x[0] for x in items], [x[2] for x in items],
-                              [x[3] for x in items], [x[4] for x in items])
+                              [x[3] for x in items], [x[4] for x in items],
+                              [x[5] for x in items])
         groups: dict[str, list] = {}
         for item in items:
             for label in item[1]:
                 groups.setdefault(label, []).append(item)
         per_label[q] = {k: spread_of([x[0] for x in v], [x[2] for x in v], [x[3] for x in v],
-                                     [x[4] for x in v]) for k, v in groups.items()}
+                                     [x[4] for x in v], [x[5] for x in v])
+                        for k, v in groups.items()}
     return BandTable(pooled, per_label)
 
 
@@ -148,10 +160,12 @@ class Band:
 
 
 def band(table: BandTable, quantity: str, predicted: float, labels: Sequence[str],
-         gpus: int, params: float, coverage: float = NOMINAL_COVERAGE) -> Band:
+         gpus: int, params: float, coverage: float = NOMINAL_COVERAGE,
+         recompute: Iterable[str] = ()) -> Band:
     """The interval around ``predicted``; ``labels`` from the most specific (the full regime
     key) to the least (one label): the first with at least ``MIN_RUNS`` calibration runs sets
-    the spread, shrunk toward the pooled one."""
+    the spread, shrunk toward the pooled one. ``recompute``: the prediction's block
+    recomputation policies (planner.calibration.regimes.recompute_kinds)."""
     pooled = table.pooled.get(quantity)
     if pooled is None or pooled.n == 0 or not math.isfinite(predicted):
         return Band(predicted, predicted, coverage, ("no calibration data",))
@@ -188,6 +202,11 @@ def band(table: BandTable, quantity: str, predicted: float, labels: Sequence[str
             widen = EXTRAPOLATION_WIDENING
             reasons.append(f"no calibration run with {name} on a model beyond "
                            f"{s.max_params / 1e9:.0f}B parameters")
+        unseen = sorted(set(recompute) - set(s.recompute)) if s.recompute else []
+        if unseen:
+            widen = EXTRAPOLATION_WIDENING
+            reasons.append(f"no calibration run of {name} with {' or '.join(unseen)} "
+                           f"recomputation of a block (its runs: {', '.join(s.recompute)})")
     sigma = max(sigma, MIN_SIGMA) * widen
     lo_log, hi_log = mu - z * sigma, mu + z * sigma
     return Band(predicted * math.exp(min(lo_log, 0.0)), predicted * math.exp(max(hi_log, 0.0)),

@@ -33,7 +33,7 @@ from planner.calibration.bands import BandTable, build_table
 from planner.calibration.apply import calibrated_options
 from planner.calibration.constants import PARAMS, Constants, Param
 from planner.calibration.predict import Prediction, predict
-from planner.calibration.regimes import band_labels
+from planner.calibration.regimes import band_labels, recompute_kinds
 from planner.calibration.runs import CalibrationRun
 
 LOSS_SCALE = 0.10
@@ -210,6 +210,7 @@ def residual_bands(runs: Sequence[CalibrationRun], constants: Constants) -> Band
     for run in runs:
         p: Prediction = predict(run, constants)
         labels = band_labels(run.regime)
+        kinds = recompute_kinds(run.model, p.evaluation.placement)
         m = run.measured
         params = run.model.params
         if m.step_time_s and not m.oom:
@@ -217,8 +218,8 @@ def residual_bands(runs: Sequence[CalibrationRun], constants: Constants) -> Band
             mfu = ev.model_flops / (m.step_time_s * run.cluster.num_gpus
                                     * run.cluster.gpu.peak_tflops[run.config.dtype] * 1e12)
             samples.append(("step_time", math.log(m.step_time_s / p.step_time_s), labels,
-                            run.cluster.num_gpus, params, mfu))
+                            run.cluster.num_gpus, params, mfu, kinds))
         if m.memory_gib:
             samples.append(("memory", math.log(m.memory_gib / p.memory_gib), labels,
-                            run.cluster.num_gpus, params))
+                            run.cluster.num_gpus, params, 0.0, kinds))
     return build_table(samples)

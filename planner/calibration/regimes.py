@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.ir import LayerKind
+
 PARALLELISM_REGIMES = ("fsdp", "cp", "deep-pp", "pp", "tp", "dp")
 REGIME_TITLES = {
     "fsdp": "FSDP / ZeRO-3", "cp": "context parallel", "deep-pp": "deep PP (pp >= 8)",
@@ -68,3 +70,10 @@ def band_labels(regime: Regime) -> list[str]:
     """Labels for the error bands, most specific first (planner/calibration/bands.py)."""
     return [f"regime:{regime.key}", f"parallelism:{regime.parallelism}",
             f"generation:{regime.generation}", f"runtime:{regime.runtime}"]
+
+
+def recompute_kinds(model, placement) -> tuple[str, ...]:
+    """The recomputation policies a plan gives its blocks (planner.strategy.Recompute values,
+    sorted): what the error bands check their calibration runs against."""
+    return tuple(sorted({r.value for r, layer in zip(placement.recompute, model.layers)
+                         if layer.kind is LayerKind.BLOCK}))

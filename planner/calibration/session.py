@@ -14,7 +14,7 @@ from pathlib import Path
 
 from planner.calibration.apply import calibrate
 from planner.calibration.bands import NOMINAL_COVERAGE, band, mfu_reason
-from planner.calibration.regimes import band_labels, regime_of
+from planner.calibration.regimes import band_labels, recompute_kinds, regime_of
 from planner.calibration.store import CalibrationProfile, load, shipped
 from planner.config import RuntimeOptions
 from planner.errors import invalid
@@ -68,9 +68,11 @@ def prediction_intervals(ev, calibration: CalibrationProfile | None,
     regime = regime_of(ev.options.profile, ev.cluster.gpu.name, c.tp, c.pp, c.cp, c.zero_stage)
     labels = band_labels(regime)
     gpus, params = ev.cluster.num_gpus, ev.model.params
-    t = band(calibration.bands, "step_time", ev.step_time_s, labels, gpus, params, coverage)
+    kinds = recompute_kinds(ev.model, ev.placement)
+    t = band(calibration.bands, "step_time", ev.step_time_s, labels, gpus, params, coverage,
+             kinds)
     m = band(calibration.bands, "memory", ev.peak_memory_bytes / GIB, labels, gpus, params,
-             coverage)
+             coverage, kinds)
     # each note names its quantity: the step-time bands rest on many more runs than the
     # memory bands (only some sources publish memory)
     reasons = {f"step time: {r}" for r in t.extrapolating} | \

@@ -67,8 +67,10 @@ class StageProblem:
     def fixed_extreme(self, name: str, pick=min) -> float:
         """Sum over the non-block layers of ``pick`` of the term ``name`` over their options
         (bounds: the least any choice of embedding and head layouts can cost)."""
-        return sum(pick(getattr(x, name) for _, x in self.edge_choices(i))
-                   for i in self.pre + self.post)
+        if not self.edge_options:  # the mesh terms only (edge_choices' fallback), in order
+            return sum(getattr(x, name) for x in self.pre_costs + self.post_costs)
+        # edge_costs[k] are the options' terms of layer (pre + post)[k], as edge_choices reads
+        return sum(pick(getattr(x, name) for x in costs) for costs in self.edge_costs)
 
     def sync_choices(self) -> tuple[tuple[int, tuple[float, ...]], ...]:
         """(embedding index, the tied table's gradient-sync seconds per option of it), for

@@ -31,6 +31,13 @@ SAME_LAYERS = {"gpt2.json", "bert-base-uncased.json", "Llama-3.1-8B-Instruct.jso
                "Llama-3.1-70B-Instruct.json", "Mixtral-8x7B-v0.1.json",
                "Qwen2.5-72B-Instruct.json", "DeepSeek-V3.json"}
 
+# Blocks traced per module list: a kind per distinct block (DeepSeek-V3: dense and MoE; T5: each
+# stack's block 0, which owns the relative-position table, and the rest).
+TRACED_BLOCKS = {"DeepSeek-V3.json": {"model.layers": 2}, "t5-small.json": {"encoder.block": 2,
+                 "decoder.block": 2}, "gpt2.json": {"transformer.h": 1},
+                 "bert-base-uncased.json": {"bert.encoder.layer": 1}}
+TRACED_BLOCKS.update({n: {"model.layers": 1} for n in NAMES if n not in TRACED_BLOCKS})
+
 
 @lru_cache(maxsize=None)
 def _imported(name: str):
@@ -60,6 +67,9 @@ def test_parameter_count_equals_config_path_and_published(name):
     total = expected.get("total", expected.get("total_with_mlm_head"))
     assert graph.params == by_config.params == total
     assert ops.num_params == total  # every parameter tensor counted once (tied ones too)
+    # one block of each kind was traced (models/graph/replicate.py), the rest replicated
+    traced = {k: v["traced"] for k, v in ops.metadata.get("replicated_blocks", {}).items()}
+    assert traced == TRACED_BLOCKS[name]
     if "active" in expected:
         assert graph.active_params == by_config.active_params == expected["active"]
 

@@ -15,6 +15,8 @@ import pytest
 from planner.config import RuntimeOptions
 from planner.cost.context import make_context
 from planner.profiles import profile
+from planner.solve.bounds import (fitting_time_lower_bound, free_memory_lower_bound,
+                                  free_time_lower_bound)
 from planner.solve.candidates import candidates, terms_key
 from planner.solve.costs import stage_problem
 from planner.solve.space import Pins
@@ -51,4 +53,8 @@ def test_shared_terms_equal_fresh_terms(model, hw, batch, pins, runtime):
         fresh = stage_problem(ctx, pins.block_options(cand.config, prof),
                               hw.memory_bytes_per_gpu)
         assert _same_terms(cand.problem, fresh), cand.config
+        # the bounds' sums shared between copies (StageProblem.with_context) are this
+        # configuration's: each bound equals the fresh problem's
+        for bound in (free_time_lower_bound, free_memory_lower_bound, fitting_time_lower_bound):
+            assert bound(cand.problem) == bound(fresh), (bound.__name__, cand.config)
 

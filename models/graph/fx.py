@@ -137,6 +137,7 @@ class _Lowering:
                 p = self.graph.params[canonical]
                 self.graph.params[canonical] = Param(p.name, p.shape, p.dtype, tuple(names))
         self.user_inputs = set(sig.user_inputs)
+        self.buffer_of = dict(getattr(sig, "inputs_to_buffers", {}) or {})
         self.nodes: dict[str, Any] = {}
 
     # -- parameter tracing ---------------------------------------------------------------
@@ -160,8 +161,11 @@ class _Lowering:
                     continue
                 kind = OpKind.INPUT if node.name in self.user_inputs else OpKind.CONSTANT
                 out = _metas(node.meta.get("val"))
+                buffer = self.buffer_of.get(node.name)  # a buffer's module path (no scope:
+                # buffers are read from where they are used)
                 self.graph.add_op(Op(node.name, kind, "placeholder", outputs=out,
-                                     bytes_written=sum(t.nbytes for t in out)))
+                                     bytes_written=sum(t.nbytes for t in out),
+                                     attrs={"buffer": buffer} if buffer else {}))
             elif node.op == "get_attr":
                 self.graph.add_op(Op(node.name, OpKind.CONSTANT, "get_attr"))
             elif node.op == "call_function":

@@ -23,6 +23,7 @@ from planner.ir import ModelGraph
 from .fx import lower_exported_program
 from .group import group_layers
 from .ir import OpGraph
+from .replicate import reduce_blocks, replicate, restore
 
 DEFAULT_EXPORT_SEQ = 128  # tokens per sequence of the traced example (per-token FLOPs do not
 # depend on it except through attention, which the cost model scales with the real length)
@@ -136,14 +137,29 @@ def export(model: Any, args: tuple = (), kwargs: Mapping[str, Any] | None = None
 
 
 def hf_config_graph(config: Mapping[str, Any], *, name: str = "model", where: str = "config",
-                    seq_len: int = DEFAULT_EXPORT_SEQ) -> OpGraph:
-    """Build, export and lower the model of an HF config (text configs of VLMs included)."""
+                    seq_len: int = DEFAULT_EXPORT_SEQ, replicate_blocks: bool = True) -> OpGraph:
+    """Build, export and lower the model of an HF config (text configs of VLMs included).
+
+    With ``replicate_blocks`` (the default) only the first block of each kind of every block
+    list is traced and the graph is replicated to the full depth (:mod:`.replicate`); without
+    it, or when the trace does not have the shape replication needs, the whole model is."""
     model = build_hf_model(config, where=where)
     kwargs = hf_example_inputs(model, seq_len)
-    ep = export(model, (), kwargs, what=f"{where}")
     # tokens of one training sequence (an encoder-decoder reads seq_len and predicts seq_len)
     tokens = seq_len if "input_ids" in kwargs else None
-    graph = lower_exported_program(ep, name=name, source=where, tokens=tokens)
+    graph = None
+    if replicate_blocks:  # trace one block of each kind, copy it to the full depth
+        lists = reduce_blocks(model)
+        if lists:
+            try:
+                ep = export(model, (), kwargs, what=f"{where}")
+            finally:
+                restore(model, lists)
+            graph = replicate(lower_exported_program(ep, name=name, source=where,
+                                                     tokens=tokens), lists)
+    if graph is None:
+        ep = export(model, (), kwargs, what=f"{where}")
+        graph = lower_exported_program(ep, name=name, source=where, tokens=tokens)
     graph.seq_len = seq_len
     graph.metadata.update(importer="torch.export", architecture=type(model).__name__)
     return graph

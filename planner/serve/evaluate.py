@@ -365,8 +365,9 @@ def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: Servi
     the interval's ends: each term is non-decreasing in the iteration times, and an iteration
     time does not decrease with its decode sequences or prompt tokens (checked in
     ``tests/test_serve_search.py``). Own prefill >= ceil(isl / chunk(lo)) iterations of at
-    least step(lo, min(isl, chunk(hi))); joining the batch >= half of it(lo); the marginal
-    prefill time >= step(lo, isl) - step(hi, 0); the request rate >= lo / (steps x it(hi))."""
+    least step(lo, min(isl, chunk(hi))); joining the batch >= half of the mean iteration's
+    lower bound (:func:`mean_iteration_bounds`); the marginal prefill time >= step(lo, isl) -
+    step(hi, 0); the request rate >= lo / (steps x the mean iteration's upper bound)."""
     calib = calibration or Calibration.from_mapping(CALIBRATED)
     rt = runtime(runtime_name)
     w, isl = config.worker, workload.isl

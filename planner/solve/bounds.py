@@ -11,7 +11,6 @@ options cut to the group; the time bound skips a group whose memory bound is ove
 """
 from __future__ import annotations
 
-from planner.cost.pipeline import bubble_credit_s
 from dataclasses import replace
 
 from planner.recompute_rules import groups
@@ -60,30 +59,33 @@ def free_time_lower_bound(p: StageProblem) -> float:
     the average stage, the fixed embedding sync, and the ZeRO-2/3 per-micro-batch traffic no
     stage can hide. The other exposures are >= 0 and left out."""
     t = p.terms
-    work = sum(min(x.time_s for x in cls.costs) * cls.count for cls in p.classes)
+    work = p.class_sum("time_s")
     work += p.fixed_extreme("time_s") + t.pp * t.boundary_s
     if t.per_micro_batch_sync:
         # ZeRO-2/3 traffic each stage exposes beyond its compute: summed over the stages it is
         # at least (all traffic - all compute)^+ (a sum of positive parts >= the positive part
         # of the sum); slopes only, the intercepts are >= 0.
-        traffic = sum(min(x.zero_traffic_s for x in cls.costs) * cls.count for cls in p.classes)
+        traffic = p.class_sum("zero_traffic_s")
         traffic += p.fixed_extreme("zero_traffic_s")
-        busy = sum(max(x.fwd_s + x.bwd_s for x in cls.costs) * cls.count for cls in p.classes)
+        busy = p.class_sum(("fwd_s", "bwd_s"), max)
         busy += p.fixed_extreme("fwd_s", max) + p.fixed_extreme("bwd_s", max)
         work += max(0.0, traffic - busy)
     m, v = t.num_micro_batches, t.virtual_stages
     pipeline = (m - 1.0 / v) * work / t.pp + work / v
-    if t.pp > 1 and (t.bubble_wgrad_credit or t.bubble_bwd_extra):
-        # zero-bubble schedules: m T + max(0, (sum t - T)/v + credit) grows with T and with
-        # sum t, so T = work / pp, the fastest options' backward and the largest W bound it
-        bwd = sum(min(x.bwd_s + x.recompute_s for x in cls.costs) * cls.count
-                  for cls in p.classes) + p.fixed_extreme("bwd_s")
-        wgrad = sum(max(x.wgrad_s for x in cls.costs) * cls.count for cls in p.classes) + \
-            p.fixed_extreme("wgrad_s", max)
-        credit = bubble_credit_s(t.pp, v, t.bubble_wgrad_credit, t.bubble_bwd_extra, bwd, wgrad)
+    if t.pp > 1 and t.bubble_pieces:
+        # zero-bubble schedules: m T + max(0, largest piece x (sum t - T) + y sum b + z sum w)
+        # over v grows with T (m v >= x) and with sum t (x >= 0), so T = work / pp; each
+        # piece takes the backward and W sums at whichever end its sign makes least
+        def total(names: tuple[str, ...], pick) -> float:
+            return p.class_sum(names, pick) + sum(p.fixed_extreme(n, pick) for n in names)
+
+        bwd = {pick: total(("bwd_s", "recompute_s"), pick) for pick in (min, max)}
+        wgrad = {pick: total(("wgrad_s",), pick) for pick in (min, max)}
         slowest = max(work / t.pp, _fixed_rank_time_lb(p)) if v > 1 else work / t.pp
-        pipeline = m * slowest + max(0.0, (work - slowest) / v + credit)
-    optimizer = (sum(min(x.optimizer_s for x in cls.costs) * cls.count for cls in p.classes)
+        fill = max(x * (work - slowest) + y * bwd[min if y >= 0 else max]
+                   + z * wgrad[min if z >= 0 else max] for x, y, z in t.bubble_pieces)
+        pipeline = m * slowest + max(0.0, fill / v)
+    optimizer = (p.class_sum("optimizer_s")
                  + p.fixed_extreme("optimizer_s")) / t.pp
     return pipeline + optimizer + p.least_sync_s()
 
@@ -93,7 +95,7 @@ def _classic(p: StageProblem) -> bool:
     last stage): the finer bounds below assume that pipeline formula and placement; under a
     zero-bubble or V schedule (planner/cost/pipeline.py) they return no information."""
     t = p.terms
-    return not (t.bubble_wgrad_credit or t.bubble_bwd_extra) and t.head_stage < 0
+    return not t.bubble_pieces and t.head_stage < 0
 
 
 def _fixed_rank_time_lb(p: StageProblem) -> float:
@@ -121,9 +123,9 @@ def free_memory_lower_bound(p: StageProblem) -> float:
     """Bytes the fullest stage needs at least: the stage average with every block at its
     least-memory option, each stage holding >= 1 micro-batch, plus the fixed reserve."""
     t = p.terms
-    states = sum(min(x.state_bytes for x in cls.costs) * cls.count for cls in p.classes)
+    states = p.class_sum("state_bytes")
     states += p.fixed_extreme("state_bytes")
-    stored = sum(min(x.act_stored_bytes for x in cls.costs) * cls.count for cls in p.classes)
+    stored = p.class_sum("act_stored_bytes")
     stored += p.fixed_extreme("act_stored_bytes")
     return (states + (1 + t.allocator_overhead) * stored) / t.pp + t.reserve_bytes
 
@@ -161,9 +163,9 @@ def fitting_time_lower_bound(p: StageProblem) -> float:
     groups += [(1, tuple(x for _, x in p.edge_choices(j)), pp - 1) for j in p.post]
     const = a * pp * (t.boundary_s + t.micro_batch_overhead_s) + p.least_sync_s()
     if t.per_micro_batch_sync:  # as in time_lower_bound: traffic no stage can hide
-        traffic = sum(min(x.zero_traffic_s for x in cls.costs) * cls.count for cls in p.classes)
+        traffic = p.class_sum("zero_traffic_s")
         traffic += p.fixed_extreme("zero_traffic_s")
-        busy = sum(max(x.fwd_s + x.bwd_s for x in cls.costs) * cls.count for cls in p.classes)
+        busy = p.class_sum(("fwd_s", "bwd_s"), max)
         busy += p.fixed_extreme("fwd_s", max) + p.fixed_extreme("bwd_s", max)
         const += a * max(0.0, traffic - busy)
     # weights w_i = 1 / (s* + (1+a) f_i a*) of reference options (s*, a*); all 1 and 1/f_i
@@ -342,9 +344,9 @@ def contiguous_split_exceeds(p: StageProblem, cutoff_s: float) -> bool:
     if t.virtual_stages > 1 or m <= 1 or not p.classes or not _classic(p):
         return False
     const = t.boundary_s + t.micro_batch_overhead_s
-    work = sum(min(x.time_s for x in cls.costs) * cls.count for cls in p.classes)
+    work = p.class_sum("time_s")
     work += p.fixed_extreme("time_s") + pp * const
-    opt = (sum(min(x.optimizer_s for x in cls.costs) * cls.count for cls in p.classes)
+    opt = (p.class_sum("optimizer_s")
            + p.fixed_extreme("optimizer_s")) / pp
     target = (cutoff_s - work - opt - p.least_sync_s()) / (m - 1)
     return target < 0 or not _split_reaches(p, target)
@@ -362,7 +364,7 @@ def slowest_stage_lb_s(p: StageProblem) -> float:
         per_stage = _stage_groups(p)
         return max(_stage_time_lb(p, i, groups) for i, groups in enumerate(per_stage))
     lo = 0.0
-    hi = (sum(max(x.time_s for x in cls.costs) * cls.count for cls in p.classes)
+    hi = (p.class_sum("time_s", max)
           + p.fixed_extreme("time_s", max) + t.boundary_s + t.micro_batch_overhead_s)
     if not _split_reaches(p, hi):
         return float("inf")

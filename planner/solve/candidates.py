@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.context import make_context
@@ -76,8 +76,8 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
         key = terms_key(config)
         if key in shared:
             base, base_parts = shared[key]
-            problem = replace(base, ctx=ctx)
-            parts = [problem if q is base else replace(q, ctx=ctx) for q in base_parts]
+            problem = base.with_context(ctx)
+            parts = [problem if q is base else q.with_context(ctx) for q in base_parts]
         else:
             problem = stage_problem(ctx, pins.block_options(config, prof), capacity)
             parts = rule_problems(problem)

@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from planner.cost.pipeline_sim import megatron_order as order
+
 
 @dataclass(frozen=True)
 class Op:
@@ -61,35 +63,6 @@ class ChunkTimes:
     bwd_s: float
     recompute_s: float
     comm_s: float
-
-
-def order(rank: int, pp: int, v: int, m: int) -> list[tuple[str, int, int]]:
-    """(kind, micro-batch, chunk) in the order ``rank`` runs them."""
-    total = m * v
-
-    def forward(k: int) -> tuple[str, int, int]:
-        group, pos = divmod(k, pp * v)
-        return ("forward", group * pp + pos % pp, (k // pp) % v)
-
-    def backward(k: int) -> tuple[str, int, int]:
-        group, pos = divmod(k, pp * v)
-        return ("backward", group * pp + pos % pp, v - 1 - (k // pp) % v)
-
-    if v == 1:
-        warmup = min(pp - rank - 1, m)
-    else:
-        warmup = min((pp - rank - 1) * 2 + (v - 1) * pp, total)
-    ops = [forward(k) for k in range(warmup)]
-    f, b = warmup, 0
-    while f < total:
-        ops.append(forward(f))
-        f += 1
-        ops.append(backward(b))
-        b += 1
-    while b < total:
-        ops.append(backward(b))
-        b += 1
-    return ops
 
 
 def simulate(times: list[list[ChunkTimes]], m: int) -> Timeline:

@@ -161,22 +161,27 @@ class LayerPlacement:
         return LayerPlacement(tuple(stage), tuple(LayerOption(Recompute(r)) for r in recompute))
 
 
-def interleaved_rank(block: int, num_blocks: int, pp: int, virtual_stages: int,
-                     placement: str = "loop") -> int:
-    """Pipeline rank holding ``block`` when the blocks form pp x v model chunks: chunk k runs
-    on rank k mod pp (``placement`` "loop": Megatron-LM virtual pipeline stages, PyTorch's
-    looped schedules) or, with 2 chunks per rank, on rank k then 2 pp - 1 - k ("v": the V
-    schedules ZB-V and DualPipeV, torchtitan's ``style="v"`` stage-to-rank map). The chunks are
-    equal when pp x v divides the blocks; otherwise the first ``blocks mod (pp x v)`` chunks
-    hold one block more (an uneven split, as Megatron's ``--pipeline-model-parallel-layout``
-    and torchtitan's per-stage layer counts run it: DeepSeek-V3's 61 layers in 16 chunks)."""
-    from planner.cost.pipeline import chunk_rank
-
-    chunks = pp * virtual_stages
+def interleaved_chunk(block: int, num_blocks: int, chunks: int) -> int:
+    """The model chunk (0 .. chunks - 1) holding ``block`` when the blocks form ``chunks``
+    chunks: equal when ``chunks`` divides the blocks; otherwise the first ``blocks mod
+    chunks`` chunks hold one block more (an uneven split, as Megatron's
+    ``--pipeline-model-parallel-layout`` and torchtitan's per-stage layer counts run it:
+    DeepSeek-V3's 61 layers in 16 chunks)."""
     base, extra = divmod(num_blocks, chunks)
     big = extra * (base + 1)  # blocks in the first ``extra`` chunks of base + 1
-    chunk = block // (base + 1) if block < big else extra + (block - big) // max(base, 1)
-    return chunk_rank(chunk, pp, placement)
+    return block // (base + 1) if block < big else extra + (block - big) // max(base, 1)
+
+
+def interleaved_rank(block: int, num_blocks: int, pp: int, virtual_stages: int,
+                     placement: str = "loop") -> int:
+    """Pipeline rank holding ``block`` when the blocks form pp x v model chunks
+    (:func:`interleaved_chunk`): chunk k runs on rank k mod pp (``placement`` "loop":
+    Megatron-LM virtual pipeline stages, PyTorch's looped schedules) or, with 2 chunks per
+    rank, on rank k then 2 pp - 1 - k ("v": the V schedules ZB-V and DualPipeV, torchtitan's
+    ``style="v"`` stage-to-rank map)."""
+    from planner.cost.pipeline import chunk_rank
+
+    return chunk_rank(interleaved_chunk(block, num_blocks, pp * virtual_stages), pp, placement)
 
 
 def head_stage(config) -> int:

@@ -148,6 +148,11 @@ CASES = [
     Case("pp2-dualpipev", DENSE, ParallelConfig(tp=1, pp=2, dp=4, global_batch=16, seq_len=128,
                                                 micro_batch=1, virtual_stages=2,
                                                 pipeline_schedule="dualpipev")),
+    # 6 blocks in 2 x 2 chunks of 2, 2, 1, 1 (+ the head): the operation order's excess over
+    # the closed form on unequal chunks (planner.cost.pipeline_sim.uneven_chunk_excess)
+    Case("pp2-v2-uneven", native(6), ParallelConfig(tp=1, pp=2, dp=4, global_batch=16,
+                                                    seq_len=128, micro_batch=2,
+                                                    virtual_stages=2)),
     # ZeRO-2/3 over 8 ranks on two nodes, short sequences: the per-micro-batch traffic is
     # exposed (it exceeds the compute it overlaps with)
     Case("zero2-exposed", SHORT, ParallelConfig(tp=1, pp=1, dp=8, global_batch=16, seq_len=32,

@@ -58,11 +58,12 @@ from planner.cost.compute import KERNEL_LAUNCH_S, Shard, hbm_bytes_per_s, layer_
 from planner.cost.context import CostContext
 from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches,
                                  layer_activation_bytes, layer_params_on_gpu, zero_state_bytes)
-from planner.cost.pipeline import bubble_credit_s, pipeline_time_s
+from planner.cost.pipeline import bubble_pieces, pipeline_time_s
+from planner.cost.pipeline_sim import uneven_chunk_excess
 from planner.hardware import GIB
-from planner.ir import Layer, LayerKind
+from planner.ir import Layer, LayerKind, ModelGraph
 from planner.profiles import profile
-from planner.strategy import LayerOption, Layout, Recompute
+from planner.strategy import LayerOption, Layout, Recompute, interleaved_chunk
 from planner.topology import Link, group_link
 
 # The PyTorch caching allocator holds freed blocks for reuse; nvidia-smi therefore reports more
@@ -182,10 +183,14 @@ class ConfigTerms:
     comm_slowdown: float = 0.0  # compute slowdown per second of overlapped NCCL traffic
     micro_batch_overhead_s: float = 0.0  # fixed host / launch seconds per micro-batch per stage
     host_capacity_bytes: float = float("inf")  # host memory per GPU (Cluster.cpu_memory)
-    # the pipeline schedule's bubble correction (planner.cost.pipeline): W chunks each bubble
-    # unit hides, extra full-backward chunks it adds; 0 for 1F1B and interleaved 1F1B
-    bubble_wgrad_credit: float = 0.0
-    bubble_bwd_extra: float = 0.0
+    # a zero-bubble schedule's fill/drain pieces (x, y, z): x (sum t - max t) + y sum b +
+    # z sum w (planner.cost.pipeline.bubble_pieces); () for 1F1B and interleaved 1F1B
+    bubble_pieces: tuple[tuple[float, float, float], ...] = ()
+    # several chunks per rank: the schedule and the chunks' relative work (model order), from
+    # which the operation order's excess over the closed form comes (chunk_weights,
+    # planner.cost.pipeline_sim.uneven_chunk_excess); () with one chunk per rank
+    pipeline_schedule: str = ""
+    chunk_weights: tuple[float, ...] = ()
     head_stage: int = -1  # the rank of the last model chunk (-1: the last rank; V: rank 0)
 
 
@@ -197,7 +202,7 @@ SOLVER_CONFIG_TERMS = ("reserve_bytes", "allocator_overhead", "buffer_bytes", "b
                        "dp_reduce_dense",
                        "dp_reduce_expert", "dp_gather_dense", "dp_gather_expert",
                        "embedding_sync_s", "in_flight", "comm_slowdown",
-                       "micro_batch_overhead_s", "bubble_wgrad_credit", "bubble_bwd_extra")
+                       "micro_batch_overhead_s", "bubble_pieces", "chunk_weights")
 
 
 def config_terms(ctx: CostContext) -> ConfigTerms:
@@ -254,9 +259,34 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         comm_slowdown=opts.comm_slowdown, micro_batch_overhead_s=opts.micro_batch_overhead_s,
         host_capacity_bytes=(ctx.cluster.cpu_memory.capacity_bytes if ctx.cluster.cpu_memory is not None
                              else float("inf")),
-        bubble_wgrad_credit=spec.w_credit if c.pp > 1 else 0.0,
-        bubble_bwd_extra=spec.b_extra if c.pp > 1 else 0.0,
+        bubble_pieces=bubble_pieces(spec, c.pp), pipeline_schedule=c.schedule,
+        chunk_weights=(chunk_weights(ctx.model, c.pp * c.virtual_stages)
+                       if c.pp > 1 and c.virtual_stages > 1 else ()),
         head_stage=0 if c.pp > 1 and spec.placement == "v" else -1)
+
+
+@lru_cache(maxsize=1024)
+def chunk_weights(model: ModelGraph, chunks: int) -> tuple[float, ...]:
+    """Each model chunk's share of the work, in mean blocks, as the blocks split into
+    ``chunks`` (:func:`planner.strategy.interleaved_chunk`; the layers before the first block
+    with chunk 0, those after the last with the last): a block weighs its active parameters, a
+    head its vocabulary x hidden output projection, other layers nothing (the GEMM flops per
+    token; attention's quadratic part is left out, which makes the head's chunk heavier, the
+    conservative side). Rounded to 1/16."""
+    blocks = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK]
+    if not blocks or len(blocks) < chunks:
+        return ()
+    mean = sum(model.layers[i].active_params for i in blocks) / len(blocks) or 1.0
+    out = [0.0] * chunks
+    index = {layer: k for k, layer in enumerate(blocks)}
+    for i, layer in enumerate(model.layers):
+        if layer.kind is LayerKind.BLOCK:
+            chunk, work = interleaved_chunk(index[i], len(blocks), chunks), layer.active_params
+        else:
+            chunk = 0 if i < blocks[0] else chunks - 1
+            work = layer.vocab * layer.hidden if layer.kind is LayerKind.HEAD else 0
+        out[chunk] += work / mean
+    return tuple(round(x * 16) / 16 for x in out)
 
 
 def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Link,
@@ -619,7 +649,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         held = dense + expert
         dense_states = replace(dense_states, params=dense_states.params + held * state.weights,
                                grads=dense_states.grads + held * UNSHARDED_GRAD_BYTES)
-    t = config_terms(ctx)
+    t = _config_terms(ctx)
     if t.head_stage >= 0 and layer.kind not in (LayerKind.BLOCK, LayerKind.EMBEDDING):
         # a V placement keeps the head in the last chunk, whose backward follows its forward
         # (one micro-batch in flight, as on 1F1B's last stage); the rank's in-flight count is
@@ -747,7 +777,9 @@ def stage_fits(t: ConfigTerms, stage: int, layers: Sequence[LayerTerms]) -> bool
 
 def stage_time(t: ConfigTerms, layers: Sequence[LayerTerms]) -> float:
     """Seconds per micro-batch on one stage: its layers, the stage-boundary transfers and the
-    exposed part of the ZeRO-2/3 per-micro-batch traffic (overlapped with the stage's compute)."""
+    exposed part of the ZeRO-2/3 per-micro-batch traffic (overlapped with the stage's compute);
+    with several unequal chunks per rank, times 1 + the operation order's excess over the
+    closed form (:func:`pipeline_excess`: the pipeline then takes what the order takes)."""
     time_s = sum(x.time_s for x in layers) + t.boundary_s + t.micro_batch_overhead_s
     if t.per_micro_batch_sync:
         traffic = _charged(layers, sum(x.zero_traffic_s for x in layers),
@@ -760,6 +792,8 @@ def stage_time(t: ConfigTerms, layers: Sequence[LayerTerms]) -> float:
                    + max(0.0, traffic - fwd_traffic
                          - sum(x.bwd_s + x.recompute_s for x in layers)))
         time_s += exposed + t.comm_slowdown * (traffic - exposed)
+    if t.chunk_weights:  # unequal chunks inside a rank: the order's excess (pipeline_excess)
+        time_s *= 1 + pipeline_excess(t)
     return time_s
 
 
@@ -774,15 +808,23 @@ def dp_sync_s(t: ConfigTerms, layers: Sequence[LayerTerms]) -> tuple[float, floa
 def pipeline_s(t: ConfigTerms, stage_layers: Sequence[Sequence[LayerTerms]],
                stage_times: Sequence[float]) -> float:
     """The pipeline's seconds under the configuration's schedule (planner.cost.pipeline): the
-    stage times, plus a zero-bubble schedule's correction from the stages' full backward and
-    weight-gradient sums."""
-    credit = 0.0
-    if t.bubble_wgrad_credit or t.bubble_bwd_extra:
-        credit = bubble_credit_s(
-            t.pp, t.virtual_stages, t.bubble_wgrad_credit, t.bubble_bwd_extra,
-            sum(x.bwd_s + x.recompute_s for layers in stage_layers for x in layers),
-            sum(x.wgrad_s for layers in stage_layers for x in layers))
-    return pipeline_time_s(stage_times, t.num_micro_batches, t.virtual_stages, credit)
+    stage times, and for a zero-bubble schedule the stages' full backward and weight-gradient
+    sums its fill/drain pieces read."""
+    if not t.bubble_pieces:
+        return pipeline_time_s(stage_times, t.num_micro_batches, t.virtual_stages)
+    return pipeline_time_s(
+        stage_times, t.num_micro_batches, t.virtual_stages, t.bubble_pieces,
+        sum(x.bwd_s + x.recompute_s for layers in stage_layers for x in layers),
+        sum(x.wgrad_s for layers in stage_layers for x in layers))
+
+
+def pipeline_excess(t: ConfigTerms) -> float:
+    """The operation order's excess over the closed form on the configuration's unequal
+    chunks (a multiple of 1/1024; 0 with one chunk per rank or equal chunks)."""
+    if not t.chunk_weights or t.pp <= 1:
+        return 0.0
+    return uneven_chunk_excess(t.pipeline_schedule, t.pp, t.num_micro_batches,
+                               t.chunk_weights)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ options cut to the group; the time bound skips a group whose memory bound is ove
 """
 from __future__ import annotations
 
-from planner.cost.pipeline import bubble_credit_s
 from dataclasses import replace
 
 from planner.recompute_rules import groups
@@ -73,15 +72,19 @@ def free_time_lower_bound(p: StageProblem) -> float:
         work += max(0.0, traffic - busy)
     m, v = t.num_micro_batches, t.virtual_stages
     pipeline = (m - 1.0 / v) * work / t.pp + work / v
-    if t.pp > 1 and (t.bubble_wgrad_credit or t.bubble_bwd_extra):
-        # zero-bubble schedules: m T + max(0, (sum t - T)/v + credit) grows with T and with
-        # sum t, so T = work / pp, the fastest options' backward and the largest W bound it
-        bwd = p.class_sum(("bwd_s", "recompute_s")) + p.fixed_extreme("bwd_s")
-        wgrad = p.class_sum("wgrad_s", max) + \
-            p.fixed_extreme("wgrad_s", max)
-        credit = bubble_credit_s(t.pp, v, t.bubble_wgrad_credit, t.bubble_bwd_extra, bwd, wgrad)
+    if t.pp > 1 and t.bubble_pieces:
+        # zero-bubble schedules: m T + max(0, largest piece x (sum t - T) + y sum b + z sum w)
+        # over v grows with T (m v >= x) and with sum t (x >= 0), so T = work / pp; each
+        # piece takes the backward and W sums at whichever end its sign makes least
+        def total(names: tuple[str, ...], pick) -> float:
+            return p.class_sum(names, pick) + sum(p.fixed_extreme(n, pick) for n in names)
+
+        bwd = {pick: total(("bwd_s", "recompute_s"), pick) for pick in (min, max)}
+        wgrad = {pick: total(("wgrad_s",), pick) for pick in (min, max)}
         slowest = max(work / t.pp, _fixed_rank_time_lb(p)) if v > 1 else work / t.pp
-        pipeline = m * slowest + max(0.0, (work - slowest) / v + credit)
+        fill = max(x * (work - slowest) + y * bwd[min if y >= 0 else max]
+                   + z * wgrad[min if z >= 0 else max] for x, y, z in t.bubble_pieces)
+        pipeline = m * slowest + max(0.0, fill / v)
     optimizer = (p.class_sum("optimizer_s")
                  + p.fixed_extreme("optimizer_s")) / t.pp
     return pipeline + optimizer + p.least_sync_s()
@@ -92,7 +95,7 @@ def _classic(p: StageProblem) -> bool:
     last stage): the finer bounds below assume that pipeline formula and placement; under a
     zero-bubble or V schedule (planner/cost/pipeline.py) they return no information."""
     t = p.terms
-    return not (t.bubble_wgrad_credit or t.bubble_bwd_extra) and t.head_stage < 0
+    return not t.bubble_pieces and t.head_stage < 0
 
 
 def _fixed_rank_time_lb(p: StageProblem) -> float:

@@ -32,8 +32,8 @@ and here (R) the per-class layouts and their resharding edges, and (C) the runti
 rule on the counts n (Megatron's first N blocks of every chunk, torchtitan's one setting for all
 blocks: :mod:`planner.solve.recompute_model`).
 Objective (``step_time``, times v to stay integer): (m v - 1) T + sum_i t[i] + v (d + o); a
-zero-bubble schedule (planner.cost.pipeline): m v T + beta + v (d + o) with beta >= 0 and
-beta >= sum_i t[i] - T + (p-1)/p (b_extra sum_i b[i] - w_credit sum_i w[i]).
+zero-bubble schedule (planner.cost.pipeline): m v T + beta + v (d + o) with beta >= 0 and,
+for each of its pieces, beta >= x (sum_i t[i] - T) + y sum_i b[i] + z sum_i w[i].
 
 Integer coefficients: seconds are divided by a recorded tick (``objective_scale_s``), bytes are
 rounded up, so the solver never accepts a stage that ``evaluate`` would reject.
@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ortools.sat.python import cp_model
 
 from planner import cpsat
+from planner.cost.terms import pipeline_excess
 from planner.solve.costs import StageProblem
 from planner.solve.recompute_model import add_rule, rule_of
 from planner.solve.stage_model import StageModel, blocks_in, decode_placement
@@ -129,6 +130,9 @@ class _Builder:
 
         # x[i,c]: blocks of class c in stage i; n[i,c,r]: with option r (planner.solve.stage_model)
         sm = self.stages = StageModel(M, self.scale_s, pp, [P], drop=self.drop)
+        # unequal chunks inside a rank: every stage time x 1 + the order's excess
+        # (planner.cost.terms.stage_time, pipeline_excess)
+        sm.stage_factor = 1 + pipeline_excess(replace(T, chunk_weights=self.ct("chunk_weights")))
         self.edge_vars()
         sm.e = self.e
         # peak memory of the plan (bytes): the secondary objective of the tie-break solve
@@ -174,19 +178,19 @@ class _Builder:
         # redundant cut: the slowest stage is at least the average (tightens the relaxation)
         M.add(pp * T_var >= sum(self.t))
         self.objective = (m * v - 1) * T_var + sum(self.t) + v * (d + o) + v * self.sync()
-        w_credit, b_extra = self.ct("bubble_wgrad_credit"), self.ct("bubble_bwd_extra")
-        if pp > 1 and (w_credit or b_extra):
-            # zero-bubble schedules (planner.cost.pipeline): the fill/drain
-            # max(0, sum t - T + (p-1)/p (b_extra sum b - w_credit sum w)), times v
-            k = (pp - 1) / pp
-            fill = sum(self.t) - T_var
-            for i in range(pp):
-                if b_extra:
-                    fill += sm.time(i, ("bwd_s", "recompute_s"), k * b_extra)
-                if w_credit:
-                    fill -= sm.time(i, ("wgrad_s",), k * w_credit)
+        pieces = self.ct("bubble_pieces")
+        if pp > 1 and pieces:
+            # zero-bubble schedules (planner.cost.pipeline.bubble_pieces): the fill/drain is
+            # the largest of x (sum t - T) + y sum b + z sum w, floored at 0, times v; each
+            # piece times p (p - 1) has integer coefficients
+            scale = pp * (pp - 1)
+            rest = sum(self.t) - T_var
+            bwd = sum(sm.time(i, ("bwd_s", "recompute_s")) for i in range(pp))
+            wgrad = sum(sm.time(i, ("wgrad_s",)) for i in range(pp))
             bubble = M.new_int_var(0, 2**50, "bubble")
-            M.add(bubble >= fill)
+            for x, y, z in pieces:
+                M.add(scale * bubble >= round(x * scale) * rest + round(y * scale) * bwd
+                      + round(z * scale) * wgrad)
             self.objective = m * v * T_var + bubble + v * (d + o) + v * self.sync()
         M.minimize(self.objective)
         if self.cutoff_s is not None:

@@ -219,10 +219,11 @@ def _schedules(pins: Pins, runtime, pp: int, v: int, m: int) -> list[str]:
 def _dominates(a: str, b: str) -> bool:
     """Schedule ``a`` is never slower than ``b`` on the same placement and holds no more
     activations (planner/cost/pipeline.py), so the search need not solve ``b`` (a pin still
-    can): ZB-H1 over interleaved 1F1B / 1F1B with the same chunks (same in-flight count, a W
-    credit <= 0), and ZB-V over DualPipeV (same V, p instead of p + 1/2 micro-batches in
-    flight, no extra backward: DualPipeV's F&B overlap is not modelled)."""
-    return (a, b) in (("zb-h1", "1f1b"), ("zb-h1", "interleaved-1f1b"), ("zbv", "dualpipev"))
+    can): ZB-V over DualPipeV (same V, p instead of p + 1/2 micro-batches in flight, every
+    bubble piece no larger: DualPipeV's F&B overlap is not modelled). ZB-H1 is never slower
+    than interleaved 1F1B with the same chunks but holds p micro-batches on every rank where
+    1F1B holds p - r, so both are solved."""
+    return (a, b) == ("zbv", "dualpipev")
 
 
 def _divisors(n: int) -> list[int]:

@@ -88,6 +88,7 @@ class StageModel:
         self.a: dict = {}  # (i, p) -> 0/1 or BoolVar
         self.adj: list = [0] * pp  # stage next to a pool crossing: 0/1 or BoolVar
         self.slowdown: list[float] = [1.0] * pp
+        self.stage_factor = 1.0  # every stage time's factor (terms.stage_time's chunk excess)
         self.n: dict = {}  # (i, c, r) -> blocks of class c with option r in stage i
         self.q: dict = {}  # (i, c, r, p) -> n[i,c,r] if stage i is on pool p else 0
         self.u: dict = {}  # (i, c, r) -> n[i,c,r] >= 1 (only where a working set exists)
@@ -109,8 +110,8 @@ class StageModel:
             return value
         if isinstance(value, Affine):
             return NO_COMM
-        if isinstance(value, tuple):
-            return tuple(0.0 for _ in value)
+        if isinstance(value, tuple):  # (tuples of pieces drop to none)
+            return tuple(0.0 for _ in value if not isinstance(_, tuple))
         return 0.0
 
     def terms(self, p: int, crossing: bool = False) -> ConfigTerms:
@@ -309,15 +310,16 @@ class StageModel:
                     M.add(host <= math.floor(t.host_capacity_bytes))
 
         # (T) stage time per micro-batch (x slowdown), with (Z) the exposed ZeRO-2/3 traffic
-        stage = self.time(i, TIME_TERMS, f) + self.pool_const(
-            i, lambda t: ct(t, "boundary_s") + ct(t, "micro_batch_overhead_s"), f) + extra_time
+        ft = f * self.stage_factor
+        stage = self.time(i, TIME_TERMS, ft) + self.pool_const(
+            i, lambda t: ct(t, "boundary_s") + ct(t, "micro_batch_overhead_s"), ft) + extra_time
         kappa = ct(inner[0], "comm_slowdown")
         zero_dense = ("zero_reduce_dense", "zero_gather_dense")
         zero_expert = ("zero_reduce_expert", "zero_gather_expert")
         if inner[0].per_micro_batch_sync:
             # per phase (terms.stage_time): forward gathers behind the forward, the rest behind
             # backward + recompute, one layer's edge; x (1 - kappa), plus kappa x the traffic
-            keep = (1.0 - kappa) * f
+            keep = (1.0 - kappa) * ft
             total = charged(("zero_traffic_s",), zero_dense, zero_expert, keep)
             fwd = charged(("zero_fwd_traffic_s",), ("zero_gather_fwd_dense",),
                           ("zero_gather_expert",), keep, expert_share=0.5)
@@ -337,7 +339,7 @@ class StageModel:
                         M.add(edge >= k * (self.a[i, p] if isinstance(ind, int) else ind))
             stage += e_f + e_b + edge
             if kappa:
-                stage += charged(("zero_traffic_s",), zero_dense, zero_expert, kappa * f)
+                stage += charged(("zero_traffic_s",), zero_dense, zero_expert, kappa * ft)
         t = M.new_int_var(0, BIG, f"t[{i}]")
         M.add(t == stage)
         M.add(T_var >= t)

@@ -66,23 +66,30 @@ CASES = [
 ]
 
 
-def run(case: Case, schedules: str | None) -> dict:
+def timed_search(case: Case, items: dict[str, str], runtime_for) -> tuple[object, dict]:
+    """One solve of ``case`` with pins ``items`` under ``runtime_for(cluster)``: the best
+    configuration and the row fields every gain bench prints (``bench/hpz.py`` too)."""
     model = load_model(case.model)
     cluster = load_cluster(case.cluster, nodes=case.nodes)
+    start = time.monotonic()
+    result = search(model, cluster, case.global_batch, model.default_seq_len, "bf16",
+                    Pins.parse(items), SearchOptions(runtime=runtime_for(cluster)))
+    wall = time.monotonic() - start
+    ev = result.best
+    return ev.config, {"wall_s": wall, "status": result.record.status,
+                       "solved": (f"{result.record.candidates_evaluated}/"
+                                  f"{result.record.candidates_total}"),
+                       "step_s": ev.step_time_s, "bubble_s": ev.breakdown.bubble_s,
+                       "peak_gib": ev.peak_memory_bytes / GIB, "mfu": ev.mfu}
+
+
+def run(case: Case, schedules: str | None) -> dict:
     items = dict(case.pins)
     if schedules:
         items["schedule"] = schedules
-    start = time.monotonic()
-    result = search(model, cluster, case.global_batch, model.default_seq_len, "bf16",
-                    Pins.parse(items), SearchOptions(runtime=TORCHTITAN))
-    wall = time.monotonic() - start
-    ev, c = result.best, result.best.config
-    return {"wall_s": wall, "status": result.record.status,
-            "solved": f"{result.record.candidates_evaluated}/{result.record.candidates_total}",
-            "plan": (f"tp{c.tp} pp{c.pp} dp{c.dp} mbs{c.micro_batch} v{c.virtual_stages} "
-                     f"{c.schedule}"),
-            "step_s": ev.step_time_s, "bubble_s": ev.breakdown.bubble_s,
-            "peak_gib": ev.peak_memory_bytes / GIB, "mfu": ev.mfu}
+    c, row = timed_search(case, items, lambda _cluster: TORCHTITAN)
+    return row | {"plan": f"tp{c.tp} pp{c.pp} dp{c.dp} mbs{c.micro_batch} v{c.virtual_stages} "
+                          f"{c.schedule}"}
 
 
 def write_section(lines: list[str], begin: str = BEGIN, end: str = END,

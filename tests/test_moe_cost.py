@@ -304,3 +304,21 @@ def test_cuda_graph_options_are_checked_and_size_sync_free_buffers():
     base = moe.dispatch_buffer_bytes(2048, 1024, mlp, 1, 1, 2, MoeOptions())
     assert moe.dispatch_buffer_bytes(2048, 1024, mlp, 1, 1, 2, sync_free) == \
         pytest.approx(1.5 * base)
+
+
+def test_fp8_expert_casts_cost_their_hbm_traffic():
+    """FP8 expert GEMMs quantise their inputs (the permuted token before FC1, the activation
+    before FC2): 2 bytes read, a row-wise and a column-wise FP8 copy written, per element and
+    routed copy; nothing in 16 bits, nothing for a dense MLP. The MoE layer's element-wise
+    bytes grow by exactly that traffic."""
+    from planner.cost.compute import elementwise_bytes
+    mlp = MOE.layers[1].mlp
+    assert moe.expert_cast_bytes(mlp, 1024, 1, "bf16") == 0.0
+    assert moe.expert_cast_bytes(mlp, 1024, 1, "fp8") == 4.0 * (1024 + 1024)
+    assert moe.expert_cast_bytes(mlp, 1024, 2, "fp8") == 4.0 * (1024 + 512)
+    layer, opts = MOE.layers[1], RuntimeOptions()
+    shard = Shard(micro_batch=1, seq_len=2048, ep=4)
+    fp8 = replace(shard, dtype="fp8")
+    copies = moe.routed_tokens(shard.tokens, mlp, 1, 1)
+    assert elementwise_bytes(layer, fp8, opts) - elementwise_bytes(layer, shard, opts) == \
+        pytest.approx(copies * moe.expert_cast_bytes(mlp, 1024, 1, "fp8"))

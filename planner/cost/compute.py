@@ -337,7 +337,8 @@ def elementwise_bytes(layer: Layer, shard: Shard, options: RuntimeOptions) -> fl
         if mlp.is_moe:  # per routed token copy on this GPU: activation, permute / unpermute
             copies = moe.routed_tokens(1.0, mlp, tp, shard.expert_tp, shard.expert_load)
             act = (6.0 if mlp.gated else 4.0) * mlp.ffn_hidden / shard.expert_tp
-            per_token += copies * (act + 4.0 * h)
+            per_token += copies * (act + 4.0 * h
+                                   + moe.expert_cast_bytes(mlp, h, shard.expert_tp, shard.dtype))
         else:
             per_token += (6.0 if mlp.gated else 4.0) * mlp.ffn_hidden / tp
         if mlp.shared_ffn_hidden:

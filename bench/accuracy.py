@@ -143,6 +143,30 @@ CAUSES = """\
   under PP, AutoModel's DeepSeek-V3 pp4 on 80 GB, fits only resharded). Llama 3.1 405B tp8 pp8 dp8 on 512 H100
   (torchtitan benchmark Table 5): 22.9 -> 58.3 GiB predicted for 1F1B (82.5 measured), 25.1 ->
   60.4 GiB interleaved (72.7 measured).
+* **BF16_Optimizer's reduction copy and DeepSpeed's layer partition (session 6).** The 20
+  BLOOM runs of 2022-02-28 and the main run name DeepSpeed's ``partition_method
+  'type:transformer|embedding'`` (tr11-176B-ml.slurm ``--pp-partition-method``): the embedding
+  and the tied head count as one layer each, so the first stage holds one block fewer than
+  Megatron's split, which the model had applied. These runs are now costed with DeepSpeed's
+  own partition (``training.pp_partition``; planner/calibration/predict.py
+  ``deepspeed_type_stages``: runtime/pipe/module.py ``_partition_layers``, utils.py
+  ``partition_balanced``). That exposed what the extra block had hidden: their memory came out
+  3-9 GiB low (about 1.7 bytes per parameter of the first stage) while the fp16 runs before
+  that date fit. The cause is DeepSpeed's data-parallel reduction of BF16_Optimizer's
+  gradients (ZeRO stage 0, as BLOOM ran it: pipe/engine.py ``_bf16_reduce_grads`` ->
+  engine.py ``allreduce_no_retain`` -> ``allreduce_bucket``): every bucket is one whole flat
+  fp32 gradient group, which ``flatten`` returns as a view, and ``allreduce_bucket`` casts it
+  to the engine's ``communication_data_type``, bf16 for a bf16 run: a bf16 copy of the whole
+  gradient (2 bytes per parameter), allocated after the pipeline flush as one block the cached
+  activation blocks cannot hold, all-reduced in bf16 (2 bytes on the wire, not 4) and copied
+  back. The ``deepspeed-bf16`` layout carries it (``StateBytes.reduce_copy_bytes``,
+  planner/config.py). Re-fitted: memory median 3.0 -> 2.9 %, memory band coverage 72 -> 80 %,
+  DeepSpeed's allocator overhead 0.31 -> 0.29, fit verdicts 92 -> 93 of 94 (the 184B mbs 1
+  out-of-memory run is now predicted out of memory); step time 2.8 -> 3.0 % median, rank
+  agreement unchanged at 342/388. (The fp32 copy a many-tensor bucket makes was tried first:
+  4 bytes per parameter over-predicts these runs by 10-15 % and was not kept; it does not
+  occur, since each of these buckets holds one tensor. Charging 4 bytes on the wire instead of
+  2 would give a 2.8 % step-time median; the source says 2.)
 * **`microbatch_overhead_s` and `nccl_compute_slowdown` at 0**: the first is physical for what
   it models (no per-stage cost is visible once the per-block overhead is in); the second is
   not identified by these data: every regime that overlaps NCCL with compute is explained as
@@ -155,29 +179,16 @@ CAUSES = """\
   of HBM (MPT-7B at mbs 6 on 80 GB) are not left a fraction of a percent over capacity."""
 
 MISSES = """\
-* BLOOM-prequel out-of-memory runs (2): the 184B dp16/tp4/pp6/mbs1 run is predicted within
-  1.3 GiB of capacity (its mbs 2 twin is predicted OOM, correctly); the 206B l82 run is
-  predicted at 63 GiB, as the 203B l94 run with the same degrees that ran (62.4 GiB measured
-  and predicted). Their states, activations and DeepSpeed's buffers differ by under 1 GiB:
-  BF16_Optimizer keeps one flat fp32 gradient buffer (no per-tensor buckets), its bucketed
-  all-reduce (5e8 elements) runs after the pipeline flush when activations are freed, and the
-  updated bf16 partitions are gathered in place. Nothing physical separates the pair in these
-  terms; not special-cased. With the memory bands (what ``check`` reports) the 184B run is
-  "fits only at the optimistic end" (78.7 GiB, 80 % band 75.2-84.5, capacity 80), as are the
-  three MPT runs that ran at 99-100 % of HBM: only the 206B verdict is wrong at every
-  quantile.
-* A published setting the calibration does not read yet (found in session 5): the 20 BLOOM
-  runs of 2022-02-28 and the main run name DeepSpeed's ``partition_method
-  'type:transformer|embedding'`` (the chronicle's "Rebalancing layers": the embedding and the
-  tied head count as one layer each, so stage 0 holds one block fewer than Megatron's split,
-  which the model applies). Evaluated with that partition (DeepSpeed ``partition_balanced``:
-  the least bottleneck, stages filled greedily, the remainder on the last) and re-fitted (a
-  diagnostic, not shipped), step time does not move (median 2.8 %, rank 342/388), but these
-  runs' memory falls 3-15 % below measured (memory median 3.0 -> 5.0 %; deep PP 2.3 -> 5.8 %;
-  DeepSpeed's allocator overhead fits 0.31 -> 0.38) while the fp16 runs before that date stay
-  where they are: the BF16_Optimizer layout lacks about 1.7 bytes per parameter on the
-  first stage, which the extra block hid. Not shipped until that is found (the 206B OOM verdict
-  is wrong either way).
+* BLOOM-prequel out-of-memory run (1): the 206B l82 run is predicted at 64.1 GiB, as the
+  203B l94 run with the same degrees that ran (62.4 GiB measured, 64.4 predicted). Their
+  states, activations and DeepSpeed's buffers differ by under 1 GiB: BF16_Optimizer keeps one
+  flat fp32 gradient buffer (no per-tensor buckets), its all-reduce runs after the pipeline
+  flush when activations are freed, and the updated bf16 partitions are gathered in place.
+  Nothing physical separates the pair in these terms; not special-cased. With the memory
+  bands (what ``check`` reports) the three MPT runs that ran at 99-100 % of HBM are "fits only
+  at the optimistic end"; the 206B verdict is wrong at every quantile. (The 184B
+  dp16/tp4/pp6/mbs1 run, predicted within 1.3 GiB of capacity before session 6, is now
+  predicted at 89.6 GiB, band 84.9-96.5: out of memory at every quantile, as measured.)
 * Rank agreement (all pairs) stops short of 90 %: every misordered pair is in the BLOOM-prequel
   sweep, whose own repeats of one configuration differ by up to 6 %; 36 of the 46 trade pipeline
   depth against data parallelism. The measured gaps are small: pp 12 dp 4 ran 1.8-2.6 % slower

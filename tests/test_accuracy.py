@@ -47,12 +47,12 @@ def test_every_calibration_file_contributes(rows):
 
 def test_overall_targets(rows):
     s = stats(rows)
-    assert s["time_median"] <= 0.035  # 2.8 % today (target 7 %)
-    assert s["time_max"] <= 0.30  # 27.2 % today (Megatron-Core weak scaling 32B, tp 8)
-    assert s["memory_median"] <= 0.035  # 3.0 % today (target 7 %)
+    assert s["time_median"] <= 0.035  # 3.0 % today (target 7 %)
+    assert s["time_max"] <= 0.30  # 27.1 % today (Megatron-Core weak scaling 32B, tp 8)
+    assert s["memory_median"] <= 0.035  # 2.9 % today (target 7 %)
     assert 0.70 <= s["time_coverage"] <= 0.90
     assert 0.70 <= s["memory_coverage"] <= 0.90
-    assert s["fit_ok"] >= s["fit_n"] - 2  # two BLOOM-prequel OOM runs (docs/accuracy.md)
+    assert s["fit_ok"] >= s["fit_n"] - 1  # the 206B BLOOM-prequel OOM run (docs/accuracy.md)
 
 
 def test_no_regime_is_biased_beyond_five_percent(rows):
@@ -279,14 +279,39 @@ def test_held_out_misses_are_listed_with_the_in_sample_ones(rows):
 
 def test_check_flags_the_edge_runs_in_both_directions(rows):
     """``check``'s band-aware verdict: of the runs that went out of memory only the 206B l82
-    run is a plain "fits" (docs/accuracy.md, why the misses); the 184B mbs 1 run and the MPT
-    runs at 99-100 % of HBM are "fits only at the optimistic end"."""
+    run is a plain "fits" (docs/accuracy.md, why the misses); the 184B mbs 1 run does not fit
+    at any quantile (BF16_Optimizer's bf16 reduction copy), and the MPT runs at 99-100 % of
+    HBM are "fits only at the optimistic end"."""
     from bench.accuracy import check_verdicts
     v = check_verdicts(rows)
     assert v[(True, "fits")] == ["bloom-prequel-0228-206B-l82-h14336-a128-dp8-tp4-pp12-mbs2"]
     assert "bloom-prequel-0228-184B-l100-h12288-a64-dp16-tp4-pp6-mbs1" in \
-        v[(True, "fits only at the optimistic end")]
+        v[(True, "does not fit")]
+    assert "mpt-7b-seq2048-8xh100" in v[(False, "fits only at the optimistic end")]
     assert not v.get((False, "does not fit"))
+
+
+def test_deepspeed_type_partition_counts_the_embedding_and_the_tied_head(loaded):
+    """BLOOM's published ``partition_method 'type:transformer|embedding'``: 70 blocks plus the
+    embedding and the tied head are 72 items on 12 stages, 6 each, so the first and the last
+    stage hold 5 blocks (Megatron's split would put 6 on the first ten stages)."""
+    from collections import Counter
+
+    from planner.calibration.predict import deepspeed_type_stages, placement_of
+    from planner.ir import LayerKind
+    main = next(r for _, r in loaded[0] if r.id == "bloom176B-main-run")
+    assert main.pp_partition == "type:transformer|embedding"
+    stages = placement_of(main, main.recompute).stage
+    blocks = Counter(s for s, layer in zip(stages, main.model.layers)
+                     if layer.kind is LayerKind.BLOCK)
+    assert [blocks[s] for s in range(12)] == [5] + [6] * 10 + [5]
+    assert stages[0] == 0 and stages[-1] == 11
+    # only the blocks weigh: DeepSpeed's remainder goes to the last stage
+    only_blocks = deepspeed_type_stages(main.model, 8, "type:transformer")
+    per = Counter(s for s, layer in zip(only_blocks, main.model.layers)
+                  if layer.kind is LayerKind.BLOCK)
+    assert [per[s] for s in range(8)] == [9] * 7 + [7]
+
 
 
 def test_the_search_is_judged_in_the_regime_it_lands_in(rows):

@@ -48,7 +48,7 @@ def test_published_times_follow_the_file(result):
 
 def test_moe_runs_within_the_calibrated_errors(result):
     """Regression guard on the fitted MoE constants (docs/moe.md): median step-time error at
-    most 10 % (the target; 9.4 % measured) over the evaluated runs, and all but the known
+    most 10 % (the target; 9.5 % measured) over the evaluated runs, and all but the known
     misses of docs/moe.md predicted to fit (the two torchtitan Llama 4 Scout runs)."""
     rows, _ = result
     s = moe_accuracy.summary(rows)

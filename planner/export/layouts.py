@@ -19,7 +19,13 @@ def layer_tensor_degrees(plan: Plan) -> list[int | None]:
     None where the layout does not divide the plan's mesh."""
     from planner.cost.context import make_context
     from planner.cost.terms import layout_view
+    from planner.strategy import Layout
 
+    if all(option.layout is Layout.MESH for option in plan.placement.options):
+        return [plan.config.tp] * len(plan.placement.options)
+    if plan.across_pools:  # stages on pools of other GPUs: the layout's own arithmetic
+        return [option.layout.tensor_degree(plan.config.tp, plan.config.dp)
+                for option in plan.placement.options]
     ctx = make_context(plan.model, plan.cluster, plan.config, plan.runtime)
     out: list[int | None] = []
     for option in plan.placement.options:
@@ -66,6 +72,8 @@ def layouts_warning(plan: Plan, fmt: str) -> str | None:
     """The warning for a plan with per-layer layouts exported to ``fmt`` (None: every layer
     on the mesh layout)."""
     layers = plan.layers
+    if all(layer.get("layout", "mesh") == "mesh" for layer in layers):
+        return None
     degrees = layer_tensor_degrees(plan)
     tp = plan.config.tp
     off: dict[tuple[str, int | None], list[str]] = {}

@@ -113,6 +113,8 @@ def check_supported(plan: Plan, max_processes: int = MAX_PROCESSES) -> None:
     pipeline_chunks(plan.placement.stage, c.pp, c.virtual_stages)
     degrees = layer_degrees(plan)
     if any(t != c.tp for t in degrees):
+        if plan.across_pools:
+            raise unsupported("per-layer layouts in a plan across pools are not executed")
         if c.sp:
             raise unsupported("per-layer layouts with sequence parallelism are not executed "
                               "(the all-to-all between (batch/k, seq) and (batch, seq/k) "
@@ -148,8 +150,10 @@ def reshard_prediction(plan: Plan) -> list[dict]:
     from planner.cost.context import make_context
     from planner.cost.terms import reshard_collective
 
-    ctx = make_context(plan.model, plan.cluster, plan.config, runtime_options(plan))
     layers, options = plan.model.layers, plan.placement.options
+    if all(o.layout is options[0].layout for o in options) or plan.across_pools:
+        return []  # (check_supported refuses layouts across pools)
+    ctx = make_context(plan.model, plan.cluster, plan.config, runtime_options(plan))
     out = []
     for i in range(1, len(layers)):
         coll = reshard_collective(ctx, layers[i].hidden, options[i - 1].layout,

@@ -12,7 +12,7 @@ calibration file) turned into serving-planner inputs, by rules that read each en
   weights are fp8/fp4 and the entry names no KV dtype (ModelOpt fp8/NVFP4 checkpoints and
   aiconfigurator's fp8 modes quantise the KV cache), else bf16;
 * runtime by framework (TensorRT-LLM, vLLM, SGLang); degrees, workers and batches from
-  ``serving``; concurrency from ``workload`` ("unbounded" = offline, as many as fit; missing =
+  ``serving``; the benchmark client from ``workload.client`` (:func:`client`); concurrency from ``workload`` ("unbounded" = offline, as many as fit; missing =
   the decode batch x decode workers);
 * offline TensorRT-LLM rows are trtllm-bench ``throughput`` runs (the perf-overview method):
   unless the entry states them, the batch and token caps are what trtllm-bench derives
@@ -41,6 +41,7 @@ from models import load_model  # noqa: E402
 from models.native import build_native  # noqa: E402
 from planner.hardware import Cluster  # noqa: E402
 from planner.ir import ModelGraph  # noqa: E402
+from planner.serve.client import BenchmarkClient  # noqa: E402
 from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "inference_runs.yaml"
@@ -67,8 +68,18 @@ class Case:
 
 
 @lru_cache(maxsize=1)
+@lru_cache(maxsize=1)
+def _document() -> dict:
+    return yaml.safe_load(DATA.read_text())
+
+
 def entries() -> list[dict]:
-    return yaml.safe_load(DATA.read_text())["entries"]
+    return list(_document()["entries"])
+
+
+def clients() -> dict[str, dict]:
+    """The benchmark clients of the file (``clients``, each with its source), by key."""
+    return dict(_document()["clients"])
 
 
 def _dtype(precision: str | None) -> str:
@@ -168,6 +179,16 @@ def _worker(block: dict) -> WorkerConfig:
                         attention_dp=adp)
 
 
+def client(workload: dict) -> BenchmarkClient:
+    """The entry's benchmark client (``workload.client``, a key of the file's ``clients``:
+    arrival, length spread, rounds, start-up burst); an offline run has no rounds of its own
+    (as many run as fit)."""
+    c = clients()[workload["client"]]
+    return BenchmarkClient(c["arrival"], c.get("length_stddev_tokens") or 0,
+                           c.get("length_range_ratio", 1), c.get("rounds"),
+                           bool(c.get("startup_burst")))
+
+
 def case(entry: dict) -> Case:
     from planner.serve.runtime import runtime
 
@@ -206,9 +227,10 @@ def case(entry: dict) -> Case:
         config = ServingConfig("aggregated", worker=worker, replicas=replicas, batch=batch,
                                max_num_tokens=tokens)
         regime = "aggregated" if isinstance(conc, int) else "offline"
-    workload = ServingWorkload(isl=w["isl"], osl=w["osl"],
+    bench = client(w)  # its mean lengths: what the deployment served
+    workload = ServingWorkload(isl=bench.mean_tokens(w["isl"]), osl=bench.mean_tokens(w["osl"]),
                                concurrency=conc if isinstance(conc, int) else None,
-                               mode=config.mode, dtype=dtype, kv_dtype=kv)
+                               mode=config.mode, dtype=dtype, kv_dtype=kv, client=bench)
     measured = {"output_tokens_per_s_per_gpu": r.get("output_tokens_per_sec_per_gpu"),
                 "ttft_ms": r.get("ttft_ms_mean"), "tpot_ms": r.get("tpot_ms_mean")}
     derived = (entry.get("derived") or {}).get("output_tokens_per_sec_per_gpu_est")

@@ -232,7 +232,7 @@ class _Space:
         requests = lo * n_d if w.concurrency is None else min(w.concurrency, lo * n_d)
 
         def ok(n_p: int) -> bool:
-            burst = prefill_burst(self.calib, self.rt_name, requests, n_p, 1)
+            burst = prefill_burst(self.calib, self.rt_name, w.client, requests, n_p, 1)
             return (1.0 + burst) / p_rate * 1e3 <= w.ttft_ms
 
         key = (p_rate, requests, top)

@@ -12,7 +12,7 @@ produces a :class:`ServingEvaluation`. Steady state of continuous (in-flight) ba
   be kept decoding). TPOT is the mean iteration's time, throughput ``b / TPOT`` per worker. TTFT is the request's own prefill
   (``ceil(isl / chunk)`` iterations), plus the marginal prefill time of the requests ahead of it
   (a calibrated fraction of the other concurrent requests: fixed-length closed-loop clients
-  arrive in bursts), plus waiting for a free slot when concurrency exceeds the batch.
+  arrive in bursts; the benchmark client's start-up burst, :mod:`planner.serve.client`), plus waiting for a free slot when concurrency exceeds the batch.
 * **Disaggregated**: decode workers hold ``concurrency / decode_workers`` sequences each (TPOT
   = a pure decode iteration); prefill workers run batches of ``prefill_batch`` prompts; TTFT =
   prefill + KV transfer to the decode worker (KV bytes over the inter-worker link) + queueing
@@ -34,6 +34,7 @@ from planner.errors import PlannerError, invalid
 from planner.hardware import Cluster
 from planner.ir import LayerKind, ModelGraph
 from planner.serve._cache import Ident
+from planner.serve.client import prompts_ahead
 from planner.serve.memory import ServingMemory, serving_memory
 from planner.serve.phases import Calibration, IterationTime, iteration_time
 from planner.serve.runtime import CALIBRATED, DEFAULT_RUNTIME, ServingRuntime, runtime
@@ -241,7 +242,9 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
         # prefill: M/D/1 waiting at that utilisation, plus half an iteration to join the batch
         rho = min(b / (steps * it.total_s) * marginal, 0.95)
         steady = it.total_s / 2 + rho / (2 * (1 - rho)) * marginal
-        burst = calib.queue_fraction(rt.name) * max(min(c, b) - 1, 0) * marginal
+        # the prompts arriving with this one (planner.serve.client)
+        burst = prompts_ahead(workload.client, min(c, b), min(c, b) - 1,
+                              calib.queue_fraction(rt.name)) * marginal
         ttft = own + steady + burst + slot_wait
         return b, ttft, tpot, it
 
@@ -388,7 +391,7 @@ def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: Servi
     marginal = max(step(lo, isl) - step(hi, 0.0), 0.0)
     rho = min(lo / (steps * it_hi) * marginal, 0.95)
     steady = it_lo / 2 + rho / (2 * (1 - rho)) * marginal
-    burst = calib.queue_fraction(rt.name) * max(lo - 1, 0) * marginal
+    burst = prompts_ahead(workload.client, lo, lo - 1, calib.queue_fraction(rt.name)) * marginal
     return own + steady + burst
 
 
@@ -470,13 +473,15 @@ def pool_capacities(model, cluster, workload: ServingWorkload, worker: WorkerCon
     return prefill, decode
 
 
-def prefill_burst(calib: Calibration, runtime_name: str, requests: float, prefill_workers: int,
-                  prompts: int) -> float:
-    """Prefill passes a new request waits for behind its arrival burst, in units of one pass:
-    the runtime's synchronisation fraction of the ``requests`` in flight per prefill worker
-    beyond one pass of ``prompts``. TTFT >= (1 + this) x the prefill pass."""
-    return calib.queue_fraction(runtime_name) * max(requests / prefill_workers - prompts,
-                                                    0) / prompts
+def prefill_burst(calib: Calibration, runtime_name: str, client, requests: float,
+                  prefill_workers: int, prompts: int) -> float:
+    """Prefill passes a new request waits for behind the prompts that arrive with it, in units
+    of one pass of ``prompts``: :func:`planner.serve.client.prompts_ahead` of the ``requests``
+    in flight per prefill worker beyond one pass. Never rises with more workers, never falls
+    with more requests. TTFT >= (1 + this) x the prefill pass."""
+    per_worker = requests / prefill_workers
+    return prompts_ahead(client, per_worker, per_worker - prompts,
+                         calib.queue_fraction(runtime_name)) / prompts
 
 
 def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluation:
@@ -529,7 +534,8 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
         if c is not None:
             rate = min(conc / (ttft + (osl - 1) * tpot), prefill_rate_cap, decode_rate_cap)
         rho = min(rate / prefill_rate_cap, 0.999)
-        burst = prefill_burst(calib, rt.name, min(conc, n_d * max_batch), n_p, k)
+        burst = prefill_burst(calib, rt.name, workload.client, min(conc, n_d * max_batch), n_p,
+                              k)
         new_ttft = t_prefill * (1 + burst + rho / (2 * (1 - rho))) + t_kv
         if abs(new_ttft - ttft) <= 1e-6 * ttft:
             ttft = new_ttft

@@ -22,9 +22,10 @@ CALIBRATED = {
     # whose decoding is known (not on DeepSeek rows that may have drafted tokens with MTP)
     "step_overhead_s": {"sglang": 0.0, "trtllm": 0.0000859, "vllm": 0.00331},
     # per runtime (its scheduler): fraction of the other concurrent requests whose prefill a
-    # new request waits for (0: arrivals spread evenly; 1: fixed-length closed-loop clients
-    # arrive in synchronised bursts)
-    "prefill_queue_fraction": {"sglang": 0.08, "trtllm": 0.12, "vllm": 0.07},
+    # new request of a synchronised client waits for (0: arrivals spread evenly; 1: every
+    # request of a fixed-length closed loop arrives with it); a measured start-up burst is the
+    # client's own term (planner.serve.client)
+    "prefill_queue_fraction": {"sglang": 0.04, "trtllm": 0.14, "vllm": 0.04},
     # per runtime: share of the other requests' prefill work that lands between a request's
     # output tokens (1: every iteration carries its average share, chunked prefill mixed into
     # decode; lower: prefills batched apart or deferred)

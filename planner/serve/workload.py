@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from planner.errors import invalid
+from planner.serve.client import DEFAULT_CLIENT, BenchmarkClient
 
 SERVE_DTYPES = ("bf16", "fp8", "fp4")
 KV_DTYPES = ("bf16", "fp8")
@@ -80,6 +81,9 @@ class ServingWorkload:
     # the acceptance rate of a drafted token
     draft_tokens: int = 0
     acceptance: float = MTP_ACCEPTANCE
+    # the benchmark client that loads the deployment (planner.serve.client): how its arrivals
+    # queue behind each other's prefill in TTFT
+    client: BenchmarkClient = DEFAULT_CLIENT
 
     kind = "serving"
 

@@ -1,4 +1,5 @@
-"""Optimizer-offload benchmark: the full search with and without ``--pin offload=optimizer``.
+"""Offload benchmark: the full search with and without ``--pin offload=optimizer`` (or, with
+``--activations``, ``--pin offload=activations``: per-block saved activations in host memory).
 
 For each case the search runs on the GPUs alone and with every layer free to keep its optimizer
 states in host memory (planner/cost/offload.py; the cluster presets' host sections). It reports
@@ -11,6 +12,10 @@ Cases: Llama-3.1-70B on one DGX H100 (its states alone exceed the GPUs' memory a
 recomputation: offload is what makes it fit), GPT-3 175B on 16 DGX H100 (memory binds: offload
 against recomputation and pipeline depth), Llama-3.1-8B on one DGX H100 (memory does not bind:
 offload must not be chosen).
+
+``--activations`` cases (Megatron-Core runtime, memory-bound at long-ish sequences): Llama-3.1-70B
+on 4 DGX H100 (PCIe Gen5 host links), Llama-3.1-405B on one GB200 NVL72 (NVLink-C2C), and
+Llama-3.1-8B on one DGX H100 (memory does not bind: nothing offloaded).
 """
 from __future__ import annotations
 
@@ -35,12 +40,18 @@ CASES = [
     ("llama-3.1-8b", "dgx-h100", 1, 128, 8192),
 ]
 
+ACT_CASES = [
+    ("llama-3.1-70b", "dgx-h100", 4, 64, 8192),
+    ("llama-3.1-405b", "dgx-gb200-nvl72", 1, 64, 8192),
+    ("llama-3.1-8b", "dgx-h100", 1, 64, 8192),
+]
 
-def run(case, time_limit: float) -> dict:
+
+def run(case, time_limit: float, kind: str = "optimizer") -> dict:
     name, cluster_name, nodes, batch, seq = case
     model, cluster = load_model(name), load_cluster(cluster_name, nodes=nodes)
     out = {"model": name, "cluster": f"{cluster_name} x{nodes}", "batch": batch, "seq": seq}
-    for key, pins in (("gpu", Pins()), ("offload", Pins(offload="optimizer"))):
+    for key, pins in (("gpu", Pins()), ("offload", Pins(offload=kind))):
         start = time.process_time()
         try:
             result = search(model, cluster, batch, seq, pins=pins,
@@ -56,7 +67,8 @@ def run(case, time_limit: float) -> dict:
         out[f"{key}_status"] = result.record.status
         c = best.config
         out[f"{key}_mesh"] = f"tp{c.tp} pp{c.pp} dp{c.dp} mb{c.micro_batch} z{c.zero_stage}"
-        out[f"{key}_offloaded"] = sum(o.offload for o in best.placement.options)
+        out[f"{key}_offloaded"] = sum(o.act_offload if kind == "activations" else o.offload
+                                      for o in best.placement.options)
         out[f"{key}_host_gib"] = max(s.host_bytes for s in best.stages) / GIB
         out[f"{key}_recomputed"] = sum(o.recompute.value != "none" for o in best.placement.options)
     return out
@@ -65,12 +77,15 @@ def run(case, time_limit: float) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-limit", type=float, default=60.0)
+    parser.add_argument("--activations", action="store_true",
+                        help="per-block activation offload instead of optimizer offload")
     args = parser.parse_args(argv)
+    kind = "activations" if args.activations else "optimizer"
     print("| model | cluster | batch x seq | GPU only s (mesh, recomputed layers) | with offload s "
           "(mesh, recomputed, offloaded layers, host GiB per GPU) | cpu s GPU / offload |")
     print("|---|---|---|---|---|---|")
-    for case in CASES:
-        r = run(case, args.time_limit)
+    for case in ACT_CASES if args.activations else CASES:
+        r = run(case, args.time_limit, kind)
 
         def cell(key: str) -> str:
             if r[key] is None:

@@ -249,7 +249,8 @@ def clusters_command(as_json):
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: tp, pp, dp, cp, ep, etp, sp, zero, micro_batch, "
                    "virtual_stages, schedule, recompute, layouts (mesh or per-layer), offload "
-                   "(none or optimizer: host memory, needs a cluster host: section). Repeatable.")
+                   "(none, optimizer, activations or both: host memory, needs a cluster host: "
+                   "section). Repeatable.")
 @dp_shard_option
 @click.option("--memory-headroom", default="5%", show_default=True, metavar="H",
               help="GPU memory the search keeps free of the plan: a fraction (0.05 or 5%) or "

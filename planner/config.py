@@ -249,6 +249,9 @@ class StateBytes:
     grads_sharded_from_stage: int = 2  # ZeRO stage from which the gradient buffer is sharded
     grad_reduce_bytes: float = 4.0  # element size of the data-parallel gradient reduction
     bucket_bytes: float = 0.0  # communication buckets allocated next to the states (ZeRO >= 1)
+    # bytes per parameter of the flattened copy the data-parallel gradient reduction allocates
+    # (unsharded; held in the allocator's cache beside the cached activations)
+    reduce_copy_bytes: float = 0.0
     # the layout the runtime switches to from ZeRO-2 on (a different optimizer class), if any
     zero2_layout: str | None = None
 
@@ -266,10 +269,18 @@ RUNTIME_STATE_BYTES = {
     # v (12) sharded over DP (published_runs.yaml, bloom176B-main-run notes). DeepSpeed's engine
     # (runtime/engine.py, _do_optimizer_sanity_check) builds it for ZeRO-1 (and ZeRO-0 under
     # pipeline parallelism) only: from ZeRO-2 on a bf16 model gets the ZeRO optimizer
-    # (stage_1_and_2.py, stage3.py), the fp16 layout's bytes.
+    # (stage_1_and_2.py, stage3.py), the fp16 layout's bytes. The data-parallel reduction
+    # (pipe/engine.py _bf16_reduce_grads -> engine.py buffered_allreduce_fallback ->
+    # allreduce_no_retain -> allreduce_bucket) is handed the whole flat fp32 gradient of each
+    # parameter group (BF16_Optimizer.get_grads_for_reduction), one tensor per bucket, which
+    # flatten returns as a view; allreduce_bucket then casts it to the engine's
+    # communication_data_type, bf16 for a bf16 run (tensor.to(...): 2 more bytes per
+    # parameter), all-reduces that copy and copies it back. The copy is one block allocated
+    # after the pipeline flush, which the cached activation blocks cannot serve, so the device
+    # holds it beside them; the reduction moves 2 bytes per parameter.
     "deepspeed-bf16": StateBytes(weights=2.0, grads=6.0, optimizer=12.0,
-                                 grads_sharded_from_stage=4, grad_reduce_bytes=4.0,
-                                 zero2_layout="deepspeed"),
+                                 grads_sharded_from_stage=4, grad_reduce_bytes=2.0,
+                                 reduce_copy_bytes=2.0, zero2_layout="deepspeed"),
     # PyTorch in fp32 (the CPU verification runtime, planner/runtime): fp32 weights and
     # gradients, Adam's m and v (torch.optim.Adam state), no separate master copy.
     "torch-fp32": StateBytes(weights=4.0, grads=4.0, optimizer=8.0, grads_sharded_from_stage=2,

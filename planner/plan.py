@@ -71,6 +71,8 @@ def layers_list(ev: Evaluation) -> list[dict[str, Any]]:
     for entry, option in zip(out, ev.placement.options):
         if option.offload:  # only then: plans without offload keep their bytes
             entry["offload"] = True
+        if option.act_offload:
+            entry["act_offload"] = True
     return out
 
 

@@ -101,7 +101,8 @@ class Plan:
                 tuple(int(layer["stage"]) for layer in layers),
                 tuple(LayerOption(Recompute(layer["recompute"]),
                                   Layout(layer.get("layout", Layout.MESH.value)),
-                                  bool(layer.get("offload", False)))
+                                  bool(layer.get("offload", False)),
+                                  bool(layer.get("act_offload", False)))
                       for layer in layers))
             r = doc["runtime"]
             runtime = RuntimeOptions(**{k: r[k] for k in _RUNTIME_KEYS
@@ -173,6 +174,8 @@ class Plan:
                 entry["layout"] = option.layout.value
             if "offload" in entry or option.offload:
                 entry["offload"] = option.offload
+            if "act_offload" in entry or option.act_offload:
+                entry["act_offload"] = option.act_offload
         return doc
 
     # -- the cost model on this plan -------------------------------------------------------

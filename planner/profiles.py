@@ -121,6 +121,9 @@ class RuntimeProfile:
     # inside a node, and the runtime's option that sets it
     hpz: bool = False
     hpz_name: str = ""
+    # per-block activation offload to host memory (LayerOption.act_offload): the runtime's
+    # option; "" where it offers none (the search then never picks it)
+    activation_offload: str = ""
 
     def allows_hpz(self, stage: int, hpz: int, gpus_per_node: int) -> bool:
         """The runtime keeps ZeRO ``stage``'s secondary weight partition over ``hpz`` ranks
@@ -206,7 +209,12 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         per_phase_prefetch=False, fp8_saved_inputs=True,
         allocator="pytorch caching allocator, nvidia-smi reading",
         notes=("fp32 main_grad buffer (18 bytes/param before the distributed optimizer)",),
-        recompute_rule="first-n"),
+        recompute_rule="first-n",
+        # Megatron-Core: Transformer Engine's CPU offload context over the first N layers, and
+        # the fine-grained module-input offload (docs: "Fine-Grained Activation Offloading")
+        activation_offload="--cpu-offloading --cpu-offloading-activations "
+                           "--cpu-offloading-num-layers N (or --fine-grained-activation-"
+                           "offloading)"),
     "torchtitan": RuntimeProfile(
         name="torchtitan", title="torchtitan (FSDP2 + DTensor TP/CP/PP)",
         frameworks=("torchtitan", "FSDP2", "AutoModel"),

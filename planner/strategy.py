@@ -62,20 +62,24 @@ class Layout(str, Enum):
 
 @dataclass(frozen=True)
 class LayerOption:
-    """How one layer runs: its layout, its recomputation, and whether its optimizer states and
-    fp32 master weights live in host memory (ZeRO-Offload, planner/cost/offload.py)."""
+    """How one layer runs: its layout, its recomputation, whether its optimizer states and
+    fp32 master weights live in host memory (ZeRO-Offload, planner/cost/offload.py) and whether
+    its saved activations do (``act_offload``: copied out during the forward, back in before its
+    backward; planner/cost/offload.py ``activation_exposed_s``)."""
 
     recompute: Recompute = Recompute.NONE
     layout: Layout = Layout.MESH
     offload: bool = False
+    act_offload: bool = False
 
     @property
     def name(self) -> str:
         """Short stable name (CP-SAT variable names, messages): 'full', 'tp=1/full',
-        'full+offload'."""
+        'full+offload', 'none+act-offload'."""
         name = self.recompute.value if self.layout is Layout.MESH else \
             f"{self.layout.value}/{self.recompute.value}"
-        return name + "+offload" if self.offload else name
+        name = name + "+offload" if self.offload else name
+        return name + "+act-offload" if self.act_offload else name
 
     @property
     def memory_rank(self) -> int:
@@ -93,12 +97,16 @@ PER_LAYER_LAYOUTS = tuple(Layout)  # the solver picks a layout per block class
 
 def block_options(recompute: Iterable[Recompute] = RECOMPUTE_POLICIES,
                   layouts: Iterable[Layout] = LAYOUTS,
-                  offload: Iterable[bool] = (False,)) -> tuple[LayerOption, ...]:
-    """The per-block choices the solver, the oracle and the bounds enumerate (offload-, then
-    layout-major: the options without offload first)."""
+                  offload: Iterable[bool] = (False,),
+                  act_offload: Iterable[bool] = (False,)) -> tuple[LayerOption, ...]:
+    """The per-block choices the solver, the oracle and the bounds enumerate (activation-
+    offload-, offload-, then layout-major: the options without offload first). Activation
+    offload goes with recomputation none or selective: a fully recomputed block keeps only its
+    input, and Megatron-Core offloads module inputs it would otherwise keep."""
     recompute, layouts = tuple(recompute), tuple(layouts)
-    return tuple(LayerOption(r, lay, off) for off in offload for lay in layouts
-                 for r in recompute)
+    return tuple(LayerOption(r, lay, off, act) for act in act_offload for off in offload
+                 for lay in layouts for r in recompute
+                 if not act or r in (Recompute.NONE, Recompute.SELECTIVE))
 
 
 BLOCK_OPTIONS = block_options()

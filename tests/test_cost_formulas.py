@@ -53,12 +53,15 @@ def test_megatron_keeps_18_bytes_per_parameter():
 
 def test_deepspeed_bf16_shards_gradients_from_zero_2():
     # DeepSpeed's engine builds BF16_Optimizer for ZeRO-0/1 only (runtime/engine.py): its bf16
-    # .grad and unsharded fp32 accumulation buffer (6 B/param); from ZeRO-2 a bf16 model gets
-    # the ZeRO optimizer (stage_1_and_2.py, stage3.py): 16-bit gradients sharded with the stage,
+    # .grad and unsharded fp32 accumulation buffer (6 B/param), and the bf16 copy of that
+    # buffer the data-parallel all-reduce casts it to (engine.py allreduce_bucket,
+    # communication_data_type: 2 B/param, 2 B on the wire); from ZeRO-2 a bf16 model gets the
+    # ZeRO optimizer (stage_1_and_2.py, stage3.py): 16-bit gradients sharded with the stage,
     # an fp32 gradient partition next to the fp32 master, m and v (16 B/param sharded)
     options = RuntimeOptions(runtime="deepspeed-bf16")
     one = zero_state_bytes(1e9, 8, 1, options.state_bytes(1))
-    assert one.grads == 6e9 and one.optimizer == 12e9 / 8
+    assert one.grads == 8e9 and one.optimizer == 12e9 / 8
+    assert options.state_bytes(1).grad_reduce_bytes == 2.0
     for stage in (2, 3):
         states = zero_state_bytes(1e9, 8, stage, options.state_bytes(stage))
         assert states.grads == 2e9 / 8 and states.optimizer == 16e9 / 8

@@ -190,6 +190,14 @@ CASES = [
                                                memory_bandwidth_gbytes_per_s=50, cpu_cores=8,
                                                core_gflops=50)),
          options=block_options(offload=(False, True))),
+    # activation offload (planner/cost/offload.py) over two stages (host bytes x the most
+    # micro-batches in flight) on a slow host link, so the copies are partly exposed
+    Case("act-offload-pp2", DENSE, ParallelConfig(tp=1, pp=2, dp=4, global_batch=16,
+                                                  seq_len=128, zero_stage=1, micro_batch=1),
+         cluster=replace(TINY, cpu_memory=HostMemory(memory_gib=1.0, link_gbytes_per_s=6,
+                                               memory_bandwidth_gbytes_per_s=50, cpu_cores=8,
+                                               core_gflops=50)),
+         options=block_options(act_offload=(False, True))),
 ]
 
 

@@ -82,6 +82,9 @@ class CalibrationRun:
     every_nth: int = 0  # full recompute of every N-th block (torchtitan selective_ac_option N)
     compiled: bool = False  # torch.compile (fused element-wise kernels) per the framework text
     offloaded_layers: int = 0  # blocks whose activations go to host memory (Megatron cpu_offloading)
+    # DeepSpeed PipelineModule partition_method as published ("type:transformer|embedding");
+    # "" = Megatron's split (planner.strategy.default_placement)
+    pp_partition: str = ""
 
     @property
     def rank_group(self) -> tuple:
@@ -285,6 +288,7 @@ def run_of(entry: Mapping[str, Any], model: ModelGraph, cluster: Cluster) -> Cal
         regime=regime_of(prof.name, cluster.gpu.name, tp, pp, cp, zero),
         assumptions=tuple(assumptions), model_shape=shape, recompute=recompute,
         recompute_published=recompute_text is not None, every_nth=every_nth,
-        compiled="compile" in framework.lower(), offloaded_layers=offloaded)
+        compiled="compile" in framework.lower(), offloaded_layers=offloaded,
+        pp_partition=(_text(t.get("pp_partition")).split() or [""])[0] if pp > 1 else "")
 
 

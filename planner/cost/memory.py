@@ -57,11 +57,14 @@ def zero_state_bytes(num_params: float, shard_degree: int, zero_stage: int,
     """Bytes of weights, gradients and optimizer states one GPU holds for ``num_params``.
 
     ZeRO-1 shards the optimizer states over ``shard_degree`` ranks, ZeRO-2 also the gradients
-    (from ``state.grads_sharded_from_stage``), ZeRO-3 also the weights.
+    (from ``state.grads_sharded_from_stage``), ZeRO-3 also the weights. A runtime's copy of
+    the gradients for the data-parallel reduction (``state.reduce_copy_bytes``) is never
+    sharded; it is counted with the gradients.
     """
     n = max(shard_degree, 1)
     weights = state.weights * num_params / (n if zero_stage >= 3 else 1)
     grads = state.grads * num_params / (n if zero_stage >= state.grads_sharded_from_stage else 1)
+    grads += state.reduce_copy_bytes * num_params  # the reduction's flattened copy (unsharded)
     optimizer = state.optimizer * num_params / (n if zero_stage >= 1 else 1)
     return ModelStates(weights, grads, optimizer)
 

@@ -47,3 +47,30 @@ def offload_step_s(params_updated: float, grad_bytes: float, weight_bytes: float
     """Seconds per step of an offloaded optimizer step: gradients down, CPU Adam, weights up."""
     link = params_updated * (grad_bytes + weight_bytes) / host.link_bytes_per_s
     return link + cpu_adam_s(params_updated, bytes_per_param, host)
+
+
+# -- activation offload ----------------------------------------------------------------------
+# A block's saved activations go to host memory during its forward and come back before its
+# backward (ZeRO-Offload's offload of the activation checkpoints, and ZeRO-Infinity §5, Rajbhandari
+# et al. SC 2021; torch.autograd.graph.save_on_cpu; Megatron-Core's fine-grained activation
+# offloading, --fine-grained-activation-offloading). The copy out runs on its own stream while
+# the following block computes its forward, the copy in (prefetch) while the following block
+# computes its backward; in a run of identical blocks the following block's compute is this
+# block's, so each copy is exposed by what it exceeds that compute by. The GPU keeps two
+# blocks' worth of one micro-batch in transit (the block whose backward runs and the prefetched
+# one before it); the host keeps every in-flight micro-batch's copy.
+
+def activation_copy_s(stored_bytes: float, host: HostMemory) -> float:
+    """Seconds of one copy (out or in) of one micro-batch's saved activations over the link."""
+    return stored_bytes / host.link_bytes_per_s
+
+
+def activation_exposed_s(stored_bytes: float, fwd_s: float, bwd_s: float,
+                         host: HostMemory, hbm_bytes_per_s: float) -> float:
+    """Seconds per micro-batch the two copies add: the copy out beyond the forward it overlaps
+    with, the copy in beyond the backward (recomputation included) it overlaps with, plus the
+    HBM time of the copies' own reads and writes (the copy engine takes that bandwidth from
+    the kernels it overlaps, so a hidden copy is not free)."""
+    copy = activation_copy_s(stored_bytes, host)
+    return (max(0.0, copy - fwd_s) + max(0.0, copy - bwd_s)
+            + 2 * stored_bytes / hbm_bytes_per_s)

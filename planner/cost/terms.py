@@ -128,8 +128,9 @@ class LayerTerms:
     dense_params: float  # held by one GPU before ZeRO sharding (volumes, reports)
     expert_params: float
     hw_flops: float  # executed, recomputation included
-    # host memory of offloaded optimizer states (LayerOption.offload; the stage's sum is
-    # bounded by the GPU's host share, ConfigTerms.host_capacity_bytes)
+    # host memory of offloaded optimizer states (LayerOption.offload) and saved activations
+    # (LayerOption.act_offload, x the most micro-batches any stage holds in flight); the
+    # stage's sum is bounded by the GPU's host share, ConfigTerms.host_capacity_bytes
     host_bytes: float = 0.0
     # the weight-gradient GEMMs' share of bwd_s: the W pass zero-bubble schedules defer to fill
     # the pipeline's drain (planner/cost/pipeline.py)
@@ -427,8 +428,11 @@ def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
     and head (never recomputed) whose vocabulary it divides (a vocab-parallel table; a tied
     table's two copies on the first and last stage take one layout, and their gradient
     all-reduce is costed with its shard, ``embedding_sync_s``)."""
-    if option.offload and ctx.cluster.cpu_memory is None:
+    if (option.offload or option.act_offload) and ctx.cluster.cpu_memory is None:
         return False  # no host memory described (the cluster file's host: section)
+    if option.act_offload and (layer.kind is not LayerKind.BLOCK
+                               or option.recompute not in (Recompute.NONE, Recompute.SELECTIVE)):
+        return False  # blocks' saved activations only (the edges and full recompute keep little)
     if option.layout is Layout.MESH:
         return True
     view = layout_view(ctx, option.layout)
@@ -713,6 +717,14 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     # host time of a block that the GPU does not hide: per pass (forward, backward, recomputed
     # forward) one block's launches, hooks and checkpointing bookkeeping (calibrated per runtime)
     host = opts.block_overhead_s if layer.kind is LayerKind.BLOCK else 0.0
+    if option.act_offload:  # saved activations in host memory (planner/cost/offload.py)
+        other += offload.activation_exposed_s(
+            stored, compute.fwd_s + host,
+            compute.bwd_s + host + compute.recompute_s(recompute), ctx.cluster.cpu_memory,
+            hbm_bytes_per_s(ctx.cluster.gpu))
+        host_bytes += stored * max(t.in_flight)  # every in-flight micro-batch's copy (any stage)
+        working += 2 * stored  # in transit: the block whose backward runs, the prefetched one
+        stored = 0.0
     return LayerTerms(
         fwd_s=compute.fwd_s + host, bwd_s=compute.bwd_s + host,
         recompute_s=compute.recompute_s(recompute) + (host if compute.recompute_s(recompute)

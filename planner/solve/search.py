@@ -136,8 +136,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     if dtype not in cluster.gpu.peak_tflops:
         raise invalid(f"GPU {cluster.gpu.name} has no {dtype} peak throughput",
                       f"use --dtype with one of: {', '.join(d for d in ('bf16', 'fp16', 'fp8') if d in cluster.gpu.peak_tflops)}")
-    if pins.offload == "optimizer" and cluster.cpu_memory is None:
-        raise invalid(f"pin offload=optimizer: cluster {cluster.name!r} describes no host memory",
+    if pins.offload not in (None, "none") and cluster.cpu_memory is None:
+        raise invalid(f"pin offload={pins.offload}: cluster {cluster.name!r} describes no host memory",
                       "add a host: section to the cluster file (docs/clusters.md), or use a "
                       "preset that has one (dgx-h100, dgx-gb200-nvl72)")
     limit = options.memory_headroom.limit_bytes(cluster.memory_bytes_per_gpu)

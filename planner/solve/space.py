@@ -54,8 +54,10 @@ PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "v
             "recompute", "layouts", "offload", "dp_shard", "schedule", "hpz")
 LAYOUT_CHOICES = ("mesh", "per-layer")  # layouts=per-layer: the solver picks one per block class
 # offload=optimizer: each layer may keep its optimizer states and master weights in host memory
-# (needs the cluster's host: section; planner/cost/offload.py)
-OFFLOAD_CHOICES = ("none", "optimizer")
+# (needs the cluster's host: section; planner/cost/offload.py); offload=activations: each block
+# may keep its saved activations there (a runtime that offers it: RuntimeProfile.
+# activation_offload); offload=both: either or both per block
+OFFLOAD_CHOICES = ("none", "optimizer", "activations", "both")
 
 
 @dataclass(frozen=True)
@@ -74,7 +76,7 @@ class Pins:
     virtual_stages: int | None = None
     recompute: Recompute | None = None
     layouts: str | None = None  # "mesh" (the default) or "per-layer"
-    offload: str | None = None  # "none" (the default) or "optimizer"
+    offload: str | None = None  # "none" (the default), "optimizer", "activations" or "both"
     dp_shard: int | None = None  # HSDP shard group (dp ranks); = dp: plain ZeRO / FSDP
     # pipeline schedules to try (planner.cost.pipeline.SCHEDULES): "zbv", or "1f1b,zb-h1"
     schedule: tuple[str, ...] | None = None
@@ -142,12 +144,13 @@ class Pins:
                               f"{runtime.name} has no such policy",
                               f"its policies: {', '.join(p.name for p in runtime.recompute)}")
             allowed = (self.recompute,)
-        offload = (False, True) if self.offload == "optimizer" else (False,)
+        offload = (False, True) if self.offload in ("optimizer", "both") else (False,)
+        act = (False, True) if self.offload in ("activations", "both") else (False,)
         if self.layouts == "per-layer":
-            return block_options(allowed, per_layer_layouts(config), offload)
-        if len(offload) > 1:
+            return block_options(allowed, per_layer_layouts(config), offload, act)
+        if len(offload) > 1 or len(act) > 1:
             layouts = dict.fromkeys(o.layout for o in block_options_for(config, allowed))
-            return block_options(allowed, layouts, offload)
+            return block_options(allowed, layouts, offload, act)
         return block_options_for(config, allowed)
 
     def check_runtime(self, runtime) -> None:
@@ -182,6 +185,8 @@ class Pins:
         if self.hpz and not (runtime.hpz and self.zero in (None, 3)):
             bad.append(f"hpz={self.hpz} (" + (f"its {runtime.hpz_name} needs ZeRO-3"
                                               if runtime.hpz else "it has no ZeRO++ hpZ") + ")")
+        if self.offload in ("activations", "both") and not runtime.activation_offload:
+            bad.append(f"offload={self.offload} (it has no activation offload)")
         if bad:
             raise invalid(f"runtime {runtime.name} cannot run the pinned "
                           f"{'; '.join(bad)}", "drop the pin, or choose another --runtime")

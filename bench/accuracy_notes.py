@@ -1,0 +1,191 @@
+"""The prose of docs/accuracy.md that is not computed: what the model was before issue 10
+and before this session, what was fixed and why (CAUSES), and why each missed target is
+missed (MISSES). bench/accuracy.py renders it."""
+
+# What the same translation of the same entries gave on the cost model before issue 10
+# (commit e3e93ec: pooled ZeRO-3 overlap, no NCCL slowdown, no per-runtime allocator or
+# element-wise fusion, Megatron attention-core "selective" for torchtitan, no FP8 activation
+# storage, no inferred partial recomputation). Measured once with this script at that commit.
+BEFORE = """\
+Measured with this script on the cost model before issue 10 (commit e3e93ec, preset constants):
+step time median |error| 8.2 %, max 46.5 %, median signed -3.1 % over 158 runs; by regime:
+FSDP / ZeRO-3 -9.3 % (median 9.3 %), DP -17.8 % (17.8 %), TP-heavy -4.2 % (17.1 %, max 46.5 %),
+deep PP +0.8 %, PP +1.3 %, CP -2.4 %; by runtime: torchtitan -38.8 %, fsdp -9.6 %, megatron
+-2.1 % (median 11.8 %), deepspeed -1.2 %; memory median 3.7 % (torchtitan +70 %); fit verdicts
+83/94 (6 torchtitan and 3 MPT runs that ran predicted not to fit); rank agreement 285/409
+(70 %, counting pairs of identical configurations)."""
+
+# The same scripts at the end of the second session of issue 10 (commit 3b267eb), for the
+# before -> after of the third (docs/accuracy.md, "Since session 3 began").
+SESSION_BEFORE = {"time median": "3.2%", "time max": "29.2%", "time bias": "+0.9%",
+                  "torchtitan bias": "-0.7%", "TP-heavy bias": "+1.5%", "memory median": "3.0%",
+                  "fit verdicts": "92/94", "coverage time / memory": "76% / 75%",
+                  "rank agreement": "342/388 (88%)",
+                  "held out: time median": "6.7%", "held out: time max": "47.0%",
+                  "held out: time bias": "-2.0%", "held out: rank agreement": "289/388 (74%)",
+                  "held out: fit verdicts": "89/94",
+                  "held out: band coverage, time / memory": "46% / -"}
+SESSION_BEFORE_COMMIT = "3b267eb"
+
+CAUSES = """\
+* **Bands where the search lands (session 5; no calibration number moves).** The searched
+  plans are placed in the calibration data ("Where the search lands"). Of the ways a pick
+  leaves its regime's data, one no band said was recomputation: the BLOOM 176B search drops it
+  on 47 of 70 blocks where every DeepSpeed run recomputed all of them. Each band label now
+  records its runs' block recomputation policies (planner/calibration/bands.py), and a
+  prediction with another policy gets a widened band and an ``extrapolating`` note naming the
+  policy and the band (step time or peak memory); calibration runs are inside their own
+  labels by construction, so every in-sample coverage above is unchanged.
+* **Priors and ties (session 3; held out: median 6.7 -> 4.0 %, rank 74 -> 88 %).** A
+  constant learned from one source fell back to an arbitrary start when that source was held
+  out (DeepSpeed's per-block overhead to 0 without the BLOOM chronicles: the micro-batch effect
+  lost; FSDP1's element-wise traffic to "fused" without llm-foundry). The fit now regularises
+  every constant weakly toward a physical prior (planner/calibration/constants.py: eager PyTorch
+  about twice the fused element-wise bytes, ~1 ms host time per eager block pass, TP overlap
+  mid-range) and shrinks constants that are one physical quantity in several runtimes toward
+  their common mean (planner/calibration/fit.py ``TIES``: the caching allocator's overhead, the
+  eager runtimes' per-block host time and element-wise traffic, TP-comm overlap, FP8 GEMM
+  efficiency): a per-runtime offset from a shared value, so a held-out runtime inherits the
+  others' value. The folds also converge now (constants scaled by their plausible range,
+  finite differences grouped by the runs a constant reaches): the previous folds stopped after
+  5 iterations and scattered constants no held-out run informs (Megatron's TP overlap 0.05-0.54
+  across folds that did not hold out a Megatron source).
+* **Bands for new runs (session 3).** A source's runs share a setup, so the in-sample
+  residuals of a regime understate the error on a source the fit never saw (the previous
+  bands covered 46 % of held-out runs). The shipped step-time bands combine each regime's
+  in-sample spread with the spread between sources, ``sigma^2 = s^2 + tau^2``, ``tau`` the
+  robust spread of the held-out sources' median errors (bench/holdout.py,
+  bench/calibrate_defaults.py). Measured without the source itself (each source's bands from
+  the other sources' spread) they cover 71 % of held-out runs; in-sample 85 %. Memory bands
+  stay in-sample: only two sources publish memory, too few for a spread, and the in-sample
+  memory bands already cover 70 % of held-out runs.
+* **BLOOM-prequel sweep** (DeepSpeed pipeline engine, 64 runs, 339 of the ranked pairs).
+  (1) DeepSpeed splits every stage-boundary activation and gradient over the tensor group
+  (deepspeed/runtime/pipe/engine.py: ``is_pipe_partitioned = is_grad_partitioned =
+  is_model_parallel``): each rank sends 1/tp across nodes and the receiver all-gathers it over
+  NVLink, Narayanan et al. 2021 §4.1. The model sent the whole tensor over Omni-Path, so pp12
+  cost 8 % more than pp4 where the chronicle measured them equal (profile flag
+  ``pipe_partitioned``, planner/cost/terms.py). (2) Measured throughput rises 16 % from
+  micro-batch 1 to 4 at tp 8 but not at tp 2 or 4: a fixed cost per block and pass, the work
+  of a block being what tp 8 x mbs 1 makes small. A host overhead per block per forward,
+  backward and recomputed forward (``block_overhead_s.<runtime>``, fitted) reproduces it; a
+  per-stage per-micro-batch overhead cannot (it penalises deep pipelines instead, and stays at
+  0 in the fit: ``microbatch_overhead_s``).
+* **Megatron-Bridge GB200 FSDP against tp2 pp4 vp5** (24 pairs, 0 ordered right): the FP8-CS
+  recipes of these rows offload 40 blocks' activations to Grace memory
+  (``cpu_offloading_num_layers=40``, Megatron-Bridge scripts/performance/configs/llama/
+  llama3_workload_base_configs.py; now ``training.cpu_offloading_num_layers`` in the entries,
+  listed under inferred_fields). Their recomputation had been inferred as the least that fits
+  (52 of 80 blocks fully recomputed): 13-24 % too slow. Evaluated with the published setting
+  (no recomputation; the copies overlap compute) and memory not judged: the model has no host
+  offload.
+* **torchtitan** (-14.9 %): the source states the Grand Teton GPUs' HBM2e "2.4 TB/sec" and a
+  peak "between SXM and NVL" (hardware section, footnote 2): bench/clusters/
+  grand-teton-h100-96g.yaml now carries 2.4 TB/s and the middle of the stated range
+  (912.5 TFLOP/s BF16); torch.compile's residual element-wise traffic
+  (``compiled_elementwise``) and torchao Float8's GEMM efficiency
+  (``fp8_relative_efficiency.torchtitan``: amax and casts outside the GEMM) are constants of
+  their own instead of "fully fused" and Transformer Engine's.
+* **torchtitan FSDP + PP memory** (held out; no calibration run has it): FSDP2 under PP keeps
+  the stage's weights gathered (``reshard_after_forward = not pp_enabled``) and accumulates
+  unsharded fp32 gradients until the last micro-batch; one gather and one reduce-scatter per
+  step (profile flag ``pp_keeps_unsharded``; dense models only: the one MoE run with FSDP
+  under PP, AutoModel's DeepSeek-V3 pp4 on 80 GB, fits only resharded). Llama 3.1 405B tp8 pp8 dp8 on 512 H100
+  (torchtitan benchmark Table 5): 22.9 -> 58.3 GiB predicted for 1F1B (82.5 measured), 25.1 ->
+  60.4 GiB interleaved (72.7 measured).
+* **BF16_Optimizer's reduction copy and DeepSpeed's layer partition (session 6).** The 20
+  BLOOM runs of 2022-02-28 and the main run name DeepSpeed's ``partition_method
+  'type:transformer|embedding'`` (tr11-176B-ml.slurm ``--pp-partition-method``): the embedding
+  and the tied head count as one layer each, so the first stage holds one block fewer than
+  Megatron's split, which the model had applied. These runs are now costed with DeepSpeed's
+  own partition (``training.pp_partition``; planner/calibration/predict.py
+  ``deepspeed_type_stages``: runtime/pipe/module.py ``_partition_layers``, utils.py
+  ``partition_balanced``). That exposed what the extra block had hidden: their memory came out
+  3-9 GiB low (about 1.7 bytes per parameter of the first stage) while the fp16 runs before
+  that date fit. The cause is DeepSpeed's data-parallel reduction of BF16_Optimizer's
+  gradients (ZeRO stage 0, as BLOOM ran it: pipe/engine.py ``_bf16_reduce_grads`` ->
+  engine.py ``allreduce_no_retain`` -> ``allreduce_bucket``): every bucket is one whole flat
+  fp32 gradient group, which ``flatten`` returns as a view, and ``allreduce_bucket`` casts it
+  to the engine's ``communication_data_type``, bf16 for a bf16 run: a bf16 copy of the whole
+  gradient (2 bytes per parameter), allocated after the pipeline flush as one block the cached
+  activation blocks cannot hold, all-reduced in bf16 (2 bytes on the wire, not 4) and copied
+  back. The ``deepspeed-bf16`` layout carries it (``StateBytes.reduce_copy_bytes``,
+  planner/config.py). Re-fitted: memory median 3.0 -> 2.9 %, memory band coverage 72 -> 80 %,
+  DeepSpeed's allocator overhead 0.31 -> 0.29, fit verdicts 92 -> 93 of 94 (the 184B mbs 1
+  out-of-memory run is now predicted out of memory); step time 2.8 -> 3.0 % median, rank
+  agreement unchanged at 342/388. (The fp32 copy a many-tensor bucket makes was tried first:
+  4 bytes per parameter over-predicts these runs by 10-15 % and was not kept; it does not
+  occur, since each of these buckets holds one tensor. Charging 4 bytes on the wire instead of
+  2 would give a 2.8 % step-time median; the source says 2.) Held out (bench/holdout.py
+  re-run): time median 4.0 -> 4.6 %, max 32.3 -> 31.0 %, rank 341/388 unchanged, memory median
+  4.5 -> 3.9 %; the shipped bands' coverage of a source they were built without fell to 65 %
+  step time (71 % before; nominal 80 %) and rose to 75 % memory (70 %).
+* **`microbatch_overhead_s` and `nccl_compute_slowdown` at 0**: the first is physical for what
+  it models (no per-stage cost is visible once the per-block overhead is in); the second is
+  not identified by these data: every regime that overlaps NCCL with compute is explained as
+  well by the overlap fraction (TP: the exposed share is ``(1 - o) + o s``, so s trades against
+  o; ZeRO-3 and DP overlap leave little exposed). It stays at its lower bound; a
+  microbenchmark of GEMM slowdown under concurrent NCCL would pin it.
+* **Bands**: the spread of each regime is now robust (median and 1.4826 x MAD): a few runs the
+  model cannot represent had widened every band of their regime (memory coverage 92 %).
+* **Fit verdicts**: the verdict hinge of the fit has a 2 % margin, so runs that ran at the edge
+  of HBM (MPT-7B at mbs 6 on 80 GB) are not left a fraction of a percent over capacity."""
+
+MISSES = """\
+* BLOOM-prequel out-of-memory run (1): the 206B l82 run is predicted at 64.1 GiB, as the
+  203B l94 run with the same degrees that ran (62.4 GiB measured, 64.4 predicted). Their
+  states, activations and DeepSpeed's buffers differ by under 1 GiB: BF16_Optimizer keeps one
+  flat fp32 gradient buffer (no per-tensor buckets), its all-reduce runs after the pipeline
+  flush when activations are freed, and the updated bf16 partitions are gathered in place.
+  Nothing physical separates the pair in these terms; not special-cased. With the memory
+  bands (what ``check`` reports) the three MPT runs that ran at 99-100 % of HBM are "fits only
+  at the optimistic end"; the 206B verdict is wrong at every quantile. (The 184B
+  dp16/tp4/pp6/mbs1 run, predicted within 1.3 GiB of capacity before session 6, is now
+  predicted at 89.6 GiB, band 84.9-96.5: out of memory at every quantile, as measured.)
+* Rank agreement (all pairs) stops short of 90 %: every misordered pair is in the BLOOM-prequel
+  sweep, whose own repeats of one configuration differ by up to 6 %; 36 of the 46 trade pipeline
+  depth against data parallelism. The measured gaps are small: pp 12 dp 4 ran 1.8-2.6 % slower
+  than pp 6 dp 8 at equal micro-batch (0221 and 0225 tables), the model says 4.6-5.8 %. Looked
+  at again term by term (session 5) for DeepSpeed's pipeline engine of February 2022:
+  (1) the 250k-vocabulary head on the last stage (about one block's GEMM time, never recomputed:
+  DeepSpeed's ``_is_checkpointable`` checkpoints only the transformer layers of GPTModelPipe) is
+  not the cause: evaluated with the head's forward and backward at zero time (a one-off
+  diagnostic, not a term) the sweep orders 349/388 pairs, 7 more. (2) DeepSpeed's stage sends
+  and receives are separate blocking instructions (``SendActivation``, ``RecvGrad``, ...,
+  ``p2p.send`` / ``recv``), so a middle stage pays four transfers per micro-batch and the end
+  stages two, where the model charges every stage two: charging the middle stages the other
+  two (a diagnostic too) orders 342-343; not shipped, as a per-stage boundary term would reach
+  the solver, its bounds and the pool ILP for no measured gain. (3) The tied-embedding
+  gradient all-reduce between the first and last stage (once per step), the fp32
+  cross-entropy over the vocabulary shard and the 1F1B fill and drain are each costed once;
+  DeepSpeed's own stage partition (``type:transformer``, the remainder on the last stage)
+  changes nothing for these 72-block models (72 / pp is whole for every pp measured). Half
+  the misordered pairs come from two runs (listed under "Misordered pairs"): dp8 tp8 pp6 mbs4
+  at GBS 1568, published with its GBS 2048 twin's step time (113.0 vs 114.1 s for 23 % fewer
+  samples, where the pp 12 twin scales: 92.8 vs 117.1 s), and dp24 tp8 pp2 mbs2, run at 76 of
+  80 GB and predicted 6.8 % fast. Neither is special-cased. Above the source's noise the
+  agreement is higher (summary).
+* Step-time max (in-sample 27 %, held out 31 %, target 30 %: missed by 1.0 point, one
+  run): the Megatron-Core weak-scaling 32B run (tp 8, dp 48 over 48 nodes, 4 sequences per
+  data-parallel rank). The README gives no micro-batch size; the bench evaluates it at 1 and
+  says so. There the model exposes 0.30 s of the fp32 gradient reduce-scatter and parameter
+  all-gather (16 GB per GPU over one 50 GB/s NIC, one GPU per node in each data-parallel
+  group), because Megatron's ``--overlap-grad-reduce`` overlaps it with the last micro-batch's
+  backward only (0.14 s at micro-batch 1). Over the micro-batches it could have used (1, 2, 4:
+  all fit without recomputation) the error spans -19 % .. +27 % in-sample and -15 % .. +32 %
+  held out ("Runs without a published micro-batch size"). The headline keeps the assumption:
+  picking the size that fits best would score the search against a guess. Over the runs that
+  publish their micro-batch size the held-out max is 23 % (MPT-70B on 64 A100-40GB). The same
+  0.3-0.5 s of exposed data-parallel traffic is why the weak-scaling table is predicted 5 % slow
+  held out.
+* Held out, torchtitan Llama 3.1 405B (tp8 pp8 FSDP 8, 512 H100, Float8, async TP; Table 5 of
+  the torchtitan benchmark, not in the calibration files): memory 58.3 GiB predicted for 1F1B
+  (82.5 measured), 60.4 for interleaved 1F1B (72.7); throughput 142 and 156 tokens/s/GPU
+  predicted against 100 and 128 measured (30 % and 18 % optimistic). The only torchtitan
+  calibration runs are 8B FSDP on one or sixteen nodes; both bands say "extrapolating".
+* Held-out fit verdicts: 3 MPT runs that ran at 99-100 % of HBM are predicted just over when
+  llm-foundry is held out (FSDP1's allocator overhead then comes from the other runtimes,
+  0.16 -> about 0.23).
+* The per-block host overhead of the eager runtimes (about 3 ms) is large for launches alone:
+  host time is modelled as additive, where in reality it only shows when the GPU runs out of
+  queued work; the bound keeps it physical."""

@@ -322,8 +322,24 @@ that run ({platform}, PyTorch {torch}).
   stage shapes.
 * **Recomputation** per layer as the plan says: `torch.utils.checkpoint` (non-reentrant) of
   the whole block for "full", of the attention core (SDPA) for "selective".
+* **Per-layer layouts** (`planner/runtime/layouts.py`): a layer whose layout has tensor degree
+  t runs its `parallelize_module` plan over t consecutive ranks of the stage (one DeviceMesh
+  (pp, data, tensor) per degree) and is data-parallel over the rest. Between layers of
+  different degrees the activation is redistributed with DTensor on the 1-D mesh of the k
+  merging ranks: `Shard(0) → Replicate()` (all-gather; backward slices) when the degree grows,
+  `Replicate() → Shard(0)` (slice; backward all-gathers) when it shrinks, also across a
+  pipeline boundary. Gradients are all-reduced over each layer's own data group. The bytes each
+  rank receives in these collectives (from the shards they moved) must equal the cost model's
+  resharding collective (`planner.cost.terms.reshard_collective`, (k − 1)/k of the merged
+  group's activation, fp32 = 2 × its 16-bit bytes) times the micro-batches, exactly. Executed
+  with ZeRO-0 and without sequence parallelism (other combinations are refused, exit code 2).
+  `tests/test_verify_plans.py` runs the planner's per-layer plan for `tiny` on 4 processes
+  (tp 2 × dp 2, embedding and head on degree 4): losses within 1.7e-7, states exact, 262,144
+  bytes per rank per step predicted and moved; an interleaved pp 2 × tp 2 plan with two blocks
+  on degree 1 also matched (1.6e-7, 131,072 / 393,216 bytes per rank and step).
 * **Losses.** Data: Zipf-distributed tokens from a seeded generator; each step's global batch
-  is generated identically everywhere and each dp rank takes its rows, micro-batches in order.
+  is generated identically everywhere; micro-batch i is rows [i·S, (i+1)·S) (S = micro_batch ×
+  dp) and each dp rank (each tensor group of a layer's layout) takes its contiguous share.
   The reference trains the same initial weights on the whole global batch at once. Both run
   fp32; tolerance: relative difference ≤ 1e-4 per step. The distributed run sums the same
   products in another order (TP partial sums, gradient averaging, micro-batch accumulation),

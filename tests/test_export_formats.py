@@ -297,3 +297,38 @@ def test_malformed_plans_are_not_exported(tmp_path, capsys):
     path = write(doc, tmp_path / "bad.json")
     code, out, err = run_cli(["export", path, "--format", "megatron"], capsys)
     assert code == 2 and out == "" and "malformed" in err and "shardplan check" in err
+
+
+def test_per_layer_layouts_are_named_exactly_in_every_export(tmp_path, capsys):
+    """A plan whose layers run on their own tensor degrees (per-layer layouts): no runtime file
+    takes more than one TP degree, so every exporter names each such layer with its layout and
+    degree, and torchtitan's also the per-module parallelize plan (its llama3 module FQNs and
+    ParallelStyles, over how many ranks) a custom parallelize_fn would have to apply."""
+    from conftest import run_cli
+
+    path = tmp_path / "layouts.json"
+    code, _, err = run_cli(["plan", "--model", "tiny", "--cluster", "tiny", "--nodes", "1",
+                            "--global-batch", "8", "--seq-len", "32", "--pin",
+                            "layouts=per-layer", "--pin", "tp=2", "--pin", "pp=1", "--pin",
+                            "micro_batch=2", "-o", path, "--force", "--json"], capsys)
+    assert code == 0, err
+    doc = json.loads(path.read_text())
+    for layer in doc["layers"]:  # blocks 1-2 replicated, the rest as the planner chose
+        if layer["name"] in ("block.1", "block.2"):
+            layer["layout"] = "tp=1"
+        elif layer["kind"] == "block":
+            layer["layout"] = "mesh"
+    assert {doc["layers"][0].get("layout"), doc["layers"][-1].get("layout")} == {"tp*2"}
+    plan = Plan.from_dict(doc)
+    for fmt in ("megatron", "deepspeed", "torchtitan"):
+        warning = [w for w in export_plan(plan, fmt).warnings if w.startswith("layouts:")]
+        assert len(warning) == 1, fmt
+        text = warning[0]
+        assert ("tp*2 (tensor degree 4): embedding, head; tp=1 (tensor degree 1): block.1-2"
+                in text), text
+        assert f"{fmt} takes one tensor-parallel degree" in text and "block.0" not in text
+    assert ("tok_embeddings: RowwiseParallel over 4 ranks; layers.[1-2].attention.wq/wk/wv, "
+            "layers.[1-2].attention.wo, layers.[1-2].feed_forward.w1/w3, "
+            "layers.[1-2].feed_forward.w2: no tensor parallelism (data-parallel over the "
+            "stage); output: ColwiseParallel over 4 ranks") in text
+    assert not [w for w in export_plan(plan, "json").warnings if w.startswith("layouts:")]

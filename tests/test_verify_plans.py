@@ -152,3 +152,40 @@ def test_plan_the_runtime_cannot_execute_exits_2(tmp_path, capsys):
     assert done.value.code == 2
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["kind"] == "unsupported" and "context parallelism" in error["message"]
+
+
+def test_layers_of_one_stage_on_different_tensor_degrees(tmp_path):
+    """Per-layer layouts (issue 11 item 6): the planner's per-layer plan on 4 processes runs
+    the embedding and the LM head on tensor degree 4 (tp*2) and the blocks on the mesh's 2;
+    the activation is redistributed between them (DTensor, all-gather / slice). The losses
+    match one process, every rank's held bytes match the cost model's per-layout sharding, and
+    the bytes the layout changes moved match the resharding the plan charges, exactly."""
+    plan = make_plan(tmp_path, "layouts", "--model", "tiny", "--cluster", "tiny", "--nodes", "1",
+                     "--global-batch", "8", "--seq-len", "32", "--pin", "layouts=per-layer",
+                     "--pin", "tp=2", "--pin", "pp=1", "--pin", "micro_batch=2", "--pin",
+                     "sp=false", "--pin", "zero=0")
+    layouts = {layer["name"]: layer.get("layout", "mesh") for layer in plan["doc"]["layers"]}
+    assert layouts["embedding"] == layouts["head"] == "tp*2"
+    assert {layouts[f"block.{i}"] for i in range(4)} == {"mesh"}
+    report = verify_plan(plan["path"], steps=STEPS)
+    assert_verified(report, 4)
+    assert verdicts(report) == {c: {"exact"} for c in ("params", "grads", "optimizer")}
+    assert len(report.reshard) == 4 and report.reshard_ok
+    # 2 changes (4 -> 2 slices forward, all-gathers backward; 2 -> 4 all-gathers forward) x 2
+    # micro-batches x (k - 1)/k of a merged group's 4 x 32 tokens x 256 hidden, fp32
+    expected = 2 * 2 * (1 / 2) * 4 * 32 * 256 * 4
+    for row in report.reshard:
+        assert row["predicted_bytes_per_step"] == expected
+        assert row["moved_bytes_per_step"] == [expected] * STEPS
+    assert "redistribute" in report.implementation["layouts"]
+    # what it does not execute is refused by name (exit code 2 from the CLI), not run wrongly
+    from planner.errors import ErrorKind, PlannerError
+    from planner.plan_types import Plan
+    from planner.runtime.support import check_supported
+
+    for key, value, words in (("sp", True, "sequence parallelism"), ("zero_stage", 1, "ZeRO-1")):
+        doc = json.loads(json.dumps(plan["doc"]))
+        doc["parallelism"][key] = value
+        with pytest.raises(PlannerError) as refused:
+            check_supported(Plan.from_dict(doc))
+        assert refused.value.kind is ErrorKind.UNSUPPORTED and words in refused.value.message

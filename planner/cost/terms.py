@@ -450,6 +450,42 @@ def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
     return att is None or att.num_heads % view.tp == 0
 
 
+@dataclass(frozen=True)
+class ReshardCollective:
+    """The collective of one layout change (see :func:`reshard_s`): ``kind`` "all-gather"
+    (``size_bytes`` the merged group's whole activation, gathered over ``ranks``) or
+    "all-to-all" (``size_bytes`` what each rank holds, run forward and backward)."""
+
+    kind: str
+    size_bytes: float
+    ranks: int
+    link: Link
+
+    def seconds(self) -> float:
+        if self.kind == "all-to-all":
+            return 2 * comm.all_to_all_s(self.size_bytes, self.ranks, self.link)
+        return comm.all_gather_s(self.size_bytes, self.ranks, self.link)
+
+
+def reshard_collective(ctx: CostContext, hidden: int, before: Layout, after: Layout,
+                       seq_len: int = 0) -> ReshardCollective | None:
+    """The collective :func:`reshard_s` charges for the layout change ``before`` -> ``after``
+    (None when the tensor degree does not change)."""
+    if before is after:
+        return None
+    a, b = layout_view(ctx, before), layout_view(ctx, after)
+    if a is None or b is None or a.tp == b.tp:
+        return None
+    small, big = (a, b) if a.tp < b.tp else (b, a)
+    k = big.tp // small.tp
+    link = group_link(ctx.cluster, k, small.tp)  # k ranks, one from each merging group
+    tokens = big.shard.tokens if not seq_len else big.micro_batch * seq_len // big.shard.cp
+    gathered = tokens * hidden * ACT_BYTES  # one merged group's activation
+    if small.shard.sp or big.shard.sp:
+        return ReshardCollective("all-to-all", gathered / big.tp, k, link)
+    return ReshardCollective("all-gather", gathered, k, link)
+
+
 def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout,
               seq_len: int = 0) -> float:
     """Seconds per micro-batch (forward + backward) to move the activation from a layer of
@@ -465,19 +501,8 @@ def reshard_s(ctx: CostContext, hidden: int, before: Layout, after: Layout,
     S(batch) -> R and S(seq) -> S(batch) (Alpa, Zheng et al. OSDI 2022, §4.1 and Table 2;
     GSPMD, Xu et al. 2021; the edge costs of OpenXLA's auto-sharding pass). ``seq_len``: the
     later layer's tokens per sequence when they are not the workload's (a vision encoder)."""
-    if before is after:
-        return 0.0
-    a, b = layout_view(ctx, before), layout_view(ctx, after)
-    if a is None or b is None or a.tp == b.tp:
-        return 0.0
-    small, big = (a, b) if a.tp < b.tp else (b, a)
-    k = big.tp // small.tp
-    link = group_link(ctx.cluster, k, small.tp)  # k ranks, one from each merging group
-    tokens = big.shard.tokens if not seq_len else big.micro_batch * seq_len // big.shard.cp
-    gathered = tokens * hidden * ACT_BYTES  # one merged group's activation
-    if small.shard.sp or big.shard.sp:
-        return 2 * comm.all_to_all_s(gathered / big.tp, k, link)
-    return comm.all_gather_s(gathered, k, link)
+    collective = reshard_collective(ctx, hidden, before, after, seq_len)
+    return 0.0 if collective is None else collective.seconds()
 
 
 def boundary_reshard_s(ctx: CostContext, layers: Sequence[Layer],

@@ -83,11 +83,6 @@ def _layouts_warning(plan: Plan, result: ExportResult) -> ExportResult:
     takes one global tensor-parallel degree. Say which layers the file runs differently."""
     if result.format == "json":
         return result
-    off = {}
-    for layer in plan.document.get("layers", []):
-        layout = layer.get("layout", "mesh")
-        if layout != "mesh":
-            off.setdefault(layout, []).append(layer["name"])
     host = [layer["name"] for layer in plan.document.get("layers", []) if layer.get("offload")]
     if host:
         result = replace(result, warnings=(*result.warnings, (
@@ -96,13 +91,11 @@ def _layouts_warning(plan: Plan, result: ExportResult) -> ExportResult:
             f"(DeepSpeed's offload_optimizer and FSDP2's CPUOffloadPolicy take all parameters, "
             f"Megatron-Core's --optimizer-cpu-offload a fraction of them), so this file keeps "
             f"them on the GPUs (the plan's memory prediction does not apply)")))
-    if not off:
+    from planner.export.layouts import layouts_warning
+
+    warning = layouts_warning(plan, result.format)
+    if warning is None:
         return result
-    what = "; ".join(f"{layout}: {len(names)} layers ({names[0]} .. {names[-1]})"
-                     for layout, names in sorted(off.items()))
-    warning = (f"layouts: the plan gives layers their own tensor x data factoring ({what}); "
-               f"{result.format} takes one tensor-parallel degree, so this file runs every layer "
-               f"with the mesh's (the per-layer plan's step time and memory do not apply)")
     return replace(result, warnings=(*result.warnings, warning))
 
 

@@ -27,10 +27,16 @@ from planner.runtime.measure import local
 from planner.runtime.model import Block, Decoder, EmbeddingLayer, Head
 
 
-def apply_tensor_parallel(part: Decoder, tp_mesh, sp: bool) -> None:
-    """torchtitan's llama plan, module by module (PyTorch torch.distributed.tensor.parallel)."""
+def apply_tensor_parallel(part: Decoder, tp_mesh, sp: bool, layer_meshes=None) -> None:
+    """torchtitan's llama plan, module by module (PyTorch torch.distributed.tensor.parallel).
+    ``layer_meshes``: per layer index, the 1-D tensor mesh of that layer's layout (None: no
+    tensor parallelism for it); absent, every layer runs on ``tp_mesh``."""
     seq = Shard(1)
-    for layer in part.layers.values():
+    for key, layer in part.layers.items():
+        if layer_meshes is not None:
+            tp_mesh = layer_meshes[int(key)]
+            if tp_mesh is None:
+                continue
         if isinstance(layer, EmbeddingLayer):
             parallelize_module(layer, tp_mesh, {"tok_embeddings": RowwiseParallel(
                 input_layouts=Replicate(), output_layouts=seq if sp else Replicate())})

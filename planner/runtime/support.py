@@ -111,6 +111,61 @@ def check_supported(plan: Plan, max_processes: int = MAX_PROCESSES) -> None:
         raise unsupported(f"the {c.schedule} pipeline schedule is not executed (verify runs "
                           "1F1B and interleaved 1F1B)")
     pipeline_chunks(plan.placement.stage, c.pp, c.virtual_stages)
+    degrees = layer_degrees(plan)
+    if any(t != c.tp for t in degrees):
+        if plan.across_pools:
+            raise unsupported("per-layer layouts in a plan across pools are not executed")
+        if c.sp:
+            raise unsupported("per-layer layouts with sequence parallelism are not executed "
+                              "(the all-to-all between (batch/k, seq) and (batch, seq/k) "
+                              "shards is not built)")
+        if c.zero_stage:
+            raise unsupported(f"per-layer layouts with ZeRO-{c.zero_stage} are not executed "
+                              "(each layout has its own data group; verify runs them with "
+                              "replicated states and per-group gradient all-reduces: zero 0)")
+        for t in set(degrees):
+            if shape.num_kv_heads % t:
+                raise unsupported(f"a layout of tensor degree {t} does not divide the "
+                                  f"{shape.num_kv_heads} KV heads")
+
+
+def layer_degrees(plan: Plan) -> list[int]:
+    """Each layer's tensor degree under its layout (:class:`planner.strategy.Layout`), as the
+    cost model reads it; INVALID_INPUT for a layout that does not divide the mesh."""
+    from planner.export.layouts import layer_tensor_degrees
+
+    out = layer_tensor_degrees(plan)
+    for layer, option, degree in zip(plan.model.layers, plan.placement.options, out):
+        if degree is None:
+            raise invalid(f"layer {layer.name}: layout {option.layout.value} does not divide "
+                          f"the mesh (tp {plan.config.tp}, dp {plan.config.dp})")
+    return out
+
+
+def reshard_prediction(plan: Plan) -> list[dict]:
+    """Per layout change between consecutive layers: what the cost model charges
+    (:func:`planner.cost.terms.reshard_collective`), and the bytes one rank of the later
+    layer's stage receives per micro-batch in the ring all-gather ((k - 1)/k of the gathered
+    buffer; the activation in the cost model's 16-bit ACT_BYTES)."""
+    from planner.cost.context import make_context
+    from planner.cost.terms import reshard_collective
+
+    layers, options = plan.model.layers, plan.placement.options
+    if all(o.layout is options[0].layout for o in options) or plan.across_pools:
+        return []  # (check_supported refuses layouts across pools)
+    ctx = make_context(plan.model, plan.cluster, plan.config, runtime_options(plan))
+    out = []
+    for i in range(1, len(layers)):
+        coll = reshard_collective(ctx, layers[i].hidden, options[i - 1].layout,
+                                  options[i].layout, layers[i].seq_len)
+        if coll is None:
+            continue
+        out.append({"layer": layers[i].name, "stage": plan.placement.stage[i],
+                    "from": options[i - 1].layout.value, "to": options[i].layout.value,
+                    "collective": coll.kind, "ranks": coll.ranks,
+                    "received_bytes": (coll.ranks - 1) / coll.ranks * coll.size_bytes,
+                    "seconds": coll.seconds()})
+    return out
 
 
 def runtime_options(plan: Plan) -> RuntimeOptions:

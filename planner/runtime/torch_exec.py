@@ -48,9 +48,11 @@ from planner.ir import ModelGraph
 from planner.runtime.launch import DEFAULT_TIMEOUT_S, RunFailed, run_distributed
 from planner.runtime.reference import reference_losses
 from planner.runtime.support import (MAX_PROCESSES, check_supported, implementation_summary,
-                                     pipeline_chunks, read_plan, runtime_options)
+                                     layer_degrees, pipeline_chunks, read_plan, reshard_prediction,
+                                     runtime_options)
 from planner.runtime.verify_report import (STATE_CATEGORIES, RankReport, VerifyReport,  # noqa: F401
-                                           predicted_stored_activations, state_checks)
+                                           predicted_stored_activations, reshard_checks,
+                                           state_checks)
 
 
 DEFAULT_STEPS = 3
@@ -113,18 +115,30 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
                  "what fused kernels avoid (RoPE inputs, RMSNorm's normalised input, both "
                  "SwiGLU branches and their product, fp32 log-softmax of the loss)")
     chunks = pipeline_chunks(typed.placement.stage, c.pp, c.virtual_stages)
+    degrees = layer_degrees(typed)
+    changes = reshard_prediction(typed)
     t_ref = time.perf_counter()
     reference = reference_losses(typed.model, c, steps, seed, lr)
     t_dist = time.perf_counter()
     job = {"model": _model_dict(typed.model), "config": _config_dict(c), "chunks": chunks,
            "recompute": [r.value for r in typed.placement.recompute], "steps": steps,
-           "seed": seed, "lr": lr, "slow": {str(r): float(f) for r, f in slow.items()}}
+           "seed": seed, "lr": lr, "slow": {str(r): float(f) for r, f in slow.items()},
+           "degrees": degrees}
     report = VerifyReport(plan=name, parallelism=dict(doc.get("parallelism", {})),
                           world_size=c.num_gpus, steps=steps, seed=seed, lr=lr, loss_rtol=rtol,
                           reference_losses=reference, distributed_losses=[], ranks=[],
                           implementation=implementation_summary(c, typed.placement,
                                                                 typed.model),
                           notes=notes, slow_ranks=dict(slow))
+    if changes:
+        report.implementation["layouts"] = (
+            "per-layer tensor degrees " + ", ".join(
+                f"{layer.name} {t}" for layer, t in zip(typed.model.layers, degrees))
+            + "; each layout's parallelize_module over t consecutive ranks of the stage "
+            "(DeviceMesh (pp, data, tensor) per degree), the activation redistributed "
+            "between layouts by DTensor redistribute on the merging ranks' mesh (Shard(0) "
+            "-> Replicate(): all-gather; Replicate() -> Shard(0): slice, backward "
+            "all-gather), gradients all-reduced over each layer's own data group")
     if slow:
         notes.append("stragglers injected: " + ", ".join(
             f"rank {r} x{f:g}" for r, f in sorted(slow.items())) + " (the rank sleeps (factor - "
@@ -146,6 +160,10 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
                     and r["coords"]["dp"] == 0 and r["coords"]["tp"] == 0
                     and r["coords"]["cp"] == 0)
     report.distributed_losses = list(reporter["losses"])
+    from planner.cost.memory import ACT_BYTES
+
+    report.reshard = reshard_checks(changes, results, c.global_batch // (c.micro_batch * c.dp),
+                                    ACT_BYTES)
     names = [layer.name for layer in typed.model.layers]
     for r in results:
         report.ranks.append(RankReport(

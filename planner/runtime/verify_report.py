@@ -77,6 +77,7 @@ class VerifyReport:
     error_traceback: str | None = None
     seconds: dict = field(default_factory=dict)
     slow_ranks: dict = field(default_factory=dict)  # rank -> factor (verify --slow)
+    reshard: list = field(default_factory=list)  # per rank: predicted vs moved bytes (layouts)
 
     @property
     def loss_rel_diffs(self) -> list[float]:
@@ -100,8 +101,12 @@ class VerifyReport:
         return self.error is None and bool(self.ranks) and all(r.ok for r in self.ranks)
 
     @property
+    def reshard_ok(self) -> bool:
+        return self.error is None and all(row["ok"] for row in self.reshard)
+
+    @property
     def ok(self) -> bool:
-        return self.losses_ok and self.states_ok
+        return self.losses_ok and self.states_ok and self.reshard_ok
 
     def to_dict(self) -> dict:
         ranks = []
@@ -125,7 +130,8 @@ class VerifyReport:
                 "implementation": self.implementation, "notes": self.notes,
                 "error": self.error, "error_traceback": self.error_traceback,
                 "seconds": self.seconds,
-                "slow_ranks": {str(k): v for k, v in sorted(self.slow_ranks.items())}}
+                "slow_ranks": {str(k): v for k, v in sorted(self.slow_ranks.items())},
+                "reshard": self.reshard, "reshard_ok": self.reshard_ok}
 
 
 def _sharded_categories(zero: int) -> dict[str, str]:
@@ -192,4 +198,23 @@ def predicted_stored_activations(plan: Plan, options: RuntimeOptions) -> list[fl
                               .act_stored_bytes for i in placement.layers_of_stage(stage))
         out.append(in_flight_micro_batches(stage, c.pp, c.num_micro_batches, c.virtual_stages)
                    * per_micro_batch)
+    return out
+
+
+def reshard_checks(changes: list[dict], results: list[dict], micro_batches: int,
+                   act_bytes: int, measured_bytes: int = 4) -> list[dict]:
+    """Per rank: the bytes its layout-change collectives received in each step (measured from
+    the shards they moved, fp32) against the cost model's (:func:`reshard_prediction`'s
+    per-micro-batch bytes x micro-batches, scaled from the model's 16-bit activations to
+    fp32). Exact or a mismatch."""
+    if not changes:
+        return []
+    out = []
+    for r in results:
+        per_mb = sum(ch["received_bytes"] for ch in changes if ch["stage"] == r["stage"])
+        predicted = per_mb * micro_batches * measured_bytes / act_bytes
+        moved = [int(f + b) for f, b in r["reshard_bytes"]]
+        out.append({"rank": r["rank"], "predicted_bytes_per_step": predicted,
+                    "moved_bytes_per_step": moved,
+                    "ok": all(abs(x - predicted) < 0.5 for x in moved)})
     return out

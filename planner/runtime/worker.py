@@ -25,6 +25,8 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
                                          ScheduleInterleaved1F1B)
 
 from planner.mesh import DIMS, Mesh
+from planner.runtime.layouts import (MOVED, LayeredPart, Reshard, batch_rows, layout_meshes,
+                                     merge_meshes)
 from planner.runtime.measure import SavedTensorTracker, held_state_bytes, local, unique_params
 from planner.runtime.model import MEASURE, Block, Decoder, build_decoder, lm_loss, synthetic_batch
 from planner.runtime.parallelize import (LocalShards, Zero2Gradients, _group_ranks, _mesh_group,
@@ -81,7 +83,23 @@ def _run_rank(rank: int, job: dict) -> dict:
         for key, layer in part.layers.items():
             if isinstance(layer, Block):
                 layer.set_recompute(job["recompute"][int(key)])
-    if tp > 1:
+    degrees = job.get("degrees") or [tp] * len(graph.layers)
+    mixed = any(t != tp for t in degrees)
+    if mixed:  # per-layer layouts (planner.runtime.layouts)
+        world = job["world_size"]
+        meshes = layout_meshes(world, pp, degrees)
+        pairs = [(min(a, b), max(a, b)) for a, b in zip(degrees, degrees[1:]) if a != b]
+        merges = merge_meshes(world, pp, pairs)
+        for part in parts:
+            apply_tensor_parallel(part, None, c["sp"], {
+                i: meshes[degrees[i]]["tensor"] if degrees[i] > 1 else None
+                for i in part.indices()})
+        parts = [LayeredPart(part, {
+            i: Reshard(degrees[i - 1], degrees[i],
+                       merges[(min(degrees[i - 1], degrees[i]), max(degrees[i - 1], degrees[i]))])
+            for i in part.indices() if i > 0 and degrees[i] != degrees[i - 1]})
+            for part in parts]
+    elif tp > 1:
         for part in parts:
             apply_tensor_parallel(part, mesh["tp"], c["sp"])
     zero = c["zero_stage"]
@@ -109,18 +127,21 @@ def _run_rank(rank: int, job: dict) -> dict:
     schedule = None
     first_pp, last_pp = coords["pp"] == 0, coords["pp"] == pp - 1
     mb, seq, hidden = c["micro_batch"], c["seq_len"], graph.hidden
+    rows_of = [mb * t // tp for t in degrees]  # sequences per micro-batch, per layer's group
     if pp > 1:
         seq_local = seq // tp if (tp > 1 and c["sp"]) else seq
         stages = []
         for k, part in zip(mine, parts):
+            first, last = chunks[k][0], chunks[k][-1]
             if k == 0:
-                example_in = torch.zeros(mb, seq, dtype=torch.long)
+                example_in = torch.zeros(rows_of[first], seq, dtype=torch.long)
             else:
-                example_in = torch.empty(mb, seq_local, hidden, requires_grad=True)
+                example_in = torch.empty(rows_of[first - 1], seq_local, hidden,
+                                         requires_grad=True)
             if k == len(chunks) - 1:
-                example_out = torch.empty(mb, seq, graph.vocab, requires_grad=True)
+                example_out = torch.empty(rows_of[last], seq, graph.vocab, requires_grad=True)
             else:
-                example_out = torch.empty(mb, seq_local, hidden, requires_grad=True)
+                example_out = torch.empty(rows_of[last], seq_local, hidden, requires_grad=True)
             stages.append(PipelineStage(part, k, len(chunks), torch.device("cpu"),
                                         input_args=example_in, output_args=example_out,
                                         group=_mesh_group(mesh, "pp")))
@@ -138,13 +159,21 @@ def _run_rank(rank: int, job: dict) -> dict:
     losses: list[float] = []
     step_seconds: list[float] = []
     delays: list[float] = []
-    rows = c["global_batch"] // dp
+    # this rank's tensor group (its index among the stage's groups) under a layer's degree
+    stage_rank = coords["dp"] * tp + coords["tp"]
+    group_of = [stage_rank // t for t in degrees]
+    data_groups = {t: meshes[t]["data"].get_group() for t in meshes} if mixed else {}
+    layer_of = {id(p): int(n.split(".")[1]) for part in parts
+                for n, p in part.named_parameters()}
+    head_groups = dp * tp // degrees[-1]  # the loss is averaged over the head's data groups
+    reshard_bytes: list[list[int]] = []
     setup_s = time.perf_counter() - t0
     for step in range(job["steps"]):
         t_step = time.perf_counter()
+        MOVED.reset()
         inputs, labels = synthetic_batch(job["seed"], step, c["global_batch"], seq, graph.vocab)
-        lo = coords["dp"] * rows
-        inputs, labels = inputs[lo:lo + rows], labels[lo:lo + rows]
+        inputs = batch_rows(inputs, m, mb * dp, group_of[0], rows_of[0])
+        labels = batch_rows(labels, m, mb * dp, group_of[-1], rows_of[-1])
         # on the real parameters: under TP, ZeroRedundancyOptimizer.zero_grad would only
         # reach the local-shard proxies and leave the DTensor gradients to accumulate
         for p in params:
@@ -163,9 +192,10 @@ def _run_rank(rank: int, job: dict) -> dict:
                     schedule.step(**kwargs)
             else:
                 part = parts[0]
+                n_in, n_out = rows_of[0], rows_of[-1]
                 for i in range(m):
-                    sl = slice(i * mb, (i + 1) * mb)
-                    loss = lm_loss(part(inputs[sl]), labels[sl])
+                    loss = lm_loss(part(inputs[i * n_in:(i + 1) * n_in]),
+                                   labels[i * n_out:(i + 1) * n_out])
                     (loss / m).backward()
                     micro_losses.append(loss.detach())
         # a straggler (verify --slow): this rank's compute takes ``factor`` times as long;
@@ -178,7 +208,14 @@ def _run_rank(rank: int, job: dict) -> dict:
         fixed = align_grad_layouts(params, names)
         if step == 0:
             grad_layouts = fixed
-        if zero2 is not None:
+        if mixed:  # each layer's gradient summed over its own data group (zero 0)
+            for p in params:
+                if p.grad is not None:
+                    t = degrees[layer_of[id(p)]]
+                    if dp * tp // t > 1:
+                        dist.all_reduce(local(p.grad), group=data_groups[t])
+                    local(p.grad).div_(head_groups)
+        elif zero2 is not None:
             zero2.finish(dp * (m if schedule is not None else 1))
         elif zero in (0, 1) and dp > 1:
             for p in params:
@@ -190,10 +227,14 @@ def _run_rank(rank: int, job: dict) -> dict:
         optimizer.step()
         if last_pp:
             mean = torch.stack([x.float() for x in micro_losses]).mean()
-            if dp > 1:
+            if mixed and head_groups > 1:
+                dist.all_reduce(mean, group=data_groups[degrees[-1]])
+                mean /= head_groups
+            elif not mixed and dp > 1:
                 dist.all_reduce(mean, group=dp_group)
                 mean /= dp
             losses.append(float(mean.detach()))
+        reshard_bytes.append([MOVED.forward_bytes, MOVED.backward_bytes])
         step_seconds.append(time.perf_counter() - t_step)
     MEASURE.measure = False
     held = held_state_bytes(params, optimizer_state)
@@ -203,4 +244,5 @@ def _run_rank(rank: int, job: dict) -> dict:
             "held": held, "activation_peak_bytes": tracker.peak,
             "num_param_tensors": len(params), "grad_layout_differences": grad_layouts,
             "optimizer_param_tensors": len(optimizer_state),
-            "setup_s": setup_s, "step_s": step_seconds, "injected_delay_s": delays}
+            "setup_s": setup_s, "step_s": step_seconds,
+            "reshard_bytes": reshard_bytes, "degrees": degrees, "injected_delay_s": delays}

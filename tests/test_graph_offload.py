@@ -74,16 +74,20 @@ def test_host_capacity_is_part_of_fits(tiny):
     assert not evaluate(m, small, c, LayerPlacement((0,) * len(m.layers), options)).fits
 
 
-@pytest.mark.parametrize("host_gib,pins", [
-    (1.0, Pins(offload="optimizer", tp=1, pp=1, micro_batch=1)),
-    (1.0, Pins(offload="optimizer", tp=2, pp=2, micro_batch=1, zero=0)),
-    (2e6 / GIB, Pins(offload="optimizer", tp=1, pp=1, micro_batch=1, zero=0)),
+@pytest.mark.parametrize("gpu_gib,host_gib,pins", [
+    (0.35, 1.0, Pins(offload="optimizer", tp=1, pp=1, micro_batch=1)),
+    (0.35, 1.0, Pins(offload="optimizer", tp=2, pp=2, micro_batch=1, zero=0)),
+    (0.35, 2e6 / GIB, Pins(offload="optimizer", tp=1, pp=1, micro_batch=1, zero=0)),
+    (0.21, 1.0, Pins(offload="activations", tp=1, pp=1, micro_batch=1)),
+    (0.21, 1.5e6 / GIB, Pins(offload="activations", tp=1, pp=1, micro_batch=1)),
+    (0.21, 1.0, Pins(offload="both", tp=1, pp=2, micro_batch=1, zero=0)),
 ])
-def test_solver_matches_brute_force_with_offload(tiny, host_gib, pins):
-    """GPU memory tight enough that something must give: offload, recompute or shard; the
-    host capacity binds in the last case. The solver's optimum is the oracle's."""
+def test_solver_matches_brute_force_with_offload(tiny, gpu_gib, host_gib, pins):
+    """GPU memory tight enough that something must give: offload (optimizer states, activations
+    or both), recompute or shard; the host capacity binds in the third and fifth cases. The
+    solver's optimum is the oracle's."""
     m = model()
-    cluster = replace(tiny, gpu=replace(tiny.gpu, memory_gib=0.35),
+    cluster = replace(tiny, gpu=replace(tiny.gpu, memory_gib=gpu_gib),
                       cpu_memory=replace(HOST, memory_gib=host_gib))
     runtime = RuntimeOptions()
     oracle = brute_force(m, cluster, 64, 256, pins=pins, runtime=runtime, budget=2_000_000)

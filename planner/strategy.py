@@ -91,6 +91,9 @@ class LayerOption:
 
 NO_OPTION = LayerOption()  # embedding and head: mesh layout, never recomputed
 RECOMPUTE_POLICIES = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+# the recomputation under which a block's saved activations may go to host memory
+# (LayerOption.act_offload): a fully recomputed block keeps only its input
+ACT_OFFLOAD_RECOMPUTE = (Recompute.NONE, Recompute.SELECTIVE)
 LAYOUTS = (Layout.MESH,)
 PER_LAYER_LAYOUTS = tuple(Layout)  # the solver picks a layout per block class
 
@@ -106,7 +109,7 @@ def block_options(recompute: Iterable[Recompute] = RECOMPUTE_POLICIES,
     recompute, layouts = tuple(recompute), tuple(layouts)
     return tuple(LayerOption(r, lay, off, act) for act in act_offload for off in offload
                  for lay in layouts for r in recompute
-                 if not act or r in (Recompute.NONE, Recompute.SELECTIVE))
+                 if not act or r in ACT_OFFLOAD_RECOMPUTE)
 
 
 BLOCK_OPTIONS = block_options()

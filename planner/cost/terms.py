@@ -63,7 +63,8 @@ from planner.cost.pipeline_sim import uneven_chunk_excess
 from planner.hardware import GIB
 from planner.ir import Layer, LayerKind, ModelGraph
 from planner.profiles import profile
-from planner.strategy import LayerOption, Layout, Recompute, interleaved_chunk
+from planner.strategy import (ACT_OFFLOAD_RECOMPUTE, LayerOption, Layout, Recompute,
+                              interleaved_chunk)
 from planner.topology import Link, group_link
 
 # The PyTorch caching allocator holds freed blocks for reuse; nvidia-smi therefore reports more
@@ -431,7 +432,7 @@ def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
     if (option.offload or option.act_offload) and ctx.cluster.cpu_memory is None:
         return False  # no host memory described (the cluster file's host: section)
     if option.act_offload and (layer.kind is not LayerKind.BLOCK
-                               or option.recompute not in (Recompute.NONE, Recompute.SELECTIVE)):
+                               or option.recompute not in ACT_OFFLOAD_RECOMPUTE):
         return False  # blocks' saved activations only (the edges and full recompute keep little)
     if option.layout is Layout.MESH:
         return True
@@ -717,18 +718,17 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     # host time of a block that the GPU does not hide: per pass (forward, backward, recomputed
     # forward) one block's launches, hooks and checkpointing bookkeeping (calibrated per runtime)
     host = opts.block_overhead_s if layer.kind is LayerKind.BLOCK else 0.0
+    recompute_s = compute.recompute_s(recompute)
     if option.act_offload:  # saved activations in host memory (planner/cost/offload.py)
         other += offload.activation_exposed_s(
-            stored, compute.fwd_s + host,
-            compute.bwd_s + host + compute.recompute_s(recompute), ctx.cluster.cpu_memory,
-            hbm_bytes_per_s(ctx.cluster.gpu))
+            stored, compute.fwd_s + host, compute.bwd_s + host + recompute_s,
+            ctx.cluster.cpu_memory, hbm_bytes_per_s(ctx.cluster.gpu))
         host_bytes += stored * max(t.in_flight)  # every in-flight micro-batch's copy (any stage)
         working += 2 * stored  # in transit: the block whose backward runs, the prefetched one
         stored = 0.0
     return LayerTerms(
         fwd_s=compute.fwd_s + host, bwd_s=compute.bwd_s + host,
-        recompute_s=compute.recompute_s(recompute) + (host if compute.recompute_s(recompute)
-                                                      else 0.0),
+        recompute_s=recompute_s + (host if recompute_s else 0.0),
         comm_s=tp_comm + other, act_stored_bytes=stored, act_working_bytes=working,
         params_bytes=dense_states.params + expert_states.params,
         grads_bytes=dense_states.grads + expert_states.grads,

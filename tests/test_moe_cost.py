@@ -266,15 +266,20 @@ def test_host_floor_binds_small_micro_batches_only(monkeypatch):
     micro-batch's layer to passes x the per-pass time (3 passes under full recomputation) and
     leaves a layer whose device work is longer untouched. Dropless routing adds the read-back
     of the token counts to each pass; a capacity factor does not read back; a CUDA graph that
-    captures the layer removes the floor."""
+    captures the layer removes the floor. The read-back also waits for the device to run the
+    forward up to the router (the layer without its MLP), once per forward pass."""
     monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 4e-3)
     monkeypatch.setattr(moe, "DROPLESS_SYNC_S", 1e-3)
     from planner.cost import terms
+    from planner.cost.compute import layer_compute
     terms._layer_terms.cache_clear()
-    _, small = block_terms(config(ep=4))
-    assert small.time_s == pytest.approx(2 * 5e-3)
+    ctx, small = block_terms(config(ep=4))
+    attention = replace(MOE.layers[1], mlp=None)
+    pre_sync_s = layer_compute(attention, ctx.shard, H100.gpu, ctx.options).fwd_s
+    assert 0 < pre_sync_s < 1e-3
+    assert small.time_s == pytest.approx(2 * 5e-3 + pre_sync_s)
     _, full = block_terms(config(ep=4), recompute=Recompute.FULL)
-    assert full.time_s == pytest.approx(3 * 5e-3)
+    assert full.time_s == pytest.approx(3 * 5e-3 + 2 * pre_sync_s)
     _, selective = block_terms(config(ep=4), recompute=Recompute.SELECTIVE)
     assert selective.time_s > small.time_s  # re-issues the attention core
     _, dropping = block_terms(config(ep=4), RuntimeOptions(moe=MoeOptions(capacity_factor=1.0)))
@@ -288,6 +293,11 @@ def test_host_floor_binds_small_micro_batches_only(monkeypatch):
     assert moe.host_floor_s(0.0, 3, options=MoeOptions(capacity_factor=1.25)) == \
         pytest.approx(3 * 4e-3)
     assert moe.host_floor_s(0.0, 3, options=MoeOptions(cuda_graph="full_iteration")) == 0.0
+    # the pre-sync device time adds to the host's where the host binds, not beyond the device
+    assert moe.host_floor_s(0.0, 2, pre_sync_gpu_s=2e-3) == pytest.approx(2 * 5e-3 + 2e-3)
+    assert moe.host_floor_s(20e-3, 2, pre_sync_gpu_s=2e-3) == 0.0
+    assert moe.host_floor_s(0.0, 2, options=MoeOptions(capacity_factor=1.0),
+                            pre_sync_gpu_s=2e-3) == pytest.approx(2 * 4e-3)
 
 
 def test_cuda_graph_options_are_checked_and_size_sync_free_buffers():

@@ -30,9 +30,10 @@ Model (Megatron-Core ``MoEAlltoAllTokenDispatcher`` / ``MoEFlexTokenDispatcher``
   experts and reduce-scattered after them (and the transposes backward).
 * Host. Issued from Python, a MoE layer pass takes at least the host's time to issue it, and
   dropless routing reads the token counts back once per pass (Megatron-Core
-  ``tokens_per_expert.cpu()``), exposing the host's issue of the rest of the layer; a
-  capacity factor makes the shapes static (no read-back) and a CUDA graph that captures the
-  layer removes the issue time (:attr:`planner.moe.MoeOptions.cuda_graph`).
+  ``tokens_per_expert.cpu()``), exposing the host's issue of the rest of the layer, which
+  waits for the device's forward up to the router; a capacity factor makes the shapes static
+  (no read-back) and a CUDA graph that captures the layer removes the issue time
+  (:attr:`planner.moe.MoeOptions.cuda_graph`).
 * Overlap: ``MoeOptions.a2a_overlap`` of the all-to-all time is hidden behind independent
   compute.
 """
@@ -55,8 +56,9 @@ from planner.moe import MoeOptions
 # (sync-free buffers). The synchronisation alone is tens of microseconds (CUDA programming
 # guide, "Asynchronous concurrent execution"); with the host work around it, milliseconds in
 # Python-issued MoE layers: the token-dropping Qwen3-30B-A3B run on 8 B200 at micro-batch 1 took
-# 14.5 s per step, its dropless twins of the next releases 27-28 s. Fitted by bench/moe_fit.py.
-DROPLESS_SYNC_S = 2.5e-3
+# 14.5 s per step, its dropless twins of the next releases 27-28 s. Fitted by bench/moe_fit.py
+# (2.0 ms; 2.5 until session 7 costed the device work the read-back waits for, host_floor_s).
+DROPLESS_SYNC_S = 2.0e-3
 
 
 # Grouped-GEMM kernels (Transformer Engine / cuBLASLt grouped GEMM, CUTLASS grouped) run one
@@ -169,17 +171,35 @@ def dispatch_combine_s(tokens: float, h: int, mlp: Mlp, tp: int, etp: int, ep: i
 
 
 def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0,
-                 options: MoeOptions = MoeOptions()) -> float:
+                 options: MoeOptions = MoeOptions(), pre_sync_gpu_s: float = 0.0) -> float:
     """Seconds a MoE layer's ``passes`` (forward, backward, recomputed forward) wait on the host
     beyond their ``gpu_s`` of device work. Issued from Python, the host needs
     :data:`HOST_PER_LAYER_PASS_S` per pass, :data:`DROPLESS_SYNC_S` more where dropless routing
     reads the token counts back, plus ``extra_host_s`` of other launches the option repeats;
     the layer takes the longer of the host's and the GPU's time. A CUDA graph that captures the
-    layer replays it with one launch (no floor)."""
+    layer replays it with one launch (no floor).
+
+    The read-back also serialises: the host cannot issue the routed experts before the device
+    has run everything queued ahead of the router's counts, i.e. ``pre_sync_gpu_s``, the
+    device time of the layer's forward passes up to the router (:func:`pre_sync_passes`). So a
+    synchronised layer takes ``max(host + pre_sync, gpu)``: the host's time where it binds, and
+    partly the sum of the two where they are close (Qwen3-30B-A3B at micro-batch 4), the device
+    time alone where it dominates (DeepSeek-V3). Megatron-Core's alltoall dispatcher
+    (``tokens_per_expert`` / ``output_splits`` moved to the CPU before the permutation) and
+    DeepEP's normal-mode dispatch (the CPU waits for the received counts) both sync in the
+    forward; the backward reuses the forward's splits."""
     if options.host_captured:
         return 0.0
     per_pass = HOST_PER_LAYER_PASS_S + (DROPLESS_SYNC_S if options.host_synchronised else 0.0)
-    return max(0.0, passes * per_pass + extra_host_s - gpu_s)
+    serial = pre_sync_gpu_s if options.host_synchronised else 0.0
+    return max(0.0, passes * per_pass + extra_host_s + serial - gpu_s)
+
+
+def pre_sync_passes(recompute: str) -> int:
+    """Forward passes of a MoE layer that read the token counts back: the forward, and the
+    recomputed forward under full recomputation (selective recomputation repeats the attention
+    core only, per-op checkpointing keeps the router's outputs)."""
+    return 2 if recompute == "full" else 1
 
 
 def host_passes(recompute: str) -> tuple[float, int]:

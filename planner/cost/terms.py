@@ -658,7 +658,10 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     if mlp is not None and mlp.is_moe:  # the layer is no faster than the host issues it
         gpu_s = compute.fwd_s + compute.bwd_s + compute.recompute_s(recompute) + tp_comm + other
         passes, launches = moe.host_passes(recompute.value)
-        other += moe.host_floor_s(gpu_s, passes, launches * KERNEL_LAUNCH_S, opts.moe)
+        # the forward up to the router: what the dropless read-back waits for (planner.cost.moe)
+        pre_sync_s = layer_compute(replace(layer, mlp=None), shard, ctx.cluster.gpu, opts).fwd_s
+        other += moe.host_floor_s(gpu_s, passes, launches * KERNEL_LAUNCH_S, opts.moe,
+                                  pre_sync_s * moe.pre_sync_passes(recompute.value))
     stored, working = layer_activation_bytes(layer, view.micro_batch, seq_len, tp, c.cp, sp,
                                              recompute, opts.attention_kernel, opts.dropout,
                                              mesh.expert_tp, opts.moe.load_factor,

@@ -98,12 +98,13 @@ CAUSES = """\
   'type:transformer|embedding'`` (tr11-176B-ml.slurm ``--pp-partition-method``): the embedding
   and the tied head count as one layer each, so the first stage holds one block fewer than
   Megatron's split, which the model had applied. These runs are now costed with DeepSpeed's
-  own partition (``training.pp_partition``; planner/calibration/predict.py
-  ``deepspeed_type_stages``: runtime/pipe/module.py ``_partition_layers``, utils.py
-  ``partition_balanced``). That exposed what the extra block had hidden: their memory came out
-  3-9 GiB low (about 1.7 bytes per parameter of the first stage) while the fp16 runs before
-  that date fit. The cause is DeepSpeed's data-parallel reduction of BF16_Optimizer's
-  gradients (ZeRO stage 0, as BLOOM ran it: pipe/engine.py ``_bf16_reduce_grads`` ->
+  own partition (``training.pp_partition``; planner/placement.py, since session 7 also the
+  deepspeed profile's default placement under ``evaluate``: runtime/pipe/module.py
+  ``_partition_layers``, utils.py ``partition_balanced``). That exposed what the extra
+  block had hidden: their memory came out 3-9 GiB low (about 1.7 bytes per parameter of
+  the first stage) while the fp16 runs before that date fit. The cause is DeepSpeed's
+  data-parallel reduction of BF16_Optimizer's gradients (ZeRO stage 0, as BLOOM ran it:
+  pipe/engine.py ``_bf16_reduce_grads`` ->
   engine.py ``allreduce_no_retain`` -> ``allreduce_bucket``): every bucket is one whole flat
   fp32 gradient group, which ``flatten`` returns as a view, and ``allreduce_bucket`` casts it
   to the engine's ``communication_data_type``, bf16 for a bf16 run: a bf16 copy of the whole
@@ -158,7 +159,7 @@ MISSES = """\
   the solver, its bounds and the pool ILP for no measured gain. (3) The tied-embedding
   gradient all-reduce between the first and last stage (once per step), the fp32
   cross-entropy over the vocabulary shard and the 1F1B fill and drain are each costed once;
-  DeepSpeed's own stage partition (``type:transformer``, the remainder on the last stage)
+  DeepSpeed's own stage partition (``type:transformer``, the deepspeed profile's default)
   changes nothing for these 72-block models (72 / pp is whole for every pp measured). Half
   the misordered pairs come from two runs (listed under "Misordered pairs"): dp8 tp8 pp6 mbs4
   at GBS 1568, published with its GBS 2048 twin's step time (113.0 vs 114.1 s for 23 % fewer

@@ -53,6 +53,7 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Sequence
 
+from planner.config import ParallelConfig
 from planner.cost import comm, moe, offload
 from planner.cost.compute import KERNEL_LAUNCH_S, Shard, hbm_bytes_per_s, layer_compute
 from planner.cost.context import CostContext
@@ -426,6 +427,19 @@ def _layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
                       group_link(ctx.cluster, n, t))
 
 
+def layer_tensor_degrees(ctx: CostContext | None, config: ParallelConfig,
+                         options: Sequence[LayerOption]) -> list[int | None]:
+    """Each layer's tensor degree under its option's layout (:func:`layout_view`); None where
+    the layout does not divide the mesh. ``ctx`` None: stages on pools of other GPUs (no one
+    context), where the layout's own arithmetic over the plan's tp x dp applies."""
+    if all(option.layout is Layout.MESH for option in options):
+        return [config.tp] * len(options)
+    if ctx is None:
+        return [option.layout.tensor_degree(config.tp, config.dp) for option in options]
+    views = [layout_view(ctx, option.layout) for option in options]
+    return [None if view is None else view.tp for view in views]
+
+
 def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
     """Whether ``option`` can run ``layer`` under this context: non-mesh layouts are for
     blocks whose heads and FFN width (a MoE block's: its shared experts' width; its routed
@@ -627,9 +641,13 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     c, links, opts = ctx.config, ctx.links, ctx.options
     mesh = ctx.mesh
     view = layout_view(ctx, option.layout)  # the mesh itself, or the layer's own factoring
-    if view is None or not option_valid(ctx, layer, option):
+    if view is None:
         raise ValueError(f"layout {option.layout.value} does not divide the mesh "
                          f"tp={c.tp} dp={c.dp} micro_batch={c.micro_batch}")
+    if not option_valid(ctx, layer, option):
+        raise ValueError(f"option {option.name} cannot run a {layer.kind.value} layer here "
+                         f"(tp={c.tp} dp={c.dp}, runtime {opts.runtime}, host memory "
+                         f"{'described' if ctx.cluster.cpu_memory else 'not described'})")
     shard, tp, sp = view.shard, view.tp, view.shard.sp
     seq_len = layer.seq_len or c.seq_len  # a vision encoder runs on its image tokens
     if seq_len != shard.seq_len:

@@ -15,8 +15,9 @@ Error bands. A band is meant for a run the fit has not seen, and a source's runs
 (their errors are correlated), so the in-sample residuals understate the error on a new
 source (docs/accuracy.md, held-out section). With ``bench/data/holdout.json`` present (written
 by ``python bench/holdout.py``), each regime's spread is the combination of the in-sample
-spread and the spread between sources: ``sigma^2 = s_in^2 + tau^2`` with ``tau`` the robust
-spread of the held-out sources' median errors (planner/calibration/bands.py ``widened``).
+spread and the spread between sources: ``sigma^2 = s_in^2 + tau^2`` with ``tau`` the held-out
+sources' offsets and excess scatter (bench/holdout.py ``between_source_sigma``;
+planner/calibration/bands.py ``widened``).
 """
 from __future__ import annotations
 

@@ -11,7 +11,8 @@ from cli.params import FiniteFloat, pin_pairs
 from planner.config import ParallelConfig, resolve_dp
 from planner.cost.pipeline import SCHEDULES
 from planner.hardware import MultiPoolCluster
-from planner.strategy import LayerOption, Recompute, default_placement
+from planner.placement import runtime_placement
+from planner.strategy import LayerOption, Recompute
 
 
 def _load(model: str, cluster: str | None, nodes: int | None, seq_len: int | None,
@@ -126,6 +127,9 @@ def time_limit_slack_s(limit_s: float) -> float:
 @click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None,
               help="Pipeline schedule (default: 1f1b, or interleaved-1f1b with "
                    "--virtual-stages > 1; zbv and dualpipev take --virtual-stages 2).")
+@click.option("--pp-partition", default=None,
+              help="DeepSpeed's PipelineModule partition_method 'type:REGEX' for the stage "
+                   "split (--runtime deepspeed; default Megatron-DeepSpeed's type:transformer).")
 @dp_shard_option
 @hpz_option
 @dtype_option
@@ -135,8 +139,8 @@ def time_limit_slack_s(limit_s: float) -> float:
 @moe_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
-             zero_stage, recompute, sp, virtual_stages, schedule, dp_shard, hpz, dtype,
-             attention_kernel, runtime, calibration, as_json, **moe):
+             zero_stage, recompute, sp, virtual_stages, schedule, pp_partition, dp_shard, hpz,
+             dtype, attention_kernel, runtime, calibration, as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
     from planner.calibration.session import prediction_intervals, runtime_setup
     from planner.cost.model import evaluate as run
@@ -159,7 +163,8 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
         pipeline_schedule=schedule or "", hpz=hpz)
     options = setup.options
     config.validate(graph, hw)
-    placement = default_placement(graph, config, LayerOption(Recompute(recompute)))
+    placement = runtime_placement(graph, config, setup.profile, LayerOption(Recompute(recompute)),
+                                  pp_partition or "")
     ev = run(graph, hw, config, placement, options=options)
     result = evaluation_dict(ev)
     result["predicted"].update(prediction_intervals(ev, setup.calibration))

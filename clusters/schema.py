@@ -13,13 +13,14 @@ bandwidth, microseconds of latency, dense TFLOP/s of throughput.
 from __future__ import annotations
 
 import difflib
-import math
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 from planner.errors import ErrorKind, PlannerError, invalid
-from planner.safe_input import control_character
+# one finite-number check for every input (the serving client's too): planner.safe_input
+from planner.safe_input import control_character, number  # noqa: F401  (re-exported)
+from planner.safe_input import field_error as _fail, show as _show, type_name as _type_name
 from planner.hardware import Cluster, Gpu, HostMemory, NetworkTier
 
 SCHEMA_VERSION = 1
@@ -64,22 +65,6 @@ TIER_OPTIONAL = ("efficiency",)
 INTRA_NODE_TOPOLOGIES = ("switch", "full_mesh")
 
 
-def _fail(where: str, path: str, problem: str, *hints: str) -> PlannerError:
-    return invalid(f"{where}: {path}: {problem}", *hints, file=where, field=path)
-
-
-def _show(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(value), f"a {type(value).__name__}")
-
-
 def check_keys(data: Any, where: str, path: str, required: tuple[str, ...],
                optional: tuple[str, ...]) -> dict[str, Any]:
     """``data`` must be a mapping with string keys, all of them known, none required missing."""
@@ -105,36 +90,6 @@ def check_keys(data: Any, where: str, path: str, required: tuple[str, ...],
 
 def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
-
-
-def number(value: Any, where: str, path: str, *, minimum: float, maximum: float,
-           allow_min: bool = False, integer: bool = False) -> float:
-    """A finite number in (minimum, maximum] ([minimum, maximum] with ``allow_min``)."""
-    kind = "an integer" if integer else "a number"
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _fail(where, path, f"expected {kind}, got {_type_name(value)} {_show(value)}")
-    if integer and not isinstance(value, int):
-        raise _fail(where, path, f"expected an integer, got {_show(value)}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise _fail(where, path, f"must be a finite number, got {_show(value)}")
-    low_ok = value >= minimum if allow_min else value > minimum
-    if not low_ok:
-        if allow_min and minimum > 0 and value > 0:  # MIN_RATE: positive but absurdly small
-            raise _fail(where, path, f"{_show(value)} is implausibly small (limit {minimum:g}); "
-                                     f"check the unit named in the key")
-        if allow_min and minimum > 0:
-            bound = "positive"
-        elif allow_min:
-            bound = f">= {minimum:g}"
-        elif integer and minimum == 0:
-            bound = ">= 1"
-        else:
-            bound = "positive" if minimum == 0 else f"> {minimum:g}"
-        raise _fail(where, path, f"must be {bound}, got {_show(value)}")
-    if value > maximum:
-        raise _fail(where, path, f"{_show(value)} is implausibly large (limit {maximum:g}); "
-                                 f"check the unit named in the key")
-    return int(value) if integer else float(value)
 
 
 def text(value: Any, where: str, path: str, *, allow_empty: bool = False) -> str:

@@ -124,6 +124,9 @@ class RuntimeProfile:
     # per-block activation offload to host memory (LayerOption.act_offload): the runtime's
     # option; "" where it offers none (the search then never picks it)
     activation_offload: str = ""
+    # default pipeline stage placement (planner/placement.py): "" = Megatron's even split, or
+    # DeepSpeed's PipelineModule partition_method (e.g. "type:transformer")
+    pp_partition: str = ""
 
     def allows_hpz(self, stage: int, hpz: int, gpus_per_node: int) -> bool:
         """The runtime keeps ZeRO ``stage``'s secondary weight partition over ``hpz`` ranks
@@ -287,7 +290,10 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         notes=("pipeline engine reduces gradients after the flush (no overlap with PP)",),
         # deepspeed/runtime/pipe/engine.py: is_pipe_partitioned = is_grad_partitioned =
         # is_model_parallel (PartitionedTensor over the slice-parallel group)
-        pipe_partitioned=True),
+        pipe_partitioned=True,
+        # Megatron-DeepSpeed GPTModelPipe: PipelineModule(..., partition_method=
+        # 'type:transformer'): the blocks balanced, the remainder on the last stage
+        pp_partition="type:transformer"),
     "fsdp": RuntimeProfile(
         name="fsdp", title="PyTorch FSDP1 (Composer / llm-foundry, fms-fsdp)",
         frameworks=("Composer", "llm-foundry", "fms-fsdp", "metaseq", "PyTorch FSDP"),

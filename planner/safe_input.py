@@ -30,7 +30,7 @@ from typing import Any
 
 import yaml
 
-from planner.errors import invalid
+from planner.errors import PlannerError, invalid
 
 MAX_FILE_BYTES = 16 * 1024 * 1024
 MAX_YAML_NODES = 100_000
@@ -369,3 +369,50 @@ def parse_yaml(text: str, where: str) -> Any:
         raise invalid(f"{where}: YAML is nested too deeply", file=where) from None
     except (ValueError, OverflowError) as exc:  # e.g. an out-of-range timestamp
         raise invalid(f"{where}: malformed YAML value: {exc}", file=where) from None
+
+
+def field_error(where: str, path: str, problem: str, *hints: str) -> PlannerError:
+    """An INVALID_INPUT error naming the input (``where``) and the field (``path``)."""
+    return invalid(f"{where}: {path}: {problem}", *hints, file=where, field=path)
+
+
+def show(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def type_name(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), f"a {type(value).__name__}")
+
+
+def number(value: Any, where: str, path: str, *, minimum: float, maximum: float,
+           allow_min: bool = False, integer: bool = False) -> float:
+    """A finite number in (minimum, maximum] ([minimum, maximum] with ``allow_min``)."""
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise field_error(where, path, f"expected {kind}, got {type_name(value)} {show(value)}")
+    if integer and not isinstance(value, int):
+        raise field_error(where, path, f"expected an integer, got {show(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise field_error(where, path, f"must be a finite number, got {show(value)}")
+    low_ok = value >= minimum if allow_min else value > minimum
+    if not low_ok:
+        if allow_min and minimum > 0 and value > 0:  # MIN_RATE: positive but absurdly small
+            raise field_error(where, path, f"{show(value)} is implausibly small (limit {minimum:g}); "
+                                     f"check the unit named in the key")
+        if allow_min and minimum > 0:
+            bound = "positive"
+        elif allow_min:
+            bound = f">= {minimum:g}"
+        elif integer and minimum == 0:
+            bound = ">= 1"
+        else:
+            bound = "positive" if minimum == 0 else f"> {minimum:g}"
+        raise field_error(where, path, f"must be {bound}, got {show(value)}")
+    if value > maximum:
+        raise field_error(where, path, f"{show(value)} is implausibly large (limit {maximum:g}); "
+                                 f"check the unit named in the key")
+    return int(value) if integer else float(value)

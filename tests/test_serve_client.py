@@ -39,11 +39,14 @@ def test_prompts_ahead_by_client():
     assert values == sorted(values) and values[0] == 0.0
 
 
-@pytest.mark.parametrize("kwargs", [dict(arrival="burst"), dict(length_stddev_tokens=-1),
-                                    dict(rounds=0), dict(rounds=float("nan")),
-                                    dict(length_range_ratio=0), dict(length_range_ratio=1.5)])
-def test_bad_client_is_a_clear_error(kwargs):
-    with pytest.raises(PlannerError):
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(arrival="burst"), "arrival"), (dict(length_stddev_tokens=-1), "length_stddev_tokens"),
+    (dict(length_stddev_tokens=float("inf")), "length_stddev_tokens"), (dict(rounds=0), "rounds"),
+    (dict(rounds=float("nan")), "rounds"), (dict(length_range_ratio=0), "length_range_ratio"),
+    (dict(length_range_ratio=1.5), "length_range_ratio"), (dict(rounds=True), "rounds")])
+def test_bad_client_is_a_clear_error(kwargs, field):
+    # the numbers through the one finite/bounds check of every input (planner.safe_input)
+    with pytest.raises(PlannerError, match=field):
         BenchmarkClient(**kwargs)
 
 

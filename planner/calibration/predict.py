@@ -24,7 +24,8 @@ from planner.calibration.runs import CalibrationRun
 from planner.cost.model import Evaluation, evaluate
 from planner.hardware import GIB
 from planner.ir import LayerKind
-from planner.strategy import NO_OPTION, LayerOption, LayerPlacement, Recompute, default_placement
+from planner.placement import runtime_placement
+from planner.strategy import NO_OPTION, LayerOption, LayerPlacement, Recompute
 
 CUDA_CONTEXT_GIB = 0.5
 
@@ -39,48 +40,14 @@ class Prediction:
     evaluation: Evaluation
 
 
-# The class names DeepSpeed's ``partition_method="type:REGEX"`` matches for each layer of a
-# Megatron-DeepSpeed GPTModelPipe (megatron/model/gpt_model.py): the blocks are
-# ParallelTransformerLayerPipe, the embedding is EmbeddingPipe, and a tied LM head is the same
-# EmbeddingPipe (TiedLayerSpec 'embed', forward_fn _logits_helper) after the final layer norm.
-_DEEPSPEED_CLASS = {LayerKind.BLOCK: "ParallelTransformerLayerPipe",
-                    LayerKind.EMBEDDING: "EmbeddingPipe"}
-
-
-def deepspeed_type_stages(model, pp: int, method: str) -> tuple[int, ...]:
-    """Each layer's pipeline stage under DeepSpeed's ``PipelineModule(partition_method=
-    "type:REGEX")`` (deepspeed/runtime/pipe/module.py ``_partition_layers``): a layer whose class
-    name matches REGEX (case-insensitive) weighs 1, any other 0, and ``partition_balanced``
-    (runtime/utils.py) takes the least bottleneck and fills the stages greedily up to it
-    (``_lprobe``), so the remainder lands on the last stage; a weight-0 layer stays with the
-    layer before it."""
-    import re
-
-    pattern = re.compile(method.split(":", 1)[1], re.IGNORECASE)
-    names = [_DEEPSPEED_CLASS.get(layer.kind, "EmbeddingPipe" if layer.kind is LayerKind.HEAD
-                                  and layer.tied_params else "LayerNorm")
-             for layer in model.layers]
-    weights = [1 if pattern.search(name) else 0 for name in names]
-    bottleneck = -(-sum(weights) // pp)
-    stages, stage, used = [], 0, 0
-    for w in weights:
-        if w and used + w > bottleneck and stage < pp - 1:
-            stage, used = stage + 1, 0
-        used += w
-        stages.append(stage)
-    return tuple(stages)
-
-
 def placement_of(run: CalibrationRun, recompute: Recompute,
                  full_blocks_per_stage: int | None = None, every_nth: int = 0) -> LayerPlacement:
     """The run's placement: one policy for every block, or the first ``n`` blocks of every
     stage fully recomputed (Megatron block method), or every ``every_nth`` block fully
-    recomputed (torchtitan ``selective_ac_option = N``). The stages are Megatron's split, or
-    DeepSpeed's ``type:`` partition where the run publishes one."""
-    base = default_placement(run.model, run.config, LayerOption(recompute))
-    if run.pp_partition.startswith("type:") and run.config.virtual_stages == 1:
-        base = LayerPlacement(deepspeed_type_stages(run.model, run.config.pp, run.pp_partition),
-                              base.options)
+    recomputed (torchtitan ``selective_ac_option = N``). The stages are the runtime's default
+    placement (planner/placement.py), with the run's published ``partition_method`` if any."""
+    base = runtime_placement(run.model, run.config, run.profile, LayerOption(recompute),
+                             run.pp_partition)
     if full_blocks_per_stage is None and not every_nth:
         return base
     seen: dict[int, int] = {}

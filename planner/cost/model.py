@@ -21,7 +21,8 @@ from planner.cost.terms import (LayerTerms, MemoryBreakdown, StepBreakdown, boun
                                 stage_memory, stage_time, step_time, tied_config_terms)
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
-from planner.strategy import default_placement
+from planner.placement import runtime_placement
+from planner.profiles import profile
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,10 @@ def evaluate(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
              placement: LayerPlacement | None = None,
              options: RuntimeOptions = RuntimeOptions()) -> Evaluation:
     """Predict step time and per-GPU memory of one configuration (validated first); without a
-    placement, Megatron's default split with no recomputation."""
+    placement, the runtime profile's default split (planner/placement.py) with no recomputation."""
     config.validate(model, cluster)
     if placement is None:
-        placement = default_placement(model, config)
+        placement = runtime_placement(model, config, profile(options.profile))
     ctx = make_context(model, cluster, config, options)
     terms = tied_config_terms(ctx, embedding_layout(model.layers, placement.options))
     stage_layers = [placement.layers_of_stage(s) for s in range(config.pp)]

@@ -31,12 +31,15 @@ requests / concurrency: 20 in aiconfigurator's harness).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from planner.errors import invalid
+from planner.safe_input import number
 
 ARRIVALS = ("closed-loop", "offline", "poisson")
+WHERE = "benchmark client"
+MAX_TOKENS = 1e7  # a length standard deviation beyond any context window
+MAX_ROUNDS = 1e6  # measured requests / concurrency
 
 
 @dataclass(frozen=True)
@@ -58,16 +61,11 @@ class BenchmarkClient:
         if self.arrival not in ARRIVALS:
             raise invalid(f"client arrival must be one of {', '.join(ARRIVALS)}, "
                           f"got {self.arrival!r}")
-        value = self.length_stddev_tokens
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-                not math.isfinite(value) or value < 0:
-            raise invalid(f"client length_stddev_tokens must be >= 0, got {value!r}")
-        r = self.length_range_ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 1:
-            raise invalid(f"client length_range_ratio must be in (0, 1], got {r!r}")
-        if self.rounds is not None and (isinstance(self.rounds, bool) or not isinstance(
-                self.rounds, (int, float)) or not math.isfinite(self.rounds) or self.rounds < 1):
-            raise invalid(f"client rounds must be >= 1, got {self.rounds!r}")
+        number(self.length_stddev_tokens, WHERE, "length_stddev_tokens", minimum=0,
+               maximum=MAX_TOKENS, allow_min=True)
+        number(self.length_range_ratio, WHERE, "length_range_ratio", minimum=0, maximum=1)
+        if self.rounds is not None:
+            number(self.rounds, WHERE, "rounds", minimum=1, maximum=MAX_ROUNDS, allow_min=True)
 
     @property
     def synchronised(self) -> bool:

@@ -85,8 +85,13 @@ CAUSES = """\
   llama3_workload_base_configs.py; now ``training.cpu_offloading_num_layers`` in the entries,
   listed under inferred_fields). Their recomputation had been inferred as the least that fits
   (52 of 80 blocks fully recomputed): 13-24 % too slow. Evaluated with the published setting
-  (no recomputation; the copies overlap compute) and memory not judged: the model has no host
-  offload.
+  (no recomputation; the copies overlap compute) and memory not judged: the model had no host
+  offload. Session 7 (not shipped: measured with ``LayerOption.act_offload`` on the first 40
+  blocks, planner/cost/offload.py): 215.6 GiB predicted against 185 GiB of HBM (activations
+  155.2, allocator reserve 38.0, states 18.5), so judging them would add six wrong "does not
+  fit" verdicts unless the caching allocator's reserve on these runs is below 7 GiB; the step
+  time rises 7.69 -> 8.19 s (measured 7.52-8.11). They stay not judged until the allocator
+  term is checked on Grace-Blackwell runs.
 * **torchtitan** (-14.9 %): the source states the Grand Teton GPUs' HBM2e "2.4 TB/sec" and a
   peak "between SXM and NVL" (hardware section, footnote 2): bench/clusters/
   grand-teton-h100-96g.yaml now carries 2.4 TB/s and the middle of the stated range

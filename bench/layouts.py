@@ -200,6 +200,8 @@ def run(case, time_limit: float) -> dict:
             for layer, option in zip(model.layers, best.placement.options):
                 if option.layout.value != "mesh":
                     kind = layer.name.split(".")[0]
+                    if layer.mlp is not None and layer.mlp.is_moe:
+                        kind = f"moe-{kind}"  # a MoE block (attention + shared experts)
                     changed[f"{kind}:{option.layout.value}"] = \
                         changed.get(f"{kind}:{option.layout.value}", 0) + 1
             out["changed"] = ", ".join(f"{k} x{v}" for k, v in sorted(changed.items())) or "none"

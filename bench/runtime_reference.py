@@ -54,6 +54,13 @@ def _megatron_parser() -> _Parser:
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
                  "--overlap-param-gather", "--bf16", "--fp16", "--tp-comm-overlap"):
         parser.add_argument(flag, action="store_true")
+    # host offload (_add_training_args; transformer_config.py, megatron/core/optimizer/
+    # cpu_offloading/README.md)
+    for flag in ("--cpu-offloading", "--optimizer-cpu-offload",
+                 "--use-precision-aware-optimizer", "--overlap-cpu-optimizer-d2h-h2d"):
+        parser.add_argument(flag, action="store_true")
+    parser.add_argument("--cpu-offloading-num-layers", type=int, default=0)
+    parser.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
     # MoE (_add_moe_args; megatron/core/transformer/moe/README.md)
     for flag in ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
                  "--moe-shared-expert-intermediate-size"):
@@ -119,6 +126,26 @@ def _moe_rules(a: argparse.Namespace, world_size: int, tp: int, pp: int, ep: int
         raise Rejected("When using MoE and tensor parallelism, sequence parallelism must be used")
 
 
+def _offload_rules(a: argparse.Namespace, pp: int) -> None:
+    """TransformerConfig.__post_init__ (layer-level CPU offload) and validate_args (the hybrid
+    device optimizer)."""
+    if a.cpu_offloading:
+        if not 0 <= a.cpu_offloading_num_layers < (a.num_layers or 0):
+            raise Rejected(f"CPU offloading can be done only for layers less than "
+                           f"{a.num_layers}")
+        if pp > 1:
+            raise Rejected("Currently there is no support for Pipeline parallelism with CPU "
+                           "offloading")
+        if a.recompute_granularity is not None:
+            raise Rejected("CPU offloading does not work when activation recomputation is "
+                           "enabled")
+    if a.optimizer_cpu_offload and not a.use_precision_aware_optimizer:
+        raise Rejected("The optimizer cpu offload must be used in conjunction with "
+                       "`--use-precision-aware-optimizer`")
+    if not 0 <= a.optimizer_offload_fraction <= 1:
+        raise Rejected("--optimizer-offload-fraction must be in [0, 1]")
+
+
 def _layout_chunks(layout: str, pp: int) -> list[str]:
     stages = layout.split("|")
     if len(stages) % pp:
@@ -149,6 +176,7 @@ def megatron(args: list[str], *, world_size: int, env: dict[str, str],
                        f"({tp * pp * cp})")
     dp = world_size // (tp * pp * cp)
     _moe_rules(a, world_size, tp, pp, ep)
+    _offload_rules(a, pp)
     if (tp > 1 or cp > 1) and device_arch < 10 and env.get("CUDA_DEVICE_MAX_CONNECTIONS") != "1":
         raise Rejected("Using tensor model parallelism or context parallelism require setting "
                        "the environment variable CUDA_DEVICE_MAX_CONNECTIONS to 1")

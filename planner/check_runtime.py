@@ -5,7 +5,8 @@ Consumes a :class:`~planner.plan_types.Plan` and a runtime profile name; produce
 (its ZeRO / FSDP stage, TP / PP / CP / EP, sequence parallelism where the runtime has none or
 always has it, the pipeline schedule, unequal interleaved chunks, recomputation policies
 and the per-block mix of them its flags cannot express (:mod:`planner.recompute_rules`, the
-rule the search keeps to), per-layer layouts, HSDP's shard group) and the :class:`~planner.config.RuntimeOptions` the
+rule the search keeps to), per-layer layouts, activation offload (:mod:`planner.offload_rules`),
+HSDP's shard group) and the :class:`~planner.config.RuntimeOptions` the
 memory check then uses: the runtime's state layout, overlap and calibrated constants
 (:func:`planner.calibration.session.runtime_setup`), with the plan's attention kernel, dropout
 and MoE options kept. Each capability is read from :mod:`planner.profiles`, the same
@@ -20,6 +21,7 @@ from planner import recompute_rules as rules
 from planner.check_report import Problem
 from planner.config import RuntimeOptions
 from planner.ir import LayerKind
+from planner.offload_rules import megatron_refusals
 from planner.plan_types import Plan
 from planner.profiles import RuntimeProfile, profile
 from planner.strategy import Layout
@@ -95,6 +97,15 @@ def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
         listed = ", ".join(f"{k.value} x{n}" for k, n in
                            sorted(layouts.items(), key=lambda item: item[0].value))
         bad(f"per-layer layouts ({listed}): its blocks all use the mesh's degrees")
+    offloaded = [o.act_offload for o in blocks]
+    if any(offloaded) and not prof.activation_offload:
+        bad(f"activation offload ({sum(offloaded)} blocks): it has none")
+    elif any(offloaded):  # Megatron-Core's, the one profile with it (planner.offload_rules)
+        signatures = [layer.signature for layer in plan.model.layers
+                      if layer.kind is LayerKind.BLOCK]
+        for why in megatron_refusals(c.pp, [o.recompute.value for o in plan.placement.options],
+                                     offloaded, signatures):
+            bad(f"this activation offload ({sum(offloaded)} blocks): {why}")
     return out
 
 

@@ -21,8 +21,10 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from planner.config import RUNTIME_STATE_BYTES, ParallelConfig, RuntimeOptions
+from planner.cost.context import make_context
 from planner.cost.memory import CROSS_ENTROPY
 from planner.cost.recompute_modules import DEFAULT_RECOMPUTE_MODULES, validate_modules
+from planner.cost.terms import layer_tensor_degrees
 from planner.errors import invalid
 from planner.hardware import Cluster, MultiPoolCluster
 from planner.ir import ModelGraph
@@ -73,6 +75,14 @@ class Plan:
     def layers(self) -> list[dict[str, Any]]:
         """The plan's per-layer entries in layer order (a copy)."""
         return sorted(copy.deepcopy(list(self.document["layers"])), key=lambda x: x["index"])
+
+    def layer_tensor_degrees(self) -> list[int | None]:
+        """Each layer's tensor degree under its layout, as the cost model reads it
+        (:func:`planner.cost.terms.layer_tensor_degrees`); None where a layout does not
+        divide the plan's mesh."""
+        ctx = None if self.across_pools else make_context(self.model, self.cluster,
+                                                             self.config, self.runtime)
+        return layer_tensor_degrees(ctx, self.config, self.placement.options)
 
     def section(self, name: str) -> Any:
         """A copy of a recorded section of the document (``stages``, ``predicted``, ...)."""
@@ -180,12 +190,19 @@ class Plan:
 
     # -- the cost model on this plan -------------------------------------------------------
     def with_changes(self, **changes: Any) -> "Plan":
-        """The plan with ParallelConfig fields changed (``zero_stage=1``) and RuntimeOptions
-        fields changed (``runtime_overlap_grad_reduce=False``)."""
+        """The plan with ParallelConfig fields changed (``zero_stage=1``), RuntimeOptions
+        fields changed (``runtime_overlap_grad_reduce=False``) and every layer's option changed
+        (``option_act_offload=False``: LayerOption fields)."""
         runtime = {k[len("runtime_"):]: v for k, v in changes.items() if k.startswith("runtime_")}
-        config = {k: v for k, v in changes.items() if not k.startswith("runtime_")}
+        option = {k[len("option_"):]: v for k, v in changes.items() if k.startswith("option_")}
+        config = {k: v for k, v in changes.items()
+                  if not k.startswith(("runtime_", "option_"))}
+        placement = self.placement
+        if option:
+            placement = replace(placement, options=tuple(replace(o, **option)
+                                                         for o in placement.options))
         return replace(self, config=replace(self.config, **config),
-                       runtime=replace(self.runtime, **runtime))
+                       runtime=replace(self.runtime, **runtime), placement=placement)
 
     def evaluate(self, *, model: ModelGraph | None = None, cluster: Cluster | None = None,
                  options: RuntimeOptions | None = None):

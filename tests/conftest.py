@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from hypothesis import settings
@@ -39,11 +40,14 @@ def build_plan(model: str = "tiny", cluster: str = "tiny", *, nodes: int | None 
                micro_batch: int = 1, virtual_stages: int = 1, recompute: str = "none",
                stage_blocks: list[int] | None = None, block_recompute: list[str] | None = None,
                dtype: str = "bf16", seq_len: int | None = None,
+               block_act_offload: list[bool] | None = None, offload: bool = False,
                runtime: RuntimeOptions = RuntimeOptions()) -> dict:
     """A plan document (as read back from JSON) for one configuration.
 
     ``stage_blocks``: blocks per pipeline stage (embedding on stage 0, head on the last), else
-    the default split; ``block_recompute``: one of none/selective/full per block."""
+    the default split; ``block_recompute``: one of none/selective/full per block;
+    ``block_act_offload``: each block's activation offload (LayerOption.act_offload);
+    ``offload``: every layer's optimizer states in host memory (LayerOption.offload)."""
     graph = load_model(model, seq_len=seq_len)
     hw = load_cluster(cluster, nodes=nodes)
     if dp is None:
@@ -74,6 +78,15 @@ def build_plan(model: str = "tiny", cluster: str = "tiny", *, nodes: int | None 
                     recompute_list[i] = Recompute(block_recompute[b])
                     b += 1
         placement = LayerPlacement.of(stages, recompute_list)
+    if block_act_offload is not None:
+        assert len(block_act_offload) == graph.num_blocks
+        flags = iter(block_act_offload)
+        placement = replace(placement, options=tuple(
+            replace(option, act_offload=next(flags)) if layer.kind is LayerKind.BLOCK
+            else option for layer, option in zip(graph.layers, placement.options)))
+    if offload:
+        placement = replace(placement, options=tuple(replace(option, offload=True)
+                                                     for option in placement.options))
     ev = evaluate(graph, hw, config, placement, runtime)
     doc = make_plan(ev, model_spec=model, cluster_spec=cluster, nodes=nodes)
     return validate_plan(json.loads(dumps(doc)))

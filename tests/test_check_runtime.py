@@ -69,6 +69,19 @@ def test_schedule_recompute_and_uneven_chunks_are_checked():
     assert "schedule" not in tt
 
 
+def test_activation_offload_is_checked():
+    """Only Megatron-Core offloads activations, and only as its TransformerConfig allows
+    (planner.offload_rules): a pipelined plan's offload is named, a pp-1 one passes."""
+    h100 = dict(model="gpt3-1.3b", cluster="dgx-h100", global_batch=64)
+    first = Plan.from_dict(build_plan(**h100, block_act_offload=[True] * 6 + [False] * 18))
+    assert not [p for p in runtime_problems(first, PROFILES["megatron"])]
+    assert "activation offload (6 blocks): it has none" in " | ".join(
+        p.message for p in runtime_problems(first, PROFILES["torchtitan"]))
+    piped = Plan.from_dict(build_plan(**h100, pp=2, block_act_offload=[True] * 6 + [False] * 18))
+    [problem] = runtime_problems(piped, PROFILES["megatron"])
+    assert "no CPU offloading with pipeline parallelism" in problem.message
+
+
 def test_check_uses_the_runtimes_memory_layout(megatron_plan):
     plan = Plan.from_dict(megatron_plan)
     own = check_plan(plan)

@@ -31,7 +31,7 @@ from planner.solve.costs import stage_problem
 from planner.solve.inner import solve_stages
 from planner.solve.search import uniform_placement
 from planner.solve.space import enumerate_configs
-from planner.strategy import BLOCK_OPTIONS, block_options
+from planner.strategy import BLOCK_OPTIONS, PER_LAYER_LAYOUTS, block_options
 
 REL = 1e-6
 TINY = load_cluster("tiny")  # 2 nodes x 4 GPUs, NVLink inside a node, Ethernet across
@@ -135,6 +135,8 @@ MOE = native(4, moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 256
 SHORT = native(4, hidden=256, seq_len=32)
 SHORT_MOE = native(4, hidden=256, seq_len=32,
                    moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 1024})
+DENSE_FIRST_MOE = native(4, moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 256,
+                                 "shared_ffn_hidden_size": 256, "first_dense_layers": 1})
 CASES = [
     # pipeline, tensor parallel with SP, tied embeddings, ZeRO-1 over an inter-node group
     Case("pp2-tp2-zero1", DENSE, ParallelConfig(tp=2, pp=2, dp=2, global_batch=16, seq_len=128,
@@ -198,6 +200,13 @@ CASES = [
                                                memory_bandwidth_gbytes_per_s=50, cpu_cores=8,
                                                core_gflops=50)),
          options=block_options(act_offload=(False, True))),
+    # per-layer layouts in a MoE model: the dense block and the MoE blocks (attention and
+    # shared expert on their own tensor degree, routed experts on the expert mesh) each pick
+    # one, resharded between them (SP: an all-to-all); the embedding and head too
+    Case("moe-layouts-pp2", DENSE_FIRST_MOE,
+         ParallelConfig(tp=2, pp=2, dp=2, ep=2, global_batch=16, seq_len=128, zero_stage=1,
+                        micro_batch=2, sp=True),  # tight memory: MoE blocks at tp*2
+         options=block_options(layouts=PER_LAYER_LAYOUTS)),
 ]
 
 

@@ -255,6 +255,66 @@ def test_inexpressible_features_are_named():
     assert "fp16" in _warnings("tiny-fp16", "torchtitan")
 
 
+def test_activation_offload_is_written_where_megatron_runs_it():
+    """Megatron-Core runs layer-level CPU offload of the first N decoder layers only with pp 1
+    and no recomputation (TransformerConfig.__post_init__); elsewhere, and in runtimes
+    without it, the file keeps the activations on the GPUs and says what that costs."""
+    h100 = dict(GPT, cluster="dgx-h100")
+    first = Plan.from_dict(build_plan(**h100, block_act_offload=[True] * 6 + [False] * 18))
+    result = export_plan(first, "megatron")
+    flags = _megatron_flags(result.text)
+    assert "--cpu-offloading" in flags and flags["--cpu-offloading-num-layers"] == "6"
+    assert not any("offload" in w for w in result.warnings)
+    [warning] = [w for w in export_plan(first, "torchtitan").warnings if "offload" in w]
+    assert "block.0-5" in warning and "keeps them on the GPUs" in warning and "GiB" in warning
+    for kw, why in ((dict(pp=2), "pp 2: no CPU offloading with pipeline parallelism"),
+                    (dict(recompute="selective"), "refuses any recompute granularity")):
+        plan = Plan.from_dict(build_plan(**h100, **kw,
+                                         block_act_offload=[True] * 6 + [False] * 18))
+        result = export_plan(plan, "megatron")
+        assert "--cpu-offloading" not in _megatron_flags(result.text)
+        [warning] = [w for w in result.warnings if "activation offload" in w]
+        assert why in warning and "instead of the plan's" in warning
+    # identical blocks: offloading block 1 costs what Megatron's first block does
+    middle = Plan.from_dict(build_plan(**h100, block_act_offload=[False, True] + [False] * 22))
+    assert _megatron_flags(export_plan(middle, "megatron").text)[
+        "--cpu-offloading-num-layers"] == "1"
+
+
+def test_megatron_activation_offload_rule():
+    from planner.offload_rules import megatron_refusals
+
+    none = ["none"] * 4
+    assert megatron_refusals(1, none, [True, True, False, False], [0, 0, 0, 0]) == []
+    assert megatron_refusals(1, none, [False, True, False, True], [0, 0, 0, 0]) == []
+    [why] = megatron_refusals(1, none, [False, False, True, True], [0, 0, 1, 1])
+    assert "not (blocks of the same kinds as) the first 2" in why
+    [why] = megatron_refusals(1, none, [True] * 4, [0] * 4)
+    assert "less than --num-layers" in why
+    assert len(megatron_refusals(2, ["full"] + none[1:], [True] + [False] * 3, [0] * 4)) == 2
+    assert megatron_refusals(4, ["full"] * 4, [False] * 4, [0] * 4) == []
+
+
+def test_optimizer_offload_of_every_layer_is_written():
+    """Every layer's optimizer states on the host is Megatron-Core's hybrid device optimizer at
+    fraction 1 (it needs the precision-aware, hence distributed, optimizer) and DeepSpeed's
+    ZeRO-Offload; a per-layer subset or ZeRO-0 is a warning with the memory it then needs."""
+    plan = Plan.from_dict(build_plan(**dict(GPT, cluster="dgx-h100"), offload=True))
+    flags = _megatron_flags(export_plan(plan, "megatron").text)
+    assert flags["--optimizer-offload-fraction"] == "1.0"
+    assert "--optimizer-cpu-offload" in flags and "--use-precision-aware-optimizer" in flags
+    result = export_plan(plan, "deepspeed")
+    assert json.loads(result.text)["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert not any("offload" in w for w in result.warnings)
+    [warning] = [w for w in export_plan(plan, "torchtitan").warnings if "offload" in w]
+    assert "embedding, block.0-23, head" in warning and "instead of the plan's" in warning
+    zero0 = Plan.from_dict(build_plan(**dict(GPT, cluster="dgx-h100"), offload=True, zero=0))
+    assert "--optimizer-cpu-offload" not in _megatron_flags(export_plan(zero0, "megatron").text)
+    assert any("needs the distributed optimizer" in w
+               for w in export_plan(zero0, "megatron").warnings)
+    assert "offload_optimizer" not in export_plan(zero0, "deepspeed").text
+
+
 def test_exact_megatron_recompute_mix_is_silent():
     # first N blocks of every stage, the same N: Megatron's block method exactly
     plan = build_plan(**GPT, pp=2, block_recompute=(["full"] * 4 + ["none"] * 8) * 2)

@@ -171,3 +171,27 @@ def test_vllm_accepts_every_export_as_planned():
     assert len(found) == 15 + 5
     assert [c for c in found if not c.ok] == []
     assert all("(real)" in c.parser for c in found)
+
+
+def test_offload_exports_pass_the_runtimes_rules():
+    """Megatron-Core's layer-level CPU offload and hybrid device optimizer as exported pass
+    its rules (and each rule bites); DeepSpeed's own ZeRO config reads the ZeRO-Offload."""
+    from conftest import build_plan
+
+    doc = build_plan(model="gpt3-1.3b", cluster="dgx-h100", global_batch=64, offload=True,
+                     block_act_offload=[True] * 6 + [False] * 18)
+    text = export_plan(Plan.from_dict(doc), "megatron").text
+    megatron_reference(doc, text)
+    with pytest.raises(Rejected, match="Pipeline parallelism"):
+        megatron_reference(doc, text.replace("--pipeline-model-parallel-size 1",
+                                             "--pipeline-model-parallel-size 2"))
+    with pytest.raises(Rejected, match="recomputation"):
+        megatron_reference(doc, text.replace("--cpu-offloading\n",
+                                             "--cpu-offloading\n  --recompute-granularity "
+                                             "selective\n"))
+    with pytest.raises(Rejected, match="use-precision-aware-optimizer"):
+        megatron_reference(doc, text.replace("--use-precision-aware-optimizer", ""))
+    zero_config = pytest.importorskip("deepspeed.runtime.zero.config")
+    config = json.loads(export_plan(Plan.from_dict(doc), "deepspeed").text)
+    parsed = zero_config.DeepSpeedZeroConfig(**config["zero_optimization"])
+    assert parsed.offload_optimizer is not None and parsed.offload_optimizer.device == "cpu"

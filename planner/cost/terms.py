@@ -53,6 +53,7 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Sequence
 
+from planner.config import ParallelConfig
 from planner.cost import comm, moe, offload
 from planner.cost.compute import KERNEL_LAUNCH_S, Shard, hbm_bytes_per_s, layer_compute
 from planner.cost.context import CostContext
@@ -418,14 +419,31 @@ def _layout_view(ctx: CostContext, layout: Layout) -> LayoutView | None:
         return None  # the tp ranks after a TP group are its CP peers (another sequence chunk)
     mb = c.micro_batch * t // c.tp
     n = c.tp * c.dp // t * c.cp  # tensor groups per stage x CP ranks: the layer's data group
-    shard = Shard(mb, c.seq_len, t, c.cp, c.ep, c.sp and t > 1, c.dtype)
+    # the routed experts keep the stage's expert mesh (etp x ep x edp folds the same ranks
+    # whatever the attention's degree: Megatron-Core MoE parallel folding), so the shard
+    # carries the mesh's etp and load factor
+    shard = replace(ctx.shard, micro_batch=mb, tp=t, sp=c.sp and t > 1)
     return LayoutView(t, mb, shard, group_link(ctx.cluster, t, 1), n,
                       group_link(ctx.cluster, n, t))
 
 
+def layer_tensor_degrees(ctx: CostContext | None, config: ParallelConfig,
+                         options: Sequence[LayerOption]) -> list[int | None]:
+    """Each layer's tensor degree under its option's layout (:func:`layout_view`); None where
+    the layout does not divide the mesh. ``ctx`` None: stages on pools of other GPUs (no one
+    context), where the layout's own arithmetic over the plan's tp x dp applies."""
+    if all(option.layout is Layout.MESH for option in options):
+        return [config.tp] * len(options)
+    if ctx is None:
+        return [option.layout.tensor_degree(config.tp, config.dp) for option in options]
+    views = [layout_view(ctx, option.layout) for option in options]
+    return [None if view is None else view.tp for view in views]
+
+
 def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
-    """Whether ``option`` can run ``layer`` under this context: non-mesh layouts are for dense
-    blocks whose heads and FFN width divide the layout's tensor degree, and for the embedding
+    """Whether ``option`` can run ``layer`` under this context: non-mesh layouts are for
+    blocks whose heads and FFN width (a MoE block's: its shared experts' width; its routed
+    experts stay on the stage's expert mesh) divide the layout's tensor degree, and for the embedding
     and head (never recomputed) whose vocabulary it divides (a vocab-parallel table; a tied
     table's two copies on the first and last stage take one layout, and their gradient
     all-reduce is costed with its shard, ``embedding_sync_s``)."""
@@ -445,10 +463,30 @@ def option_valid(ctx: CostContext, layer: Layer, option: LayerOption) -> bool:
         if option.recompute is not Recompute.NONE:
             return False
         return not layer.vocab or layer.vocab % view.tp == 0
-    if layer.mlp is not None and (layer.mlp.is_moe or layer.mlp.ffn_hidden % view.tp):
-        return False
+    mlp = layer.mlp
+    if mlp is not None and (mlp.shared_ffn_hidden % view.tp if mlp.is_moe
+                            else mlp.ffn_hidden % view.tp):
+        return False  # a MoE block's layout splits its attention and shared experts
     att = layer.attention
     return att is None or att.num_heads % view.tp == 0
+
+
+@lru_cache(maxsize=4096)
+def _layout_config_terms(ctx: CostContext, layout: Layout) -> ConfigTerms:
+    """The configuration's terms as a layer of ``layout`` sees them: its weights are reduced
+    and gathered over its own data group, so the slopes are that group's (the latency
+    intercepts stay the configuration's, charged once per stage)."""
+    t, view = _config_terms(ctx), layout_view(ctx, layout)
+    zr, _, zg, _, red, _, gat, _ = dp_collectives(
+        ctx.config.zero_stage, view.dp_shard, ctx.mesh.expert_shard_degree, view.dp_link,
+        view.dp_link, t.per_micro_batch_sync)
+    return replace(t, zero_reduce_dense=Affine(zr.slope_s_per_byte,
+                                               t.zero_reduce_dense.intercept_s),
+                   zero_gather_dense=Affine(zg.slope_s_per_byte, t.zero_gather_dense.intercept_s),
+                   zero_gather_fwd_dense=Affine(zg.slope_s_per_byte / 2,
+                                                t.zero_gather_fwd_dense.intercept_s),
+                   dp_reduce_dense=Affine(red.slope_s_per_byte, t.dp_reduce_dense.intercept_s),
+                   dp_gather_dense=Affine(gat.slope_s_per_byte, t.dp_gather_dense.intercept_s))
 
 
 @dataclass(frozen=True)
@@ -603,9 +641,13 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     c, links, opts = ctx.config, ctx.links, ctx.options
     mesh = ctx.mesh
     view = layout_view(ctx, option.layout)  # the mesh itself, or the layer's own factoring
-    if view is None or not option_valid(ctx, layer, option):
+    if view is None:
         raise ValueError(f"layout {option.layout.value} does not divide the mesh "
                          f"tp={c.tp} dp={c.dp} micro_batch={c.micro_batch}")
+    if not option_valid(ctx, layer, option):
+        raise ValueError(f"option {option.name} cannot run a {layer.kind.value} layer here "
+                         f"(tp={c.tp} dp={c.dp}, runtime {opts.runtime}, host memory "
+                         f"{'described' if ctx.cluster.cpu_memory else 'not described'})")
     shard, tp, sp = view.shard, view.tp, view.shard.sp
     seq_len = layer.seq_len or c.seq_len  # a vision encoder runs on its image tokens
     if seq_len != shard.seq_len:
@@ -642,10 +684,10 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         etp = mesh.expert_tp
         passes = 3 if recompute is Recompute.FULL else 2
         other += moe.dispatch_combine_s(
-            tokens, layer.hidden, mlp, c.tp, etp, c.ep, ACT_BYTES, opts.moe, links.ep,
+            tokens, layer.hidden, mlp, tp, etp, c.ep, ACT_BYTES, opts.moe, links.ep,
             links.ep_intra or links.ep, links.ep_inter or links.ep, links.ep_domains,
             links.etp or links.tp, passes)
-        moe_buffer = moe.dispatch_buffer_bytes(tokens, layer.hidden, mlp, c.tp, etp, ACT_BYTES,
+        moe_buffer = moe.dispatch_buffer_bytes(tokens, layer.hidden, mlp, tp, etp, ACT_BYTES,
                                                opts.moe)
     att = layer.attention
     if att is not None and c.cp > 1:
@@ -686,17 +728,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         # its two chunks' average (planner.cost.pipeline), which would count the head p times
         stored /= t.in_flight[t.head_stage]
     if option.layout is not Layout.MESH:
-        # the layer's weights are reduced and gathered over its own data group: its slopes
-        # (latency intercepts stay the configuration's, charged once per stage)
-        zr, _, zg, _, red, _, gat, _ = dp_collectives(zero, n, n_expert, view.dp_link,
-                                                      view.dp_link, t.per_micro_batch_sync)
-        t = replace(t, zero_reduce_dense=Affine(zr.slope_s_per_byte,
-                                                t.zero_reduce_dense.intercept_s),
-                    zero_gather_dense=Affine(zg.slope_s_per_byte, t.zero_gather_dense.intercept_s),
-                    zero_gather_fwd_dense=Affine(zg.slope_s_per_byte / 2,
-                                                 t.zero_gather_fwd_dense.intercept_s),
-                    dp_reduce_dense=Affine(red.slope_s_per_byte, t.dp_reduce_dense.intercept_s),
-                    dp_gather_dense=Affine(gat.slope_s_per_byte, t.dp_gather_dense.intercept_s))
+        t = _layout_config_terms(ctx, option.layout)
     grad_dense, grad_expert = dense * state.grad_reduce_bytes, expert * state.grad_reduce_bytes
     w_dense, w_expert = dense * state.weights, expert * state.weights
     zero_reduce = (t.zero_reduce_dense.slope_s_per_byte * grad_dense

@@ -19,6 +19,8 @@ from typing import Any, Callable, Mapping
 from planner.errors import invalid
 from planner.export import deepspeed, json, megatron, sglang, torchtitan, trtllm, vllm
 from planner.export.base import ExportResult
+from planner.export.layouts import layouts_warning
+from planner.export.offload import activation_offload_warning, optimizer_offload_warning
 from planner.plan_types import Plan
 
 
@@ -57,13 +59,13 @@ def export_plan(plan: Plan | Mapping[str, Any], fmt: str,
         return export_serving(plan, fmt, target_version)
     _refuse_malformed(plan)
     if entry.resolve is not None:
-        return _pools(plan, _layouts_warning(plan, entry.run(plan, entry.resolve(target_version))))
+        return _pools(plan, _per_layer_warnings(plan, entry.run(plan, entry.resolve(target_version))))
     if target_version is not None:
         raise invalid(f"the {fmt} export has one form and takes no --target-version",
                       "formats with versions: " + ", ".join(
                           f"{f.name} ({', '.join(f.versions)})" for f in FORMATS.values()
                           if f.versions))
-    return _pools(plan, _layouts_warning(plan, entry.run(plan)))
+    return _pools(plan, _per_layer_warnings(plan, entry.run(plan)))
 
 
 def _pools(plan: Plan, result: ExportResult) -> ExportResult:
@@ -78,25 +80,23 @@ def _pools(plan: Plan, result: ExportResult) -> ExportResult:
                    warnings=result.warnings + tuple(warnings))
 
 
-def _layouts_warning(plan: Plan, result: ExportResult) -> ExportResult:
-    """Per-layer layouts (planner.strategy.Layout) have no form in these runtimes' files: each
-    takes one global tensor-parallel degree. Say which layers the file runs differently."""
+# the offloads an exporter writes, or refuses with its runtime's reason, itself
+OWN_OFFLOADS = {"megatron": ("offload", "act_offload"), "deepspeed": ("offload",)}
+
+
+def _per_layer_warnings(plan: Plan, result: ExportResult) -> ExportResult:
+    """Per-layer decisions a runtime's file cannot express: optimizer and activation offload
+    (where the exporter does not handle them itself, OWN_OFFLOADS) and layouts
+    (planner.strategy.Layout; each runtime takes one tensor-parallel degree). Say which layers
+    the file runs differently, and what the plan then needs."""
     if result.format == "json":
         return result
-    host = [layer["name"] for layer in plan.document.get("layers", []) if layer.get("offload")]
-    if host:
-        result = replace(result, warnings=(*result.warnings, (
-            f"offload: the plan keeps the optimizer states of {len(host)} layers ({host[0]} .. "
-            f"{host[-1]}) in host memory; {result.format} has no per-layer optimizer offload "
-            f"(DeepSpeed's offload_optimizer and FSDP2's CPUOffloadPolicy take all parameters, "
-            f"Megatron-Core's --optimizer-cpu-offload a fraction of them), so this file keeps "
-            f"them on the GPUs (the plan's memory prediction does not apply)")))
-    from planner.export.layouts import layouts_warning
-
-    warning = layouts_warning(plan, result.format)
-    if warning is None:
-        return result
-    return replace(result, warnings=(*result.warnings, warning))
+    own = OWN_OFFLOADS.get(result.format, ())
+    extra = (None if "offload" in own else optimizer_offload_warning(plan, result.format),
+             None if "act_offload" in own else activation_offload_warning(plan, result.format),
+             layouts_warning(plan, result.format))
+    warnings = tuple(warning for warning in extra if warning)
+    return replace(result, warnings=result.warnings + warnings) if warnings else result
 
 
 def _refuse_malformed(plan: Plan) -> None:

@@ -126,7 +126,8 @@ def describe_recompute(doc: dict[str, Any]) -> str:
 
 def memory_note(plan: Plan, **changes: Any) -> str:
     """' (the cost model predicts 41.2 GiB peak per GPU of 80 GiB: fits)' for the plan with
-    ``changes`` (ParallelConfig fields, or ``runtime_*`` RuntimeOptions fields); '' if the
+    ``changes`` (ParallelConfig fields, ``runtime_*`` RuntimeOptions fields or ``option_*``
+    LayerOption fields of every layer); '' if the
     changed plan cannot be evaluated."""
     try:
         ev = plan.with_changes(**changes).evaluate()

@@ -13,7 +13,9 @@ the whole world (tp, pp or cp > 1) the export's notes say how the runtime gets d
 ``PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)`` for pipeline plans, an
 ``mpu`` otherwise). Also
 ``zero_optimization.stage`` (+ ``overlap_comm`` for the plan's overlapped gradient reduction),
-``bf16.enabled`` / ``fp16.enabled``, ``tensor_parallel.autotp_size``.
+``bf16.enabled`` / ``fp16.enabled``, ``tensor_parallel.autotp_size``,
+``zero_optimization.offload_optimizer`` (ZeRO-Offload, when the plan offloads every layer's
+optimizer states).
 
 What the JSON cannot hold is a warning: the pipeline degree and split (set in code with
 ``PipelineModule(num_stages=..., partition_method=...)``), interleaving (DeepSpeed's pipeline
@@ -27,6 +29,8 @@ from typing import Any
 
 from planner.plan_types import Plan
 from planner.export.base import ExportResult, blocks_per_rank, describe_recompute, memory_note
+from planner.export.layouts import number_ranges
+from planner.export.offload import offloaded, optimizer_offload_warning
 from planner.export.quoting import json_text
 from planner.export.retarget import retarget_warning
 
@@ -56,6 +60,8 @@ def export(plan: Plan) -> ExportResult:
         config["zero_optimization"]["mics_shard_size"] = p["dp_shard"]
     if p.get("hpz") and zero == 3:  # ZeRO++ hpZ: the secondary weight partition's ranks
         config["zero_optimization"]["zero_hpz_partition_size"] = p["hpz"]
+    if offloaded(plan, "offload"):
+        _offload(plan, zero, config, warnings)
     if tp > 1:
         config["tensor_parallel"] = {"autotp_size": tp}
     notes = _dp_notes(doc)
@@ -101,15 +107,19 @@ def export(plan: Plan) -> ExportResult:
     return ExportResult("deepspeed", text, tuple(warnings), ".json", tuple(notes))
 
 
-def _ranges(numbers: list[int]) -> str:
-    """'0-2, 5, 7-9' for [0, 1, 2, 5, 7, 8, 9]."""
-    out: list[str] = []
-    for n in numbers:
-        if out and int(out[-1].split("-")[-1]) == n - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{n}"
-        else:
-            out.append(str(n))
-    return ", ".join(out)
+def _offload(plan: Plan, zero: int, config: dict[str, Any], warnings: list[str]) -> None:
+    """Optimizer offload (LayerOption.offload) as ZeRO-Offload: ``offload_optimizer`` moves
+    every parameter's optimizer states and the optimizer step to the host, with ZeRO 1-3; a
+    per-layer subset, or offload under ZeRO-0, has no form in the config."""
+    why = ""
+    if len(offloaded(plan, "offload")) < len(plan.layers):
+        why = ("DeepSpeed's offload_optimizer takes every parameter, not a per-layer subset")
+    elif zero < 1:
+        why = "DeepSpeed's offload_optimizer needs ZeRO stage 1-3; the plan runs ZeRO-0"
+    if why:
+        warnings.append(optimizer_offload_warning(plan, "deepspeed", why))
+    else:
+        config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
 
 
 def _recompute(doc: dict[str, Any], warnings: list[str], notes: list[str]) -> None:
@@ -120,7 +130,7 @@ def _recompute(doc: dict[str, Any], warnings: list[str], notes: list[str]) -> No
     other = sorted({x["recompute"] for x in blocks} - {"none", "full"})
     if full:
         notes.append(f"deepspeed: recomputation is set in model code: wrap blocks "
-                     f"{_ranges(full)} (of 0-{len(blocks) - 1}) in "
+                     f"{number_ranges(full)} (of 0-{len(blocks) - 1}) in "
                      f"deepspeed.checkpointing.checkpoint"
                      + (" (all of them: PipelineModule(activation_checkpoint_interval=1))"
                         if len(full) == len(blocks) else ""))

@@ -14,48 +14,33 @@ from __future__ import annotations
 from planner.plan_types import Plan
 
 
-def layer_tensor_degrees(plan: Plan) -> list[int | None]:
-    """Each layer's tensor degree under its layout (:func:`planner.cost.terms.layout_view`);
-    None where the layout does not divide the plan's mesh."""
-    from planner.cost.context import make_context
-    from planner.cost.terms import layout_view
-    from planner.strategy import Layout
-
-    if all(option.layout is Layout.MESH for option in plan.placement.options):
-        return [plan.config.tp] * len(plan.placement.options)
-    if plan.across_pools:  # stages on pools of other GPUs: the layout's own arithmetic
-        return [option.layout.tensor_degree(plan.config.tp, plan.config.dp)
-                for option in plan.placement.options]
-    ctx = make_context(plan.model, plan.cluster, plan.config, plan.runtime)
-    out: list[int | None] = []
-    for option in plan.placement.options:
-        view = layout_view(ctx, option.layout)
-        out.append(None if view is None else view.tp)
+def _spans(items: list[tuple[object, int | None]]) -> list[tuple[object, int | None, int | None]]:
+    """Run-length grouping: consecutive numbers under one key become one (key, first, last)
+    span; an item without a number is a span of its own."""
+    out: list[tuple[object, int | None, int | None]] = []
+    for key, number in items:
+        last = out[-1] if out else None
+        if (number is not None and last is not None and last[0] == key
+                and last[2] is not None and last[2] == number - 1):
+            out[-1] = (key, last[1], number)
+        else:
+            out.append((key, number, number))
     return out
 
 
-def _runs(names: list[str]) -> str:
+def number_ranges(numbers: list[int]) -> str:
+    """'0-2, 5, 7-9' for [0, 1, 2, 5, 7, 8, 9]."""
+    return ", ".join(f"{first}" if first == last else f"{first}-{last}"
+                     for _, first, last in _spans([(None, n) for n in numbers]))
+
+
+def block_runs(names: list[str]) -> str:
     """``block.0``, ``block.1``, ``block.2``, ``block.5`` -> 'block.0-2, block.5'."""
-    out: list[str] = []
-    start = prev = None
-    prefix = ""
-    for name in names + [None]:  # type: ignore[list-item]
-        number = None
-        if name is not None and name.startswith("block.") and name[6:].isdigit():
-            number = int(name[6:])
-        if number is not None and prev is not None and number == prev + 1:
-            prev = number
-            continue
-        if start is not None:
-            out.append(f"{prefix}{start}" if start == prev else f"{prefix}{start}-{prev}")
-            start = prev = None
-        if name is None:
-            break
-        if number is None:
-            out.append(name)
-        else:
-            prefix, start, prev = "block.", number, number
-    return ", ".join(out)
+    items = [("block.", int(name[6:])) if name.startswith("block.") and name[6:].isdigit()
+             else (name, None) for name in names]
+    return ", ".join(str(key) if first is None else
+                     f"{key}{first}" if first == last else f"{key}{first}-{last}"
+                     for key, first, last in _spans(items))
 
 
 # torchtitan's llama3 module names (torchtitan/models/llama3/model/model.py) and the styles its
@@ -74,7 +59,7 @@ def layouts_warning(plan: Plan, fmt: str) -> str | None:
     layers = plan.layers
     if all(layer.get("layout", "mesh") == "mesh" for layer in layers):
         return None
-    degrees = layer_tensor_degrees(plan)
+    degrees = plan.layer_tensor_degrees()
     tp = plan.config.tp
     off: dict[tuple[str, int | None], list[str]] = {}
     for layer, degree in zip(layers, degrees):
@@ -83,7 +68,7 @@ def layouts_warning(plan: Plan, fmt: str) -> str | None:
             off.setdefault((layout, degree), []).append(layer["name"])
     if not off:
         return None
-    what = "; ".join(f"{layout} (tensor degree {degree}): {_runs(names)}"
+    what = "; ".join(f"{layout} (tensor degree {degree}): {block_runs(names)}"
                      for (layout, degree), names in sorted(off.items(), key=str))
     text = (f"layouts: the plan runs layers on their own tensor x data factoring of the "
             f"stage's {tp} x {plan.config.dp} ranks ({what}); {fmt} takes one "
@@ -92,19 +77,11 @@ def layouts_warning(plan: Plan, fmt: str) -> str | None:
     if fmt == "torchtitan":
         blocks = [i for i, layer in enumerate(layers) if layer["kind"] == "block"]
         number = {i: n for n, i in enumerate(blocks)}
-        groups: list[list] = []  # [kind, degree, first block, last block]
-        for i, (layer, degree) in enumerate(zip(layers, degrees)):
-            if layer.get("layout", "mesh") == "mesh" or degree == tp:
-                continue
-            n = number.get(i, -1)
-            last = groups[-1] if groups else None
-            if last and last[0] == layer["kind"] == "block" and last[1] == degree \
-                    and last[3] == n - 1:
-                last[3] = n
-            else:
-                groups.append([layer["kind"], degree, n, n])
+        groups = _spans([((layer["kind"], degree), number.get(i))
+                         for i, (layer, degree) in enumerate(zip(layers, degrees))
+                         if layer.get("layout", "mesh") != "mesh" and degree != tp])
         rows = []
-        for kind, degree, first, last in groups:
+        for (kind, degree), first, last in groups:
             scope = ""
             if kind == "block":
                 scope = f"layers.{first}." if first == last else f"layers.[{first}-{last}]."
@@ -120,4 +97,4 @@ def layouts_warning(plan: Plan, fmt: str) -> str | None:
     return text
 
 
-__all__ = ["layer_tensor_degrees", "layouts_warning"]
+__all__ = ["block_runs", "layouts_warning", "number_ranges"]

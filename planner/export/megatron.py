@@ -13,7 +13,8 @@ examples/ and tests/functional_tests/ scripts use): parallel sizes, ``--sequence
 num-layers``, ``--pipeline-model-parallel-layout`` (``E`` embedding, ``t`` decoder layer, ``L``
 loss, ``|`` between stages; megatron/core/transformer/pipeline_parallel_layer_layout.py reads
 the stages in VPP-major order), batch sizes, ``--recompute-*``, ``--use-distributed-optimizer``,
-``--overlap-grad-reduce`` / ``--overlap-param-gather``, ``--num-layers``, ``--seq-length``.
+``--overlap-grad-reduce`` / ``--overlap-param-gather``, ``--num-layers``, ``--seq-length``,
+``--cpu-offloading`` / ``--cpu-offloading-num-layers``.
 Also long-standing Megatron-LM arguments.py flags: ``--bf16`` / ``--fp16``, ``--fp8-format``,
 ``--attention-dropout`` / ``--hidden-dropout`` and ``--tp-comm-overlap``.
 
@@ -28,11 +29,15 @@ from __future__ import annotations
 from typing import Any
 
 from planner.cost.recompute_modules import DEFAULT_RECOMPUTE_MODULES
+from planner.ir import LayerKind
 from planner.moe import DEFAULT_A2A_OVERLAP, SYNC_FREE_RANK_CAPACITY
+from planner.offload_rules import megatron_refusals
 from planner.plan_types import Plan
 from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
                                  headline, launch_size, memory_note, recompute_counts)
 from planner.export import recompute_rules as rules
+from planner.export.offload import (activation_offload_warning, offloaded,
+                                    optimizer_offload_warning)
 from planner.export.quoting import bash_array_file, parse_bash_array_file
 from planner.export.retarget import retarget_warning
 
@@ -195,6 +200,54 @@ def _experts(plan: Plan, args: list, warnings: list[str], notes: list[str]) -> N
                         "--moe-ffn-hidden-size; the first MoE layer's are exported")
 
 
+def _optimizer_offload(plan: Plan, doc: dict[str, Any], args: list, warnings: list[str],
+                       notes: list[str]) -> None:
+    """Optimizer offload of every layer (LayerOption.offload) as Megatron-Core's hybrid device
+    optimizer: ``--optimizer-cpu-offload --optimizer-offload-fraction 1.0``, which needs
+    ``--use-precision-aware-optimizer`` (validate_args) and so the distributed optimizer
+    (megatron/core/optimizer/cpu_offloading). Its fraction takes parameters in parameter-group
+    order, not by layer, so a per-layer subset has no exact form."""
+    host = offloaded(plan, "offload")
+    if not host:
+        return
+    if len(host) < len(plan.layers):
+        warnings.append(optimizer_offload_warning(plan, "megatron"))
+        return
+    if doc["parallelism"]["zero_stage"] < 1:
+        warnings.append(optimizer_offload_warning(
+            plan, "megatron", "Megatron-Core's --optimizer-cpu-offload needs the distributed "
+            "optimizer (ZeRO-1), which the plan does not use"))
+        return
+    args += [("--optimizer-cpu-offload",), ("--optimizer-offload-fraction", 1.0),
+             ("--use-precision-aware-optimizer",)]
+    notes.append("megatron: the optimizer step runs on the host (--optimizer-cpu-offload); the "
+                 "plan charges the gradient and weight copies one after the other, so "
+                 "--overlap-cpu-optimizer-d2h-h2d, which overlaps them, runs faster than planned")
+
+
+def _activation_offload(plan: Plan, args: list, warnings: list[str]) -> None:
+    """Per-block activation offload (LayerOption.act_offload) as Megatron-Core's layer-level
+    CPU offload of the first ``--cpu-offloading-num-layers`` decoder layers, where its
+    TransformerConfig accepts it (:func:`planner.offload_rules.megatron_refusals`);
+    ``--fine-grained-activation-offloading`` offloads the inputs of named modules in every
+    layer, which is not the whole-block offload the plan costs."""
+    blocks = [(layer, option) for layer, option in zip(plan.model.layers, plan.placement.options)
+              if layer.kind is LayerKind.BLOCK]
+    offloaded = [option.act_offload for _, option in blocks]
+    if not any(offloaded):
+        return
+    refused = megatron_refusals(plan.config.pp,
+                                [option.recompute.value for option in plan.placement.options],
+                                offloaded, [layer.signature for layer, _ in blocks])
+    if not refused:
+        args += [("--cpu-offloading",), ("--cpu-offloading-num-layers", sum(offloaded))]
+        return
+    warnings.append(activation_offload_warning(
+        plan, "megatron", f"Megatron-Core's --cpu-offloading cannot run it ({'; '.join(refused)}) "
+        f"and --fine-grained-activation-offloading offloads module inputs of every layer, not "
+        f"whole blocks"))
+
+
 def export(plan: Plan) -> ExportResult:
     doc = plan.to_dict()
     p, runtime = doc["parallelism"], doc["runtime"]
@@ -215,6 +268,8 @@ def export(plan: Plan) -> ExportResult:
              ("--micro-batch-size", p["micro_batch"]), ("--global-batch-size", p["global_batch"])]
     _pipeline(doc, args, warnings)
     _recompute(plan, doc, args, warnings, notes)
+    _optimizer_offload(plan, doc, args, warnings, notes)
+    _activation_offload(plan, args, warnings)
     zero = p["zero_stage"]
     if zero >= 1:
         args.append(("--use-distributed-optimizer",))

@@ -132,9 +132,7 @@ def check_supported(plan: Plan, max_processes: int = MAX_PROCESSES) -> None:
 def layer_degrees(plan: Plan) -> list[int]:
     """Each layer's tensor degree under its layout (:class:`planner.strategy.Layout`), as the
     cost model reads it; INVALID_INPUT for a layout that does not divide the mesh."""
-    from planner.export.layouts import layer_tensor_degrees
-
-    out = layer_tensor_degrees(plan)
+    out = plan.layer_tensor_degrees()
     for layer, option, degree in zip(plan.model.layers, plan.placement.options, out):
         if degree is None:
             raise invalid(f"layer {layer.name}: layout {option.layout.value} does not divide "

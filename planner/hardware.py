@@ -22,6 +22,8 @@ from functools import lru_cache
 from types import MappingProxyType
 from typing import Mapping
 
+from planner.hashing import cached_hash, state_without_hash
+
 GIB = 2**30
 GB = 10**9
 
@@ -48,9 +50,12 @@ class Gpu:
     attention_efficiency: float | None = None
 
     def __hash__(self) -> int:  # peak_tflops is a mapping: hash its items (cost caches key on Gpu)
-        return hash((self.name, self.memory_gib, self.hbm_bandwidth_gbytes_per_s,
-                     tuple(sorted(self.peak_tflops.items())), self.num_sms, self.matmul_efficiency,
-                     self.reserve_gib, self.attention_efficiency))
+        return cached_hash(self, lambda g: (
+            g.name, g.memory_gib, g.hbm_bandwidth_gbytes_per_s,
+            tuple(sorted(g.peak_tflops.items())), g.num_sms, g.matmul_efficiency,
+            g.reserve_gib, g.attention_efficiency))
+
+    __getstate__ = state_without_hash
 
     def peak_flops(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype`` (raises KeyError when the GPU has no such unit)."""
@@ -144,9 +149,11 @@ class Cluster:
     # not described, no offload options). Named for its memory: "host" reads as a machine name.
     cpu_memory: HostMemory | None = None
 
-    def __hash__(self) -> int:
-        return hash((self.name, self.gpu, self.gpus_per_node, self.num_nodes, self.tiers,
-                     self.nics_per_node))
+    def __hash__(self) -> int:  # computed once (cost caches key on clusters)
+        return cached_hash(self, lambda c: (c.name, c.gpu, c.gpus_per_node, c.num_nodes,
+                                            c.tiers, c.nics_per_node))
+
+    __getstate__ = state_without_hash
 
     @property
     def num_gpus(self) -> int:

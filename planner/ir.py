@@ -18,6 +18,8 @@ from typing import Iterator
 
 import networkx as nx
 
+from planner.hashing import cached_hash, state_without_hash
+
 
 class LayerKind(str, Enum):
     EMBEDDING = "embedding"  # token (+ position / type) embeddings, embedding norm
@@ -141,6 +143,10 @@ class Layer:
     # Convolutions (ResNet / UNet blocks, a patch-embedding stem), in execution order.
     convs: tuple[Conv, ...] = ()
 
+    # the generated hash's value, computed once (the cost caches key on layers)
+    __hash__ = cached_hash
+    __getstate__ = state_without_hash
+
     @property
     def signature(self) -> tuple:
         """Everything but the name: equal signatures mean identical cost."""
@@ -170,6 +176,9 @@ class ModelGraph:
     tied_embeddings: bool = False
     source: str = ""
     metadata: tuple[tuple[str, str], ...] = field(default=())
+
+    __hash__ = cached_hash  # the generated hash's value, computed once (cost caches key on it)
+    __getstate__ = state_without_hash
 
     @property
     def params(self) -> int:

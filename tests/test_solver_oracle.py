@@ -18,6 +18,7 @@ import math
 import os
 import subprocess
 import sys
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import pytest
@@ -35,7 +36,9 @@ from planner.errors import ErrorKind, PlannerError
 from planner.hardware import GIB, Cluster
 from planner.ir import LayerKind, ModelGraph
 from planner.solve.bruteforce import brute_force, count_placements
+from planner.solve.candidates import config_key
 from planner.solve.headroom import DEFAULT_HEADROOM, NO_HEADROOM, MemoryHeadroom
+from planner.solve.inner import InnerResult
 from planner.solve.search import SearchOptions, search, uniform_placement
 from planner.solve.space import Pins, enumerate_configs
 from planner.strategy import uniform
@@ -192,6 +195,28 @@ def test_solver_matches_brute_force(inst, memory_bound):
     if memory_bound:  # the case exercises the memory constraint, not only the search
         free = oracle(inst.with_memory(1024))
         assert want.step_time_s > free.step_time_s * (1 + 1e-3)
+
+
+def test_unproven_candidates_are_deferred_and_proven_later(monkeypatch):
+    """A candidate whose inner solve proves nothing goes back in the queue by the bound it
+    proved and comes up again under the incumbent found meanwhile: pruned by that bound or
+    solved once more under the cutoff. Simulated: every candidate's first solve returns
+    UNKNOWN with bound 0; the search must still end OPTIMAL at the brute-force optimum, and
+    solve no candidate a third time."""
+    import planner.solve.search as search_module
+    real, calls = search_module.solve_stages, Counter()
+
+    def unproven_first(problem, **kwargs):
+        key = config_key(problem.ctx.config)
+        calls[key] += 1
+        assert calls[key] <= 2
+        if calls[key] == 1:
+            return InnerResult("UNKNOWN", None, math.inf, 0.0, 1e-9, 0.0)
+        return real(problem, **kwargs)
+
+    monkeypatch.setattr(search_module, "solve_stages", unproven_first)
+    assert_same_optimum(dict((c[0], c[1]) for c in CASES)["pp2-uneven-split"])
+    assert 2 in calls.values()  # some candidate was solved again
 
 
 def test_feasibility_cases_are_what_they_say():

@@ -128,6 +128,21 @@ def _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, opti
     return [(rank(ev), config_key(ev.config), ev) for ev in [found.best, *found.alternatives]]
 
 
+def _hint(model, cluster, cand, pins, prof, runtime, limit) -> Evaluation | None:
+    """The inner solve's start: the best uniform plan of this configuration over the mesh
+    layout (a uniform non-mesh layout is rarely the best start and costs an evaluation each);
+    when blocks differ (or an even split does not fit), a balanced uneven split if better."""
+    allowed = pins.block_options(cand.config, prof)
+    hint = uniform_placement(model, cluster, cand.config, runtime,
+                             tuple(o for o in allowed if o.layout is Layout.MESH) or allowed,
+                             limit)
+    if hint is None or len(cand.problem.classes) > 1:
+        split = best_split(cand.problem, limit, runtime)
+        if split is not None and (hint is None or rank(split) < rank(hint)):
+            hint = split
+    return hint
+
+
 def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
            dtype: str = "bf16", pins: Pins = Pins(), options: SearchOptions = SearchOptions(),
            progress: Progress | None = None) -> SearchResult:
@@ -186,6 +201,11 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     queue = [(c.time_lb_s, config_key(c.config), 0, i) for i, c in enumerate(fitting)]
     heapq.heapify(queue)
     popped = 0
+    # A candidate CP-SAT does not prove within its budget goes back in the queue at level 3
+    # by the bound it did prove, with its best plan so far as the hint: by the time it comes
+    # up again the incumbent is better, so it is pruned by that bound or solved once more
+    # under the tighter cutoff (which often proves it at once). It is not retried again.
+    deferred: dict[int, Evaluation | None] = {}
     while queue:
         bound, key, level, index = queue[0]
         cand = fitting[index]
@@ -216,17 +236,10 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         popped += 1
         if math.isfinite(cutoff) and contiguous_split_exceeds(cand.problem, cutoff * (1 + 1e-9)):
             continue  # proven by the integrality of contiguous stages
-        # the hint: the best uniform plan of this configuration over the mesh layout (a
-        # uniform non-mesh layout is rarely the best start and costs an evaluation each)
-        allowed = pins.block_options(cand.config, prof)
-        hint = uniform_placement(model, cluster, cand.config, options.runtime,
-                                 tuple(o for o in allowed if o.layout is Layout.MESH) or allowed,
-                                 limit)
-        if hint is None or len(cand.problem.classes) > 1:
-            # blocks that differ (or an even split that does not fit): a balanced uneven split
-            split = best_split(cand.problem, limit, options.runtime)
-            if split is not None and (hint is None or rank(split) < rank(hint)):
-                hint = split
+        if level == 3:  # a retry: its first solve's best plan is the hint
+            hint = deferred.pop(index)
+        else:
+            hint = _hint(model, cluster, cand, pins, prof, options.runtime, limit)
         # blocks that differ: CP-SAT's relaxation does not see the integrality of stages
         slowest = slowest_stage_lb_s(cand.problem) if len(cand.problem.classes) > 1 else 0.0
         result = solve_stages(
@@ -238,17 +251,22 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         if time.monotonic() >= loop_deadline:  # the wall clock may have cut this solve short
             timed_out = True
         scale = max(scale, result.scale_s)
-        if result.status == "OPTIMAL" or result.status == "INFEASIBLE":
-            optimal += 1
-        else:
-            open_bound = min(open_bound, max(result.bound_s, bound))
         placement = result.placement
         ev = None
         if placement is not None:
             ev = evaluate(model, cluster, cand.config, placement, options.runtime)
         if hint is not None and (ev is None or rank(hint) < rank(ev)):
             ev = hint  # never worse than the uniform plan, whatever the solver's limits
+        if result.status == "OPTIMAL" or result.status == "INFEASIBLE":
+            optimal += 1
+        elif level < 3:
+            deferred[index] = ev
+            heapq.heappush(queue, (max(result.bound_s, bound), key, 3, index))
+        else:
+            open_bound = min(open_bound, max(result.bound_s, bound))
         if ev is not None and ev.fits and ev.peak_memory_bytes <= limit:
+            if level == 3:  # the retry's plan replaces its first one (never worse)
+                kept = [item for item in kept if item[2] is not hint]
             kept.append((rank(ev), config_key(cand.config), ev))
             kept.sort(key=lambda item: (item[0], item[1]))
             del kept[options.top_k:]

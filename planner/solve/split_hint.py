@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 import math
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from planner.cost.terms import LayerTerms, stage_memory
 from planner.solve.costs import StageProblem
@@ -42,21 +42,33 @@ def split_hints(problem: StageProblem, limit_bytes: float) -> Iterator[LayerPlac
         yield placement
 
 
-def _merge(a: LayerTerms | None, b: LayerTerms, n: int = 1) -> LayerTerms:
-    """One record standing for layers ``a`` and ``n`` times ``b`` in ``stage_memory``: the
-    additive terms summed, the two maxima (working set, gather buffer) maximised."""
-    if n == 0:
-        return a
-    if a is None:
-        a, n = b, n - 1
+def _merged(records: Iterable[tuple[LayerTerms, int]]) -> LayerTerms | None:
+    """One record standing for ``n`` times each record in ``stage_memory``: the additive terms
+    summed in order, the two maxima (working set, gather buffer) maximised; the other fields
+    are the first record's (None: no record). One ``replace`` for the whole stage."""
+    first, merged = None, False
+    for b, n in records:
         if n == 0:
-            return a
-    return replace(a, params_bytes=a.params_bytes + n * b.params_bytes,
-                   grads_bytes=a.grads_bytes + n * b.grads_bytes,
-                   optimizer_bytes=a.optimizer_bytes + n * b.optimizer_bytes,
-                   act_stored_bytes=a.act_stored_bytes + n * b.act_stored_bytes,
-                   act_working_bytes=max(a.act_working_bytes, b.act_working_bytes),
-                   gather_buffer_bytes=max(a.gather_buffer_bytes, b.gather_buffer_bytes))
+            continue
+        if first is None:
+            first, n = b, n - 1
+            params, grads, optimizer = b.params_bytes, b.grads_bytes, b.optimizer_bytes
+            stored, working, gather = (b.act_stored_bytes, b.act_working_bytes,
+                                       b.gather_buffer_bytes)
+            if n == 0:
+                continue
+        merged = True
+        params = params + n * b.params_bytes
+        grads = grads + n * b.grads_bytes
+        optimizer = optimizer + n * b.optimizer_bytes
+        stored = stored + n * b.act_stored_bytes
+        working = max(working, b.act_working_bytes)
+        gather = max(gather, b.gather_buffer_bytes)
+    if not merged:
+        return first
+    return replace(first, params_bytes=params, grads_bytes=grads, optimizer_bytes=optimizer,
+                   act_stored_bytes=stored, act_working_bytes=working,
+                   gather_buffer_bytes=gather)
 
 
 class _Stage:
@@ -81,13 +93,9 @@ class _Stage:
         rung = {c: [n] + [0] * (len(self.ladders[c]) - 1) for c, n in counts.items()}
 
         def held() -> LayerTerms | None:
-            out = None
-            for x in fixed:
-                out = _merge(out, x)
-            for c, ns in rung.items():
-                for k, n in enumerate(ns):
-                    out = _merge(out, p.classes[c].costs[self.ladders[c][k]], n)
-            return out
+            return _merged([(x, 1) for x in fixed] +
+                           [(p.classes[c].costs[self.ladders[c][k]], n)
+                            for c, ns in rung.items() for k, n in enumerate(ns)])
 
         def contrib(c: int, k: int) -> tuple[float, float]:
             x = p.classes[c].costs[self.ladders[c][k]]

@@ -21,7 +21,7 @@ from planner import recompute_rules as rules
 from planner.check_report import Problem
 from planner.config import RuntimeOptions
 from planner.ir import LayerKind
-from planner.offload_rules import megatron_refusals
+from planner.offload_rules import offloaded_blocks, plan_refusals
 from planner.plan_types import Plan
 from planner.profiles import RuntimeProfile, profile
 from planner.strategy import Layout
@@ -97,15 +97,12 @@ def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
         listed = ", ".join(f"{k.value} x{n}" for k, n in
                            sorted(layouts.items(), key=lambda item: item[0].value))
         bad(f"per-layer layouts ({listed}): its blocks all use the mesh's degrees")
-    offloaded = [o.act_offload for o in blocks]
-    if any(offloaded) and not prof.activation_offload:
-        bad(f"activation offload ({sum(offloaded)} blocks): it has none")
-    elif any(offloaded):  # Megatron-Core's, the one profile with it (planner.offload_rules)
-        signatures = [layer.signature for layer in plan.model.layers
-                      if layer.kind is LayerKind.BLOCK]
-        for why in megatron_refusals(c.pp, [o.recompute.value for o in plan.placement.options],
-                                     offloaded, signatures):
-            bad(f"this activation offload ({sum(offloaded)} blocks): {why}")
+    offloaded = offloaded_blocks(plan)
+    if offloaded and not prof.activation_offload:
+        bad(f"activation offload ({offloaded} blocks): it has none")
+    elif offloaded:  # Megatron-Core's, the one profile with it (planner.offload_rules)
+        for why in plan_refusals(plan):
+            bad(f"this activation offload ({offloaded} blocks): {why}")
     return out
 
 

@@ -19,7 +19,12 @@ plan as Megatron's first N.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+from planner.ir import LayerKind
+
+if TYPE_CHECKING:
+    from planner.plan_types import Plan
 
 
 def megatron_refusals(pp: int, recompute: Sequence[str], offloaded: Sequence[bool],
@@ -46,4 +51,22 @@ def megatron_refusals(pp: int, recompute: Sequence[str], offloaded: Sequence[boo
     return out
 
 
-__all__ = ["megatron_refusals"]
+def offloaded_blocks(plan: Plan) -> int:
+    """How many blocks of ``plan`` keep their saved activations in host memory."""
+    return sum(option.act_offload for layer, option in zip(plan.model.layers,
+                                                           plan.placement.options)
+               if layer.kind is LayerKind.BLOCK)
+
+
+def plan_refusals(plan: Plan) -> list[str]:
+    """:func:`megatron_refusals` of a plan's placement (empty: no activation offload, or one
+    Megatron-Core runs as ``--cpu-offloading-num-layers offloaded_blocks(plan)``)."""
+    blocks = [(layer, option) for layer, option in zip(plan.model.layers, plan.placement.options)
+              if layer.kind is LayerKind.BLOCK]
+    return megatron_refusals(plan.config.pp,
+                             [option.recompute.value for option in plan.placement.options],
+                             [option.act_offload for _, option in blocks],
+                             [layer.signature for layer, _ in blocks])
+
+
+__all__ = ["megatron_refusals", "offloaded_blocks", "plan_refusals"]

@@ -29,9 +29,8 @@ from __future__ import annotations
 from typing import Any
 
 from planner.cost.recompute_modules import DEFAULT_RECOMPUTE_MODULES
-from planner.ir import LayerKind
 from planner.moe import DEFAULT_A2A_OVERLAP, SYNC_FREE_RANK_CAPACITY
-from planner.offload_rules import megatron_refusals
+from planner.offload_rules import offloaded_blocks, plan_refusals
 from planner.plan_types import Plan
 from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
                                  headline, launch_size, memory_note, recompute_counts)
@@ -228,19 +227,15 @@ def _optimizer_offload(plan: Plan, doc: dict[str, Any], args: list, warnings: li
 def _activation_offload(plan: Plan, args: list, warnings: list[str]) -> None:
     """Per-block activation offload (LayerOption.act_offload) as Megatron-Core's layer-level
     CPU offload of the first ``--cpu-offloading-num-layers`` decoder layers, where its
-    TransformerConfig accepts it (:func:`planner.offload_rules.megatron_refusals`);
+    TransformerConfig accepts it (:func:`planner.offload_rules.plan_refusals`);
     ``--fine-grained-activation-offloading`` offloads the inputs of named modules in every
     layer, which is not the whole-block offload the plan costs."""
-    blocks = [(layer, option) for layer, option in zip(plan.model.layers, plan.placement.options)
-              if layer.kind is LayerKind.BLOCK]
-    offloaded = [option.act_offload for _, option in blocks]
-    if not any(offloaded):
+    offloaded = offloaded_blocks(plan)
+    if not offloaded:
         return
-    refused = megatron_refusals(plan.config.pp,
-                                [option.recompute.value for option in plan.placement.options],
-                                offloaded, [layer.signature for layer, _ in blocks])
+    refused = plan_refusals(plan)
     if not refused:
-        args += [("--cpu-offloading",), ("--cpu-offloading-num-layers", sum(offloaded))]
+        args += [("--cpu-offloading",), ("--cpu-offloading-num-layers", offloaded)]
         return
     warnings.append(activation_offload_warning(
         plan, "megatron", f"Megatron-Core's --cpu-offloading cannot run it ({'; '.join(refused)}) "

@@ -9,6 +9,7 @@ from typing import Any, Iterable
 
 from rich.table import Table
 
+from cli import signals
 from cli.console import console, line, print_error, print_warning, styled
 
 __all__ = ["console", "print_error", "print_rows", "print_model", "print_evaluation",
@@ -27,6 +28,7 @@ def _fmt(value: Any) -> str:
 
 
 def print_rows(title: str, rows: list[dict[str, Any]], columns: Iterable[str]) -> None:
+    signals.act_on_unacted()  # an interrupted command prints none of its result
     columns = list(columns)
     table = Table(title=title)
     for column in columns:
@@ -37,6 +39,7 @@ def print_rows(title: str, rows: list[dict[str, Any]], columns: Iterable[str]) -
 
 
 def print_model(summary: dict[str, Any]) -> None:
+    signals.act_on_unacted()  # an interrupted command prints none of its result
     console.print(line((summary['name'], "bold"),
                        f" ({summary['family']}): {summary['params']:,} parameters, "
                        f"{summary['active_params']:,} active, {summary['num_layers']} blocks, "
@@ -81,6 +84,7 @@ def memory_table(stages: list[dict[str, Any]], capacity_gib: float, title: str) 
 
 
 def print_evaluation(result: dict[str, Any]) -> None:
+    signals.act_on_unacted()  # an interrupted command prints none of its result
     m, c, p, pred = result["model"], result["cluster"], result["parallelism"], result["predicted"]
     console.print(line(
         (m['name'], "bold"), f" on {c['num_gpus']} x {c['gpu']} ({c['name']}): "
@@ -144,6 +148,7 @@ class search_progress:
 
 def print_plan(doc: dict[str, Any], written_to: str | None = None,
                solve_time_s: float | None = None) -> None:
+    signals.act_on_unacted()  # an interrupted command prints none of its result
     print_evaluation(doc)
     s = doc["solver"]
     if solve_time_s is None:
@@ -183,6 +188,7 @@ def print_warnings(warnings: Iterable[str], prefix: str = "warning") -> None:
 
 def print_plan_file(doc: dict[str, Any], path: str) -> None:
     """``shardplan show``: the plan as ``plan`` printed it, plus its inputs and layer split."""
+    signals.act_on_unacted()  # an interrupted command prints none of its result
     inputs = doc["inputs"]
     console.print(line((path, "bold"),
                        f": plan schema_version {doc['schema_version']} for model "
@@ -219,6 +225,7 @@ def print_plan_file(doc: dict[str, Any], path: str) -> None:
 
 def print_check(report: dict[str, Any]) -> None:
     """``shardplan check``: verdict, problems, offending stages by category, remedies."""
+    signals.act_on_unacted()  # an interrupted command prints none of its result
     plan = report.get("plan") or "plan"
     for role in ("model", "cluster"):
         item = report["inputs"][role]

@@ -141,7 +141,9 @@ def policy(final: bool = False) -> Iterator[None]:
         return
     watched = STOP_SIGNALS + ((DEADLINE_SIGNAL,) if DEADLINE_SIGNAL is not None else ())
     previous = {signum: signal.getsignal(signum) for signum in watched}
+    unacted = _state.unacted  # a signal caught in the imports before the command: kept
     _state.reset()
+    _state.unacted = unacted
     install()
     try:
         yield

@@ -287,6 +287,15 @@ def stage_lp_bound(p: StageProblem) -> float:
         kinds[k] = (costs, count + cls.count, ranks)
     counts = [ranks for _, _, ranks in kinds] if v > 1 else None
     per_class = [[] for _ in kinds]
+
+    def row_of(lo: float, hi: float, coefficients) -> None:
+        # a linear constraint lo <= sum coef x <= hi, built by coefficient (the natural API's
+        # expression trees cost most of this bound's time on DeepSeek-V3's 61 x 12 options)
+        row = lp.Constraint(lo, hi)
+        for var, coef in coefficients:
+            row.SetCoefficient(var, coef)
+
+    objective = lp.Objective()
     for i in range(pp):
         f = t.in_flight[i]
         time_expr, mem_expr, opt_expr, blocks = [], [], [], []
@@ -295,32 +304,39 @@ def stage_lp_bound(p: StageProblem) -> float:
             for ri, x in enumerate(costs):
                 n = lp.NumVar(0, count, f"n{i}_{ci}_{ri}")
                 row.append(n)
-                time_expr.append(x.time_s * n)
-                mem_expr.append((x.state_bytes + alpha * f * x.act_stored_bytes) * n)
-                opt_expr.append(x.optimizer_s * n)
+                time_expr.append((n, x.time_s))
+                mem_expr.append((n, x.state_bytes + alpha * f * x.act_stored_bytes))
+                opt_expr.append((n, x.optimizer_s))
             blocks += row
             per_class[ci].append(row)
             if counts is not None:
-                lp.Add(sum(row) == counts[ci][i])
-        lp.Add(sum(blocks) >= 1)
+                row_of(counts[ci][i], counts[ci][i], ((n, 1.0) for n in row))
+        row_of(1.0, inf, ((n, 1.0) for n in blocks))
         for j in fixed_at.get(i, ()):
             choices = p.edge_choices(j)
             ks = [lp.NumVar(0, 1, f"e{j}_{k}") for k in range(len(choices))]
-            lp.Add(sum(ks) == 1)
+            row_of(1.0, 1.0, ((k, 1.0) for k in ks))
             for k, (_, x) in zip(ks, choices):
-                time_expr.append(x.time_s * k)
-                mem_expr.append((x.state_bytes + alpha * f * x.act_stored_bytes) * k)
-                opt_expr.append(x.optimizer_s * k)
+                time_expr.append((k, x.time_s))
+                mem_expr.append((k, x.state_bytes + alpha * f * x.act_stored_bytes))
+                opt_expr.append((k, x.optimizer_s))
         ti = lp.NumVar(0, inf, f"t{i}")
-        lp.Add(ti == sum(time_expr) + t.boundary_s + t.micro_batch_overhead_s)
-        lp.Add(big_t >= ti)
-        lp.Add(o >= sum(opt_expr))
-        lp.Add(sum(mem_expr) <= room)
+        # t_i = sum time_s + boundary + micro-batch overhead
+        const = t.boundary_s + t.micro_batch_overhead_s
+        row_of(const, const, [(ti, 1.0)] + [(var, -c) for var, c in time_expr])
+        row_of(0.0, inf, ((big_t, 1.0), (ti, -1.0)))  # T >= t_i
+        row_of(0.0, inf, [(o, 1.0)] + [(var, -c) for var, c in opt_expr])  # o >= optimizer
+        row_of(-inf, room, mem_expr)
         stage_time.append(ti)
     if counts is None:
         for ci, (_, count, _) in enumerate(kinds):
-            lp.Add(sum(n for row in per_class[ci] for n in row) == count)
-    lp.Minimize(((m * v - 1) * big_t + sum(stage_time)) * (1.0 / v) + o)
+            row_of(count, count, ((n, 1.0) for row in per_class[ci] for n in row))
+    # ((m v - 1) T + sum_i t_i) / v + o
+    objective.SetCoefficient(big_t, (m * v - 1) * (1.0 / v))
+    for ti in stage_time:
+        objective.SetCoefficient(ti, 1.0 / v)
+    objective.SetCoefficient(o, 1.0)
+    objective.SetMinimization()
     status = lp.Solve()
     if status == pywraplp.Solver.INFEASIBLE:
         return float("inf")
@@ -366,11 +382,12 @@ def slowest_stage_lb_s(p: StageProblem) -> float:
     lo = 0.0
     hi = (p.class_sum("time_s", max)
           + p.fixed_extreme("time_s", max) + t.boundary_s + t.micro_batch_overhead_s)
-    if not _split_reaches(p, hi):
+    seen: dict = {}  # g_i of a stage's blocks does not depend on the target: shared
+    if not _split_reaches(p, hi, seen):
         return float("inf")
     for _ in range(40):
         mid = (lo + hi) / 2
-        if _split_reaches(p, mid):
+        if _split_reaches(p, mid, seen):
             hi = mid
         else:
             lo = mid
@@ -410,7 +427,7 @@ def _stage_time_lb(p: StageProblem, i: int, groups) -> float:
          for n, costs in groups], room)
 
 
-def _split_reaches(p: StageProblem, target_s: float) -> bool:
+def _split_reaches(p: StageProblem, target_s: float, seen: dict | None = None) -> bool:
     """Some contiguous split (>= 1 block per stage) has every stage's g_i <= ``target_s``.
 
     Greedy fill: each stage takes the longest run of the remaining blocks with
@@ -421,13 +438,18 @@ def _split_reaches(p: StageProblem, target_s: float) -> bool:
     pp, L = t.pp, p.num_blocks
     fixed = {0: list(p.pre), pp - 1: list(p.post)} if pp > 1 else {0: list(p.pre + p.post)}
 
+    seen = {} if seen is None else seen  # (stage, first block, end) -> g_i
+
     def g(i: int, edge: list, start: int, end: int) -> float:
+        if (i, start, end) in seen:
+            return seen[i, start, end]
         groups = list(edge)
         for cls in p.classes:
             n = min(end, cls.first_block + cls.count) - max(start, cls.first_block)
             if n > 0:
                 groups.append((n, cls.costs))
-        return _stage_time_lb(p, i, groups)
+        seen[i, start, end] = value = _stage_time_lb(p, i, groups)
+        return value
 
     start = 0
     for i in range(pp):

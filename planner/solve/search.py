@@ -143,6 +143,19 @@ def _hint(model, cluster, cand, pins, prof, runtime, limit) -> Evaluation | None
     return hint
 
 
+def _keep(kept: list, ev: Evaluation | None, replaces: Evaluation | None, top_k: int,
+          limit: float) -> list:
+    """``kept`` (the best ``top_k`` plans, by rank then configuration) with ``ev`` added when it
+    fits the memory limit, and ``replaces`` (the plan ``ev`` improves on: its configuration's
+    hint) dropped."""
+    if ev is None or not ev.fits or ev.peak_memory_bytes > limit:
+        return kept
+    kept = [item for item in kept if item[2] is not replaces] if replaces is not None else kept
+    kept.append((rank(ev), config_key(ev.config), ev))
+    kept.sort(key=lambda item: (item[0], item[1]))
+    return kept[:top_k]
+
+
 def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
            dtype: str = "bf16", pins: Pins = Pins(), options: SearchOptions = SearchOptions(),
            progress: Progress | None = None) -> SearchResult:
@@ -200,46 +213,61 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     # computed only for the few candidates that come up.
     queue = [(c.time_lb_s, config_key(c.config), 0, i) for i, c in enumerate(fitting)]
     heapq.heapify(queue)
+    # Hinted candidates, waiting to be solved by their final bound. Before any candidate is
+    # solved, every candidate whose bound is within the cutoff is bounded and hinted (its
+    # uniform plan, the solve's start, evaluated): the best of these plans is an incumbent
+    # before the first CP-SAT solve, so no solve runs without a cutoff or under a loose one.
+    # The candidates that must be solved are the same (each whose bound is within the best
+    # plan's step time); only their order and the cutoffs they are solved under change.
+    ready: list[tuple[float, tuple, int, int]] = []
     popped = 0
     # A candidate CP-SAT does not prove within its budget goes back in the queue at level 3
     # by the bound it did prove, with its best plan so far as the hint: by the time it comes
     # up again the incumbent is better, so it is pruned by that bound or solved once more
     # under the tighter cutoff (which often proves it at once). It is not retried again.
-    deferred: dict[int, Evaluation | None] = {}
-    while queue:
-        bound, key, level, index = queue[0]
-        cand = fitting[index]
+    hints: dict[int, Evaluation | None] = {}
+    while queue or ready:
         cutoff = kept[-1][0][0] if len(kept) >= options.top_k else math.inf
+        sweep = bool(queue) and queue[0][0] <= cutoff * (1 + 1e-9)
+        bound, key, level, index = queue[0] if sweep else ready[0] if ready else queue[0]
         if bound > cutoff * (1 + 1e-9):
             break  # every remaining candidate's bound is above the k-th best (a tie may win
             # on memory, so a bound equal to it is still solved)
         remaining = loop_deadline - time.monotonic()
         if remaining <= 0:
             timed_out = True
-            open_bound = min(open_bound, bound)
+            open_bound = min(open_bound, *(q[0][0] for q in (queue, ready) if q))
             break
+        cand = fitting[index]
+        if sweep:
+            heapq.heappop(queue)
+            if level < 2:
+                finer = cand.fit_lb_s if level == 0 else stage_lp_bound(cand.problem)
+                bound = max(bound, finer)
+                if math.isinf(bound):
+                    continue  # no placement of it fits, even fractionally
+                if level == 0 or (queue and bound > queue[0][0]):
+                    heapq.heappush(queue, (bound, key, level + 1, index))
+                    continue
+                if bound > cutoff * (1 + 1e-9):
+                    continue  # proven by the LP: no fitting placement reaches the k-th best
+            if math.isfinite(cutoff) and \
+                    contiguous_split_exceeds(cand.problem, cutoff * (1 + 1e-9)):
+                continue  # proven by the integrality of contiguous stages
+            hint = hints[index] = _hint(model, cluster, cand, pins, prof, options.runtime,
+                                        limit)
+            kept = _keep(kept, hint, None, options.top_k, limit)
+            heapq.heappush(ready, (bound, key, 2, index))
+            continue
         if work_limit is not None and evaluated >= work_limit:
             out_of_work = True
-            open_bound = min(open_bound, bound)
+            open_bound = min(open_bound, *(q[0][0] for q in (queue, ready) if q))
             break
-        heapq.heappop(queue)
-        if level < 2:
-            finer = cand.fit_lb_s if level == 0 else stage_lp_bound(cand.problem)
-            bound = max(bound, finer)
-            if math.isinf(bound):
-                continue  # no placement of it fits, even fractionally
-            if level == 0 or (queue and bound > queue[0][0]):
-                heapq.heappush(queue, (bound, key, level + 1, index))
-                continue
-            if bound > cutoff * (1 + 1e-9):
-                continue  # proven by the LP: no fitting placement reaches the k-th best
+        heapq.heappop(ready)
         popped += 1
         if math.isfinite(cutoff) and contiguous_split_exceeds(cand.problem, cutoff * (1 + 1e-9)):
             continue  # proven by the integrality of contiguous stages
-        if level == 3:  # a retry: its first solve's best plan is the hint
-            hint = deferred.pop(index)
-        else:
-            hint = _hint(model, cluster, cand, pins, prof, options.runtime, limit)
+        hint = hints.pop(index)  # the uniform plan, or a retry's first best plan
         # blocks that differ: CP-SAT's relaxation does not see the integrality of stages
         slowest = slowest_stage_lb_s(cand.problem) if len(cand.problem.classes) > 1 else 0.0
         result = solve_stages(
@@ -260,16 +288,11 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         if result.status == "OPTIMAL" or result.status == "INFEASIBLE":
             optimal += 1
         elif level < 3:
-            deferred[index] = ev
-            heapq.heappush(queue, (max(result.bound_s, bound), key, 3, index))
+            hints[index] = ev
+            heapq.heappush(ready, (max(result.bound_s, bound), key, 3, index))
         else:
             open_bound = min(open_bound, max(result.bound_s, bound))
-        if ev is not None and ev.fits and ev.peak_memory_bytes <= limit:
-            if level == 3:  # the retry's plan replaces its first one (never worse)
-                kept = [item for item in kept if item[2] is not hint]
-            kept.append((rank(ev), config_key(cand.config), ev))
-            kept.sort(key=lambda item: (item[0], item[1]))
-            del kept[options.top_k:]
+        kept = _keep(kept, ev, hint, options.top_k, limit)
         if progress is not None:
             progress(popped, len(fitting), kept[0][0][0] if kept else math.inf,
                      min(bound, open_bound))

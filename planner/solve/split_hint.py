@@ -142,6 +142,13 @@ def _balanced(problem: StageProblem, limit: float) -> LayerPlacement | None:
     L = len(cls_of)
     pre = [problem.edge_choices(j)[0][1] for j in problem.pre]
     post = [problem.edge_choices(j)[0][1] for j in problem.post]
+    seen: dict[tuple, tuple[float, dict] | None] = {}  # a stage's best mix is the target's
+
+    def best_at(i: int, counts: dict[int, int], fixed: list) -> tuple[float, dict] | None:
+        key = (i, tuple(sorted(counts.items())))
+        if key not in seen:
+            seen[key] = stage.best(i, counts, fixed)
+        return seen[key]
 
     def fill(target: float) -> list[dict] | None:
         """Per stage the option mix of its blocks, or None when the target or the memory limit
@@ -155,7 +162,7 @@ def _balanced(problem: StageProblem, limit: float) -> LayerPlacement | None:
             last = L if i == pp - 1 else L - (pp - 1 - i)
             while end < last:
                 counts[cls_of[end]] = counts.get(cls_of[end], 0) + 1
-                trial = stage.best(i, counts, fixed)
+                trial = best_at(i, counts, fixed)
                 if i < pp - 1 and got is not None and (trial is None or trial[0] > target):
                     counts[cls_of[end]] -= 1
                     break

@@ -228,7 +228,10 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     hints: dict[int, Evaluation | None] = {}
     while queue or ready:
         cutoff = kept[-1][0][0] if len(kept) >= options.top_k else math.inf
-        sweep = bool(queue) and queue[0][0] <= cutoff * (1 + 1e-9)
+        # (while fewer than k plans are known, at most k candidates wait hinted: should
+        # their start plans not fit, they are solved without a cutoff, as before the sweep)
+        sweep = bool(queue) and queue[0][0] <= cutoff * (1 + 1e-9) and \
+            (math.isfinite(cutoff) or len(ready) < options.top_k)
         bound, key, level, index = queue[0] if sweep else ready[0] if ready else queue[0]
         if bound > cutoff * (1 + 1e-9):
             break  # every remaining candidate's bound is above the k-th best (a tie may win

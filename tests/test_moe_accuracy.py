@@ -87,6 +87,17 @@ def test_full_iteration_cuda_graphs_follow_the_recipes():
         entries["mbridge-26.08-DeepSeek-V3-GB200-256gpu-mxfp8"]) == ("mla_up_proj",)
 
 
+def test_fp8_attention_follows_the_recipes(result):
+    """Only the DeepSeek-V3 GB300 MXFP8 recipe runs FP8 attention
+    (``fp8_dot_product_attention=True``); with it that run is within 10 % (+20.7 % without)."""
+    entries = {e["id"]: e for e in moe_accuracy.entries()}
+    on = [i for i, e in entries.items() if moe_accuracy.fp8_attention_of(e)]
+    assert on == ["mbridge-26.08-DeepSeek-V3-GB300-256gpu-mxfp8"]
+    assert moe_accuracy.options_of(entries[on[0]]).fp8_attention
+    row = {r.id: r for r in result[0]}[on[0]]
+    assert abs(row.time_error) < 0.10
+
+
 def test_ep_comm_overlap_follows_the_recipes(result):
     """Megatron-Bridge recipes with moe_a2a_overlap=True hide EP_COMM_OVERLAP of the
     all-to-all: Qwen3 H100 25.11-26.02.01, DeepSeek-V3 B200 ep32 from 26.04.01, the MXFP8

@@ -18,7 +18,9 @@ from planner.cost.model import evaluate
 from planner.export import export_plan
 from planner.export.megatron import parse_args_file
 from planner.ir import LayerKind
+from planner.errors import PlannerError
 from planner.plan import dumps, make_plan
+from planner.plan_io import validate_plan
 from planner.plan_types import Plan
 from planner.profiles import profile
 from planner.strategy import uniform
@@ -69,6 +71,11 @@ def test_a_step_with_fp8_attention_is_faster_and_the_plan_records_it():
     assert fast.document["predicted"]["step_time_s"] < plain.document["predicted"]["step_time_s"]
     assert fast.runtime.fp8_attention and "fp8_attention" not in plain.document["runtime"]
     assert fast.document["runtime"]["fp8_attention"] is True
+    validate_plan(json.loads(dumps(dict(fast.document))))  # planner/plan_schema.json has it
+    bad = json.loads(dumps(dict(fast.document)))
+    bad["runtime"]["fp8_attention"] = "yes"
+    with pytest.raises(PlannerError):
+        validate_plan(bad)
 
 
 def test_megatron_exports_it_and_the_reference_parser_reads_it_back():

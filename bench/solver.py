@@ -194,7 +194,9 @@ def render(rows: list[Row]) -> str:
         "Solver: default `SearchOptions` (1 CP-SAT worker, seed 0, 60 s limit, 5 s deterministic",
         "time per configuration; a configuration not proven within it goes back in the queue by",
         "the bound it proved and is pruned by that bound or solved once more under the later,",
-        "tighter cutoff). Sequence length: the preset's (GPT-3 2,048, Llama-3.1 8,192).",
+        "tighter cutoff; no configuration is solved before every candidate whose bound is within",
+        "the best start plan so far has had its start plan evaluated, so each solve runs under a",
+        "cutoff). Sequence length: the preset's (GPT-3 2,048, Llama-3.1 8,192).",
         "Precision bf16, Megatron runtime, flash attention. Memory: the default headroom",
         f"({DEFAULT_HEADROOM.describe()} of each GPU kept free, `--memory-headroom`); among plans "
         "of equal step time",

@@ -200,8 +200,8 @@ MISSES = """\
   the pipeline depth, more steeply at higher tp: what scales so is a fixed cost per stage and
   micro-batch (micro-batches per step = GBS tp pp / (384 mbs)), which the model charges only
   as the boundary transfers (1.5 % of the step at tp 8 pp 12) and the last stage's head. The
-  fit already holds ``microbatch_overhead_s`` at its lower bound 0: the data want less cost per
-  micro-batch than the terms give, not more. Diagnostics (predictions adjusted, no re-fit, not
+  fit keeps ``microbatch_overhead_s`` at 0 (its prior and lower bound): more cost per
+  micro-batch does not help. Diagnostics (predictions adjusted, no re-fit, not
   shipped): the once-per-step data-parallel sync x 2 orders 349/388, x 3 357/388, but the
   Omni-Path links (4 x 100 Gb/s per node at 0.9) are what the README publishes and no source
   was found for DeepSpeed's ZeRO-1 reduction (``average_tensor``'s per-owner ``dist.reduce``,

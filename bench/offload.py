@@ -14,8 +14,12 @@ against recomputation and pipeline depth), Llama-3.1-8B on one DGX H100 (memory 
 offload must not be chosen).
 
 ``--activations`` cases (Megatron-Core runtime, memory-bound at long-ish sequences): Llama-3.1-70B
-on 4 DGX H100 (PCIe Gen5 host links), Llama-3.1-405B on one GB200 NVL72 (NVLink-C2C), and
-Llama-3.1-8B on one DGX H100 (memory does not bind: nothing offloaded).
+on 4 DGX H100 (PCIe Gen5 host links), Llama-3.1-405B on one GB200 NVL72 (NVLink-C2C),
+Llama-3.1-8B on one DGX H100 (memory does not bind: nothing offloaded), and Llama-3.1-70B on 64
+GB200 with ``--pin zero=3`` (Megatron FSDP: the shape of Megatron-Bridge's GB200 recipe, which
+sets ``cpu_offloading_num_layers``). The search keeps to Megatron-Core's rule
+(planner/offload_rules.py: pp 1, no recomputation, the first N < L blocks); the last column
+checks each plan against it (``placement_refusals``).
 """
 from __future__ import annotations
 
@@ -28,9 +32,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from clusters import load_cluster  # noqa: E402
+from clusters.calibration_runs import cluster_for_gpus  # noqa: E402
 from models import load_model  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.hardware import GIB  # noqa: E402
+from planner.offload_rules import placement_refusals  # noqa: E402
 from planner.solve.search import SearchOptions, search  # noqa: E402
 from planner.solve.space import Pins  # noqa: E402
 
@@ -40,18 +46,25 @@ CASES = [
     ("llama-3.1-8b", "dgx-h100", 1, 128, 8192),
 ]
 
+# (model, cluster, nodes, batch, seq[, GPUs (a part of the nodes), pins])
 ACT_CASES = [
     ("llama-3.1-70b", "dgx-h100", 4, 64, 8192),
     ("llama-3.1-405b", "dgx-gb200-nvl72", 1, 64, 8192),
     ("llama-3.1-8b", "dgx-h100", 1, 64, 8192),
+    ("llama-3.1-70b", "dgx-gb200-nvl72", 1, 256, 8192, 64, {"zero": 3}),
 ]
 
 
 def run(case, time_limit: float, kind: str = "optimizer") -> dict:
-    name, cluster_name, nodes, batch, seq = case
+    name, cluster_name, nodes, batch, seq, gpus, pinned = (tuple(case) + (None, {}))[:7]
     model, cluster = load_model(name), load_cluster(cluster_name, nodes=nodes)
-    out = {"model": name, "cluster": f"{cluster_name} x{nodes}", "batch": batch, "seq": seq}
-    for key, pins in (("gpu", Pins()), ("offload", Pins(offload=kind))):
+    where = f"{cluster_name} x{nodes}"
+    if gpus is not None:
+        cluster, where = cluster_for_gpus(cluster, gpus), f"{gpus} GPUs of {cluster_name}"
+    if pinned:
+        where += " (" + ", ".join(f"--pin {k}={v}" for k, v in pinned.items()) + ")"
+    out = {"model": name, "cluster": where, "batch": batch, "seq": seq}
+    for key, pins in (("gpu", Pins(**pinned)), ("offload", Pins(offload=kind, **pinned))):
         start = time.process_time()
         try:
             result = search(model, cluster, batch, seq, pins=pins,
@@ -71,6 +84,8 @@ def run(case, time_limit: float, kind: str = "optimizer") -> dict:
                                       for o in best.placement.options)
         out[f"{key}_host_gib"] = max(s.host_bytes for s in best.stages) / GIB
         out[f"{key}_recomputed"] = sum(o.recompute.value != "none" for o in best.placement.options)
+        out[f"{key}_megatron"] = "yes" if not placement_refusals(model, c.pp, best.placement) \
+            else "no"
     return out
 
 
@@ -82,8 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     kind = "activations" if args.activations else "optimizer"
     print("| model | cluster | batch x seq | GPU only s (mesh, recomputed layers) | with offload s "
-          "(mesh, recomputed, offloaded layers, host GiB per GPU) | cpu s GPU / offload |")
-    print("|---|---|---|---|---|---|")
+          "(mesh, recomputed, offloaded layers, host GiB per GPU) | cpu s GPU / offload |"
+          + (" Megatron runs it |" if args.activations else ""))
+    print("|---|---|---|---|---|---|" + ("---|" if args.activations else ""))
     for case in ACT_CASES if args.activations else CASES:
         r = run(case, args.time_limit, kind)
 
@@ -96,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                     f"{extra}) {r.get(f'{key}_status', '')}")
 
         print(f"| {r['model']} | {r['cluster']} | {r['batch']} x {r['seq']} | {cell('gpu')} | "
-              f"{cell('offload')} | {r['gpu_cpu_s']:.1f} / {r['offload_cpu_s']:.1f} |", flush=True)
+              f"{cell('offload')} | {r['gpu_cpu_s']:.1f} / {r['offload_cpu_s']:.1f} |"
+              + (f" {r.get('offload_megatron', '')} |" if args.activations else ""), flush=True)
     return 0
 
 

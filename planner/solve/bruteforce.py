@@ -16,7 +16,10 @@ What is enumerated (the solver's space, nothing else):
   allow (``Pins.block_options``: the mesh layout with none / selective / full recomputation)
   whose recomputation the runtime's rule expresses exactly
   (:func:`planner.recompute_rules.settings_of`: Megatron's first N blocks of every chunk,
-  torchtitan's one setting for all blocks);
+  torchtitan's one setting for all blocks) and whose activation offload Megatron-Core runs
+  (:func:`planner.offload_rules.allows`: pp 1, no recomputation anywhere, the first N < L
+  blocks per class; :func:`planner.offload_rules.searchable` drops the options no placement of
+  the configuration may use);
 * non-block layers on the stages of :func:`planner.strategy.default_placement` (the embedding
   on stage 0, the other non-block layers (head) on the last stage), with every option
   :func:`planner.strategy.edge_options` gives them (``NO_OPTION`` only, unless per-layer
@@ -42,6 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from planner import offload_rules
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.context import make_context
 from planner.cost.model import Evaluation, evaluate
@@ -212,14 +216,26 @@ def _consistent(classes: Sequence[int], rec: Sequence[LayerOption]) -> bool:
     return all(seen.setdefault(c, r.layout) is r.layout for c, r in zip(classes, rec))
 
 
-def _rule_filter(rule: str, stages: Sequence[int], allowed: Sequence[LayerOption]):
+def _rule_filter(rule: str, stages: Sequence[int], allowed: Sequence[LayerOption],
+                 signatures: Sequence = ()):
     """Whether per-block options ``rec`` recompute as the runtime's rule can on this split
-    (:func:`planner.recompute_rules.settings_of`, the rule's settings)."""
+    (:func:`planner.recompute_rules.settings_of`, the rule's settings) and offload activations
+    as Megatron-Core can (:func:`planner.offload_rules.allows`; ``signatures``: each block's
+    layer signature)."""
     vectors = settings_of(rule, chunk_runs(stages), {o.recompute.value for o in allowed})
-    if vectors is None:
-        return lambda rec: True
-    ok = set(vectors)
-    return lambda rec: tuple(r.recompute.value for r in rec) in ok
+    ok = None if vectors is None else set(vectors)
+    pp = max(stages, default=0) + 1
+    if not any(o.act_offload for o in allowed):
+        if ok is None:
+            return lambda rec: True
+        return lambda rec: tuple(r.recompute.value for r in rec) in ok
+
+    def ruled(rec) -> bool:
+        settings = tuple(r.recompute.value for r in rec)
+        if ok is not None and settings not in ok:
+            return False
+        return offload_rules.allows(pp, settings, [r.act_offload for r in rec], signatures)
+    return ruled
 
 
 def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
@@ -229,6 +245,7 @@ def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
     ctx = make_context(model, cluster, config, runtime)
     blocks = [layer for layer in model.layers if layer.kind is LayerKind.BLOCK]
     classes = _block_classes(model)
+    signatures = [layer.signature for layer in blocks]
     per_block = [[o for o in allowed if option_valid(ctx, layer, o)] for layer in blocks]
     head = head_stage(config)
     rule = runtime_profile(runtime.profile).recompute_rule
@@ -236,7 +253,7 @@ def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
             _edge_assignments(model, ctx, allowed),
             list(_splits(model.num_blocks, config.pp, config.virtual_stages,
                          config.schedule_spec.placement))):
-        ruled = _rule_filter(rule, stages, allowed)
+        ruled = _rule_filter(rule, stages, allowed, signatures)
         for rec in itertools.product(*per_block):
             if not _consistent(classes, rec) or not ruled(rec):
                 continue
@@ -283,6 +300,7 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
     valid = {b: [o for o in allowed if option_valid(ctx, layers[i], o)]
              for b, i in enumerate(block_index)}
     block_of = {i: b for b, i in enumerate(block_index)}  # layer index -> block number
+    signatures = [layers[i].signature for i in block_index]
 
     def layer(i: int, option: LayerOption) -> LayerTerms:
         key = (i, option)
@@ -329,7 +347,7 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
     num_blocks = model.num_blocks
     for stages in _splits(num_blocks, pp, v, config.schedule_spec.placement):
         n += _space_size(rule, stages, allowed)
-        ruled = _rule_filter(rule, stages, allowed)
+        ruled = _rule_filter(rule, stages, allowed, signatures)
         members = [tuple(b for b, s in enumerate(stages) if s == i) for i in range(pp)]
         vectors = settings_of(rule, chunk_runs(stages), values)
         keep = [None if vectors is None else frozenset(tuple(vec[b] for b in members[i])

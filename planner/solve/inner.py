@@ -30,7 +30,8 @@ across pools, :mod:`planner.hetero.ilp`):
   (O) optimizer step  o >= sum of optimizer_s terms per stage
 and here (R) the per-class layouts and their resharding edges, and (C) the runtime's recompute
 rule on the counts n (Megatron's first N blocks of every chunk, torchtitan's one setting for all
-blocks: :mod:`planner.solve.recompute_model`).
+blocks: :mod:`planner.solve.recompute_model`), and (A) Megatron's activation-offload rule (pp 1,
+no recomputation, the first N blocks: :mod:`planner.solve.offload_model`).
 Objective (``step_time``, times v to stay integer): (m v - 1) T + sum_i t[i] + v (d + o); a
 zero-bubble schedule (planner.cost.pipeline): m v T + beta + v (d + o) with beta >= 0 and,
 for each of its pieces, beta >= x (sum_i t[i] - T) + y sum_i b[i] + z sum_i w[i].
@@ -49,6 +50,7 @@ from ortools.sat.python import cp_model
 from planner import cpsat
 from planner.cost.terms import pipeline_excess
 from planner.solve.costs import StageProblem
+from planner.solve.offload_model import add_offload_rule
 from planner.solve.recompute_model import add_rule, rule_of
 from planner.solve.stage_model import StageModel, blocks_in, decode_placement
 from planner.strategy import LayerPlacement, interleaved_rank
@@ -155,6 +157,9 @@ class _Builder:
         # the runtime's recompute rule (planner/recompute_rules.py, solve/recompute_model.py)
         add_rule(M, rule_of(P), P.classes, L, pp, v, self.x, self.n,
                  None if single and v == 1 else b)
+        # Megatron-Core's activation-offload rule (planner/offload_rules.py, offload_model.py)
+        add_offload_rule(M, P.classes, [self.ctx.model.layers[cls.start].signature
+                                        for cls in P.classes], L, pp, self.n)
         if not single and v == 1:
             # redundant cut: the stages hold every block (the min/max of blocks_in relax weakly)
             for ci, cls in enumerate(P.classes):

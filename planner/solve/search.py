@@ -20,6 +20,7 @@ from typing import Callable
 
 import ortools
 
+from planner import offload_rules
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError, invalid
@@ -100,9 +101,11 @@ def uniform_placement(model: ModelGraph, cluster: Cluster, config: ParallelConfi
     limit = cluster.memory_bytes_per_gpu if memory_limit_bytes is None else memory_limit_bytes
     best = None
     for option in allowed:
+        placement = default_placement(model, config, option)
+        if option.act_offload and offload_rules.placement_refusals(model, config.pp, placement):
+            continue  # every block's activations offloaded: Megatron-Core refuses it
         try:
-            ev = evaluate(model, cluster, config, default_placement(model, config, option),
-                          runtime)
+            ev = evaluate(model, cluster, config, placement, runtime)
         except ValueError:  # a per-layer layout this mesh or some block cannot take
             continue
         if ev.fits and ev.peak_memory_bytes <= limit and (best is None or rank(ev) < rank(best)):

@@ -38,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Iterator, Mapping
 
+from planner import offload_rules
 from planner.config import ParallelConfig
 from planner.errors import PlannerError, invalid
 from planner.cost.pipeline import SCHEDULES, default_schedule
@@ -147,11 +148,14 @@ class Pins:
         offload = (False, True) if self.offload in ("optimizer", "both") else (False,)
         act = (False, True) if self.offload in ("activations", "both") else (False,)
         if self.layouts == "per-layer":
-            return block_options(allowed, per_layer_layouts(config), offload, act)
-        if len(offload) > 1 or len(act) > 1:
+            options = block_options(allowed, per_layer_layouts(config), offload, act)
+        elif len(offload) > 1 or len(act) > 1:
             layouts = dict.fromkeys(o.layout for o in block_options_for(config, allowed))
-            return block_options(allowed, layouts, offload, act)
-        return block_options_for(config, allowed)
+            options = block_options(allowed, layouts, offload, act)
+        else:
+            return block_options_for(config, allowed)
+        # activation offload only as Megatron-Core runs it (planner/offload_rules.py)
+        return offload_rules.searchable(options, config.pp if config is not None else None)
 
     def check_runtime(self, runtime) -> None:
         """Refuse pins the runtime profile cannot run (before any search)."""

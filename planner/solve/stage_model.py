@@ -372,7 +372,8 @@ def decode_placement(problem: StageProblem, pp: int, x: Callable[[int, int], int
                      placement: str = "loop") -> LayerPlacement:
     """The LayerPlacement of a solution: ``x(i, c)`` blocks of class c in stage i (contiguous,
     in stage order; interleaved chunks when ``virtual_stages > 1``), ``n(i, c, r)`` of them with
-    option r (the heaviest recomputation first: any order in a stage costs the same);
+    option r (the heaviest recomputation first, then the activation-offloading blocks, as
+Megatron-Core offloads the first N layers: any order in a stage costs the same);
     ``edge_option(j)``: the option of non-block layer j (default: NO_OPTION)."""
     layers = problem.ctx.model.layers
     stage, options = [0] * len(layers), [NO_OPTION] * len(layers)
@@ -389,7 +390,8 @@ def decode_placement(problem: StageProblem, pp: int, x: Callable[[int, int], int
                 done += len(mine)
             chosen = [cls.options[ri]
                       for ri in sorted(range(len(cls.options)),
-                                       key=lambda r: -cls.options[r].memory_rank)
+                                       key=lambda r: (-cls.options[r].memory_rank,
+                                                      not cls.options[r].act_offload))
                       for _ in range(n(i, ci, ri))]
             for blk, option in zip(mine, chosen):
                 index = cls.start + (blk - cls.first_block)

@@ -42,9 +42,12 @@ from models.native import build_native  # noqa: E402
 from planner.hardware import Cluster  # noqa: E402
 from planner.ir import ModelGraph  # noqa: E402
 from planner.serve.client import BenchmarkClient  # noqa: E402
-from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig  # noqa: E402
+from planner.serve.workload import (ServingConfig, ServingWorkload, WorkerConfig,  # noqa: E402
+                                    parse_speculative)
 
 DATA = ROOT / "bench" / "data" / "inference_runs.yaml"
+# published deployment facts of rows whose source leaves them out (InferenceX configs/recipes)
+DEPLOYMENTS = ROOT / "bench" / "data" / "inferencex_deployments.yaml"
 # GPU name in the entry -> (cluster preset, GPU preset it is closest to)
 GPU_PRESETS = (("GB300", "dgx-b200"), ("GB200", "dgx-b200"), ("B300", "dgx-b200"),
                ("B200", "dgx-b200"), ("H200", "dgx-h200"), ("H100", "dgx-h100"))
@@ -73,8 +76,40 @@ def _document() -> dict:
     return yaml.safe_load(DATA.read_text())
 
 
+@lru_cache(maxsize=1)
+def deployments() -> dict[str, dict]:
+    """``bench/data/inferencex_deployments.yaml``: per entry id, the facts its published run
+    states (speculative decoding, worker counts and layouts, decode batch cap), each with its
+    source."""
+    return dict(yaml.safe_load(DEPLOYMENTS.read_text())["rows"])
+
+
+def published(entry: dict) -> dict:
+    """The entry with the facts of its published run (:func:`deployments`) in place of the
+    fields its calibration row left unknown or defaulted: ``serving.speculative_decoding``,
+    ``serving.max_batch_size`` / ``max_num_tokens``, the prefill / decode workers and degrees, and the GPU count
+    they imply. An entry without such facts is returned unchanged."""
+    facts = deployments().get(entry["id"])
+    if facts is None:
+        return entry
+    serving = dict(entry["serving"])
+    for key in ("speculative_decoding", "max_batch_size", "max_num_tokens"):
+        if key in facts:
+            serving[key] = facts[key]
+    cluster = dict(entry["cluster"])
+    if "decode" in facts:
+        for role in ("prefill", "decode"):
+            block = dict(serving[role])
+            block.update({k: v for k, v in facts[role].items() if k != "max_batch_size"})
+            serving[role] = block
+        serving["max_batch_size"] = facts["decode"].get("max_batch_size")
+        cluster["num_gpus"] = sum(serving[r]["workers"] * serving[r]["tp"] * (serving[r].get("pp") or 1)
+                                  for r in ("prefill", "decode"))
+    return {**entry, "serving": serving, "cluster": cluster}
+
+
 def entries() -> list[dict]:
-    return list(_document()["entries"])
+    return [published(e) for e in _document()["entries"]]
 
 
 def clients() -> dict[str, dict]:
@@ -228,9 +263,11 @@ def case(entry: dict) -> Case:
                                max_num_tokens=tokens)
         regime = "aggregated" if isinstance(conc, int) else "offline"
     bench = client(w)  # its mean lengths: what the deployment served
+    drafts, acceptance = parse_speculative(s.get("speculative_decoding"))
     workload = ServingWorkload(isl=bench.mean_tokens(w["isl"]), osl=bench.mean_tokens(w["osl"]),
                                concurrency=conc if isinstance(conc, int) else None,
-                               mode=config.mode, dtype=dtype, kv_dtype=kv, client=bench)
+                               mode=config.mode, dtype=dtype, kv_dtype=kv, client=bench,
+                               draft_tokens=drafts, acceptance=acceptance)
     measured = {"output_tokens_per_s_per_gpu": r.get("output_tokens_per_sec_per_gpu"),
                 "ttft_ms": r.get("ttft_ms_mean"), "tpot_ms": r.get("tpot_ms_mean")}
     derived = (entry.get("derived") or {}).get("output_tokens_per_sec_per_gpu_est")

@@ -271,19 +271,43 @@ A2A_OVERLAP_RECIPES = (
 def ep_comm_overlap_of(entry: dict) -> bool:
     """Whether the entry's recipe enables Megatron-Core's EP communication overlap
     (:data:`A2A_OVERLAP_RECIPES`)."""
-    release = container_of(entry)
-    if release is None:
-        return False
-    precision = (entry["training"].get("precision") or "").upper()
-    return any(preset_of(entry) == model and entry["cluster"]["system"] in systems
-               and precision.startswith(dtype) and first <= release <= last
-               for model, systems, dtype, first, last in A2A_OVERLAP_RECIPES)
+    return recipe_matches(entry, A2A_OVERLAP_RECIPES)
 
 
 def a2a_overlap_of(entry: dict) -> float:
     """The all-to-all fraction the entry's runtime hides: :data:`planner.moe.EP_COMM_OVERLAP`
     under the recipe's EP communication overlap, else the runtimes' default."""
     return EP_COMM_OVERLAP if ep_comm_overlap_of(entry) else DEFAULT_A2A_OVERLAP
+
+
+# Megatron-Bridge perf recipes that run the attention core in FP8 (Transformer Engine's FP8
+# DotProductAttention, ``mixed_precision.fp8_dot_product_attention = True`` ->
+# ``--fp8-dot-product-attention``): DeepSeek-V3 on GB300 with MXFP8 and its full-iteration
+# CUDA graph (#3983; ``perf_recipes/deepseek/gb300/deepseek_v3.py``
+# ``deepseek_v3_pretrain_256gpu_gb300_fp8mx_config`` ->
+# ``_enable_deepseek_full_iteration_mxfp8(cfg, fp8_dot_product_attention=True, ...)``). The
+# GB200 recipe of the same release does not (``fp8_output_proj`` only); neither do the Qwen3
+# MXFP8 recipes. (model preset, systems, precision prefix, first container, last container)
+FP8_ATTENTION_RECIPES = (
+    ("deepseek-v3", ("DGX-GB300",), "MXFP8", (26, 6, 0), (99, 0, 0)),
+)
+
+
+def recipe_matches(entry: dict, recipes) -> bool:
+    """Whether one of ``recipes`` ((model preset, systems, precision prefix, first container,
+    last container) rows) names the entry's model, system, precision and container."""
+    release = container_of(entry)
+    if release is None:
+        return False
+    precision = (entry["training"].get("precision") or "").upper()
+    return any(preset_of(entry) == model and entry["cluster"]["system"] in systems
+               and precision.startswith(dtype) and first <= release <= last
+               for model, systems, dtype, first, last in recipes)
+
+
+def fp8_attention_of(entry: dict) -> bool:
+    """Whether the entry's recipe runs the attention core in FP8 (:data:`FP8_ATTENTION_RECIPES`)."""
+    return recipe_matches(entry, FP8_ATTENTION_RECIPES)
 
 
 def cross_entropy_of(entry: dict) -> str:
@@ -323,6 +347,7 @@ def options_of(entry: dict) -> RuntimeOptions:
     options = RuntimeOptions(runtime=state_layout_of(entry, prof), profile=prof.name,
                              recompute_modules=recompute_modules_of(entry),
                              cross_entropy=cross_entropy_of(entry),
+                             fp8_attention=fp8_attention_of(entry),
                              moe=MoeOptions(capacity_factor=capacity,
                                             dispatcher=dispatcher_of(entry),
                                             a2a_overlap=a2a_overlap_of(entry),

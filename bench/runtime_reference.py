@@ -52,7 +52,8 @@ def _megatron_parser() -> _Parser:
     parser.add_argument("--attention-dropout", type=float, default=0.1)
     parser.add_argument("--hidden-dropout", type=float, default=0.1)
     for flag in ("--sequence-parallel", "--use-distributed-optimizer", "--overlap-grad-reduce",
-                 "--overlap-param-gather", "--bf16", "--fp16", "--tp-comm-overlap"):
+                 "--overlap-param-gather", "--bf16", "--fp16", "--tp-comm-overlap",
+                 "--fp8-dot-product-attention"):
         parser.add_argument(flag, action="store_true")
     # host offload (_add_training_args; transformer_config.py, megatron/core/optimizer/
     # cpu_offloading/README.md)
@@ -289,7 +290,8 @@ def megatron(args: list[str], *, world_size: int, env: dict[str, str],
             "virtual_stages": vpp, "layers_per_chunk": chunks, "sp": sp,
             "recompute": granularity or "none", "full_recompute_per_chunk": blocks_recomputed,
             "zero_stage": 1 if a.use_distributed_optimizer else 0,
-            "dtype": "fp16" if a.fp16 else ("fp8" if a.fp8_format else "bf16")}
+            "dtype": "fp16" if a.fp16 else ("fp8" if a.fp8_format else "bf16"),
+            "fp8_attention": a.fp8_dot_product_attention}
 
 
 VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")

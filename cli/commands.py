@@ -5,8 +5,8 @@ import click
 
 from cli import signals
 from cli.app import deliver_plan, emit_json
-from cli.moe_options import (cross_entropy_from, moe_option, moe_options_from,
-                              recompute_modules_from, with_mtp_from)
+from cli.moe_options import (cross_entropy_from, fp8_attention_from, moe_option,
+                             moe_options_from, recompute_modules_from, with_mtp_from)
 from cli.params import FiniteFloat, pin_pairs
 from planner.config import ParallelConfig, resolve_dp
 from planner.cost.pipeline import SCHEDULES
@@ -151,7 +151,8 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
     setup = runtime_setup(hw, runtime, dtype, attention_kernel, calibration,
                           moe=moe_options_from(moe),
                           recompute_modules=recompute_modules_from(moe),
-                          cross_entropy=cross_entropy_from(moe))
+                          cross_entropy=cross_entropy_from(moe),
+                          fp8_attention=fp8_attention_from(moe))
     hw = setup.cluster
     if dp is None:
         dp = resolve_dp(hw.num_gpus, tp, pp, cp)
@@ -309,7 +310,8 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
         setup = runtime_setup(hw if pools is None else hw.pools[0].as_cluster(), runtime, dtype,
                               attention_kernel, calibration, moe=moe_options_from(moe),
                               recompute_modules=recompute_modules_from(moe),
-                              cross_entropy=cross_entropy_from(moe))
+                              cross_entropy=cross_entropy_from(moe),
+                              fp8_attention=fp8_attention_from(moe))
         hw = setup.cluster if pools is None else pools
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options,

@@ -40,6 +40,9 @@ _OPTIONS = (
                  help="The loss over the vocabulary: fp32 (logits upcast), bf16 (no upcast) or "
                       "fused (the gradient written into the 16-bit logits; Megatron "
                       "--cross-entropy-loss-fusion)."),
+    click.option("--fp8-attention", is_flag=True, default=False,
+                 help="With --dtype fp8, run the attention core in FP8 too (Transformer "
+                      "Engine's FP8 attention; Megatron --fp8-dot-product-attention)."),
     click.option("--mtp-layers", type=click.IntRange(0, 8), default=0, show_default=True,
                  help="Multi-token prediction modules on the last pipeline stage (DeepSeek-V3; "
                       "Megatron --mtp-num-layers): each one more block and loss head."),
@@ -73,6 +76,11 @@ def recompute_modules_from(kwargs: dict) -> tuple[str, ...]:
 def cross_entropy_from(kwargs: dict) -> str:
     """Pop ``--cross-entropy``."""
     return kwargs.pop("cross_entropy")
+
+
+def fp8_attention_from(kwargs: dict) -> bool:
+    """Pop ``--fp8-attention``."""
+    return bool(kwargs.pop("fp8_attention"))
 
 
 def moe_options_from(kwargs: dict) -> MoeOptions:

@@ -97,6 +97,9 @@ def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
         listed = ", ".join(f"{k.value} x{n}" for k, n in
                            sorted(layouts.items(), key=lambda item: item[0].value))
         bad(f"per-layer layouts ({listed}): its blocks all use the mesh's degrees")
+    if plan.runtime.fp8_attention and not prof.fp8_attention:
+        bad("FP8 attention: it has none (the attention core runs in 16 bits, slower than "
+            "planned)")
     offloaded = offloaded_blocks(plan)
     if offloaded and not prof.activation_offload:
         bad(f"activation offload ({offloaded} blocks): it has none")
@@ -156,7 +159,8 @@ def runtime_options(plan: Plan, runtime: str, calibration: str | None = None
                     ) -> tuple[RuntimeProfile, RuntimeOptions]:
     """The profile ``runtime`` and the options the cost model uses for it: the runtime's
     state layout, overlap and calibrated constants; the plan's kernel, dropout, MoE options,
-    recompute modules and loss (properties of the model and job, not of the runtime)."""
+    recompute modules and loss (properties of the model and job, not of the runtime), and the
+    plan's FP8 attention where the runtime has it."""
     from planner.calibration.session import runtime_setup
 
     prof = profile(runtime)
@@ -166,7 +170,9 @@ def runtime_options(plan: Plan, runtime: str, calibration: str | None = None
                           moe=plan.runtime.moe)
     options: RuntimeOptions = replace(setup.options, dropout=plan.runtime.dropout,
                                       recompute_modules=plan.runtime.recompute_modules,
-                                      cross_entropy=plan.runtime.cross_entropy)
+                                      cross_entropy=plan.runtime.cross_entropy,
+                                      fp8_attention=plan.runtime.fp8_attention
+                                      and bool(prof.fp8_attention))
     if pools is not None:  # each pool's generation's efficiencies (planner/hetero/plan_file.py)
         from planner.hetero.plan_file import pool_options
 

@@ -332,6 +332,11 @@ class RuntimeOptions:
     # (no upcast) or "fused" (a fused kernel writes the gradient into the 16-bit logits);
     # bytes per logit in planner.cost.memory.LOGIT_BYTES
     cross_entropy: str = "fp32"
+    # the attention core (QK^T, softmax, attention x V, forward and backward) in FP8 when the
+    # GEMMs are (Transformer Engine's FP8 DotProductAttention; Megatron
+    # --fp8-dot-product-attention): planner.cost.compute; needs dtype fp8 and a runtime
+    # profile that offers it (RuntimeProfile.fp8_attention)
+    fp8_attention: bool = False
     # on a multi-pool cluster, each pool's generation: (pool, matmul_efficiency,
     # attention_efficiency), replacing the two above on that pool (planner/hetero/terms.py)
     pool_efficiency: tuple[tuple[str, float | None, float | None], ...] = ()

@@ -124,6 +124,9 @@ class RuntimeProfile:
     # per-block activation offload to host memory (LayerOption.act_offload): the runtime's
     # option; "" where it offers none (the search then never picks it)
     activation_offload: str = ""
+    # the attention core in FP8 under FP8 GEMMs (RuntimeOptions.fp8_attention): the runtime's
+    # option; "" where it offers none
+    fp8_attention: str = ""
     # default pipeline stage placement (planner/placement.py): "" = Megatron's even split, or
     # DeepSpeed's PipelineModule partition_method (e.g. "type:transformer")
     pp_partition: str = ""
@@ -217,7 +220,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # the fine-grained module-input offload (docs: "Fine-Grained Activation Offloading")
         activation_offload="--cpu-offloading --cpu-offloading-activations "
                            "--cpu-offloading-num-layers N (or --fine-grained-activation-"
-                           "offloading)"),
+                           "offloading)",
+        # Transformer Engine's FP8 DotProductAttention (cuDNN), Megatron-LM arguments.py
+        fp8_attention="--fp8-dot-product-attention"),
     "torchtitan": RuntimeProfile(
         name="torchtitan", title="torchtitan (FSDP2 + DTensor TP/CP/PP)",
         frameworks=("torchtitan", "FSDP2", "AutoModel"),

@@ -115,6 +115,8 @@ def runtime_dict(o) -> dict[str, Any]:
         out["recompute_modules"] = list(o.recompute_modules)
     if o.cross_entropy != "fp32":  # the loss's logit precision (planner.cost.memory)
         out["cross_entropy"] = o.cross_entropy
+    if o.fp8_attention:  # the attention core in FP8 (planner.cost.compute)
+        out["fp8_attention"] = True
     return out
 
 

@@ -33,22 +33,24 @@ def test_throughput_per_gpu_meets_target(summary):
 
 
 def test_latency_errors_do_not_regress(summary):
-    # Targets 15 % (TPOT) and 20 % (TTFT) are not met over every row; these bounds guard
-    # today's level (docs/inference.md: the DeepSeek rows that do not state MTP dominate TPOT).
+    # TPOT meets its 15 % target over every row since the InferenceX rows carry their published
+    # deployments (bench/data/inferencex_deployments.yaml); TTFT (20 %) does not: this bound
+    # guards today's level (docs/inference.md explains the misses).
     assert summary["tpot_ms"]["n"] >= 40 and summary["ttft_ms"]["n"] >= 40
-    assert summary["tpot_ms"]["median_abs"] <= 0.39
-    assert summary["ttft_ms"]["median_abs"] <= 0.27
+    assert summary["tpot_ms"]["median_abs"] <= inference.TARGETS["tpot_ms"]
+    assert summary["ttft_ms"]["median_abs"] <= 0.22
     # aggregated TPOT (where the runs' configuration is fully known) is unbiased
     assert abs(summary["tpot_ms"]["bias"]["aggregated"]) <= 0.10
-    # TTFT is unbiased in both regimes, and on the rows whose decoding is known: the family
-    # split (MoE under-, dense over-predicted) went with the eager MoE host floor
-    assert all(abs(b) <= 0.10 for b in summary["ttft_ms"]["bias"].values())
+    # aggregated TTFT is unbiased, and so are the rows whose decoding is known; the
+    # disaggregated rows are over-predicted (TensorRT-LLM's DeepSeek rows, docs/inference.md)
+    assert abs(summary["ttft_ms"]["bias"]["aggregated"]) <= 0.10
+    assert 0.0 < summary["ttft_ms"]["bias"]["disaggregated"] <= 0.30
     assert abs(summary[inference.KNOWN]["ttft_ms"]["bias"]) <= 0.10
 
 
 def test_tpot_of_rows_whose_decoding_is_known_meets_target(summary):
     m = summary[inference.KNOWN]["tpot_ms"]
-    assert m["n"] >= 20
+    assert m["n"] >= 30
     assert m["median_abs"] <= inference.TARGETS["tpot_ms"] and abs(m["bias"]) <= 0.05
 
 
@@ -61,7 +63,7 @@ def test_unstated_mtp_rows_read_better_as_one_draft(summary, rows):
     assert flagged and all(mtp_layers(r.case.model) and r.case.speculative is None
                            for r in flagged)
     m = summary[inference.UNKNOWN]
-    assert m["n"] >= 15 and m["draft_n"] == m["n"]
+    assert m["n"] >= 10 and m["draft_n"] == m["n"]
     assert m["draft_median_abs"] < m["median_abs"] and abs(m["draft_bias"]) <= 0.10
     assert m["bias"] > 0.3
 
@@ -94,3 +96,37 @@ def test_calibrated_constants_within_physical_bounds():
 def test_every_entry_goes_through_the_same_rules():
     from inference_data import cases, entries
     assert len(cases()) == len(entries()) == 84
+
+
+def test_published_deployments_replace_the_rows_defaults(rows):
+    """The InferenceX rows' published facts (bench/data/inferencex_deployments.yaml, each with
+    its source) are what the model evaluates: worker counts, degrees, the decode batch cap and
+    the speculation; a row whose matching configs disagree on speculation stays unknown."""
+    from inference_data import deployments
+    facts = deployments()
+    by_id = {r.case.id: r for r in rows}
+    assert len(facts) >= 15 and all(f.get("source") for f in facts.values())
+    for entry_id, f in facts.items():
+        c = by_id[entry_id].case
+        assert (c.speculative is None) == ("speculative_decoding" not in f)
+        if f.get("speculative_decoding", "none") != "none":
+            assert c.workload.draft_tokens == int(f["speculative_decoding"].split(":")[1])
+        if "decode" in f:
+            assert c.config.decode_workers == f["decode"]["workers"]
+            assert c.config.prefill_workers == f["prefill"]["workers"]
+            assert c.config.num_gpus == sum(f[r]["workers"] * f[r]["tp"]
+                                            for r in ("prefill", "decode"))
+            if "max_batch_size" in f["decode"]:
+                assert c.config.batch == f["decode"]["max_batch_size"]
+
+
+def test_a_decode_pool_short_of_slots_makes_requests_wait(rows):
+    """Dynamo's TensorRT-LLM disaggregated flow admits a request to a decode slot first; with
+    fewer slots (workers x batch cap) than the client's concurrency the rest wait for one. The
+    GB200 row (3 decode workers of batch 8 at concurrency 36, MTP 3) measured 3,012 ms; the
+    model without the published cap predicted 917 ms (-70 %)."""
+    row = next(r for r in rows if r.case.id.startswith(
+        "aic-silicon-2026_03_25_deepseek_r1_gb200_trtllm_fp8_disagg"))
+    ev = row.evaluation
+    assert ev.max_concurrency == 24 < ev.concurrency == 36
+    assert abs(row.error("ttft_ms")) <= 0.10

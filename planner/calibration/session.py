@@ -33,12 +33,19 @@ class Setup:
 def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf16",
                   attention_kernel: str = "flash", calibration: str | Path | None = None,
                   compiled: bool = False, moe=None, recompute_modules=None,
-                  cross_entropy: str | None = None) -> Setup:
+                  cross_entropy: str | None = None, fp8_attention: bool = False) -> Setup:
     """``moe``: MoE routing / dispatch options (planner.moe.MoeOptions) of the runtime;
     ``recompute_modules``: what selective recomputation repeats (Megatron
     ``--recompute-modules``; planner/cost/recompute_modules.py); ``cross_entropy``: the loss's
-    logit precision (planner.cost.memory.LOGIT_BYTES)."""
+    logit precision (planner.cost.memory.LOGIT_BYTES); ``fp8_attention``: the attention core in
+    FP8 (RuntimeOptions.fp8_attention), refused unless the dtype is fp8 and the runtime has
+    it."""
     prof, layout = resolve_runtime(runtime, dtype)
+    if fp8_attention and dtype != "fp8":
+        raise invalid(f"--fp8-attention needs FP8 GEMMs (--dtype fp8), not --dtype {dtype}")
+    if fp8_attention and not prof.fp8_attention:
+        raise invalid(f"--fp8-attention: runtime {prof.name} has no FP8 attention",
+                      "use --runtime megatron (--fp8-dot-product-attention), or drop the option")
     cal = load(calibration) if calibration is not None else shipped()
     if cal is not None and cal.runtime is not None and cal.runtime != prof.name:
         raise invalid(f"calibration profile {calibration} was fitted for runtime {cal.runtime}, "
@@ -54,6 +61,8 @@ def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf1
         options = replace(options, recompute_modules=tuple(recompute_modules))
     if cross_entropy is not None:
         options = replace(options, cross_entropy=cross_entropy)
+    if fp8_attention:
+        options = replace(options, fp8_attention=True)
     cluster, options = calibrate(cluster, options, cal.constants if cal else None, compiled)
     return Setup(cluster, options, prof, cal)
 

@@ -287,12 +287,26 @@ def attention_core_flops(att: Attention, shard: Shard, kernel: str) -> float:
     return flops
 
 
-def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str) -> tuple[float, float]:
+def attention_core_dtype(dtype: str, fp8_attention: bool) -> str:
+    """The precision the flash attention core runs in: 16 bits under FP8 / FP4 GEMMs, FP8 where
+    the runtime runs the attention in FP8 too (``fp8_attention``: Transformer Engine's FP8
+    DotProductAttention through cuDNN, Megatron ``--fp8-dot-product-attention``). At the same
+    kernel efficiency, on the FP8 peak: in the forward-speed benchmarks of FlashAttention-3
+    (Shah et al. 2024, arXiv 2407.08608; H100, head dim 256, 4k tokens) cuDNN's FP8 attention
+    runs 1.87x (1,087 vs 581 TFLOP/s) and 2.10x (1,015 vs 483) its FP16 throughput, about the
+    2x of the peaks; no FP8 backward is published, the backward is taken at the same ratio."""
+    if dtype == "fp8" and fp8_attention:
+        return "fp8"
+    return "bf16" if dtype in ("fp8", "fp4") else dtype
+
+
+def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str,
+                          fp8_attention: bool = False) -> tuple[float, float]:
     heads = att.num_heads // shard.tp
     if kernel == "flash":
         flops = attention_core_flops(att, shard, kernel)
         efficiency = gpu.attention_efficiency or FLASH_DEFAULT_RELATIVE * gpu.matmul_efficiency
-        rate = gpu.peak_flops("bf16" if shard.dtype in ("fp8", "fp4") else shard.dtype) * efficiency
+        rate = gpu.peak_flops(attention_core_dtype(shard.dtype, fp8_attention)) * efficiency
         fwd = flops / rate + KERNEL_LAUNCH_S
         bwd = 2.5 * flops / (rate * FLASH_BWD_RATIO) + KERNEL_LAUNCH_S
         return fwd, bwd
@@ -375,13 +389,14 @@ def layer_compute(layer: Layer, shard: Shard, gpu: Gpu, options: RuntimeOptions)
                       or gpu.attention_efficiency)
     return _layer_compute(layer, shard, gpu, options.attention_kernel, options.dropout,
                           options.elementwise_factor, options.fp8_gemm_factor,
-                          options.recompute_modules)
+                          options.recompute_modules, options.fp8_attention)
 
 
 @lru_cache(maxsize=16384)
 def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: bool,
                    elementwise_factor: float = 1.0, fp8_factor: float = 1.0,
-                   modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES) -> LayerCompute:
+                   modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES,
+                   fp8_attention: bool = False) -> LayerCompute:
     """``elementwise_factor``: HBM traffic of the element-wise ops relative to fused kernels
     (eager PyTorch launches norms, activations and residual adds separately and re-reads their
     inputs; Transformer Engine / torch.compile fuse them: calibrated per runtime)."""
@@ -405,7 +420,8 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
     bwd += 2 * elementwise + 2 * kernels * KERNEL_LAUNCH_S
     core_fwd = core_bwd = core_flops = 0.0
     if layer.attention is not None:
-        core_fwd, core_bwd = _attention_core_times(layer.attention, shard, gpu, kernel)
+        core_fwd, core_bwd = _attention_core_times(layer.attention, shard, gpu, kernel,
+                                                   fp8_attention)
         core_flops = attention_core_flops(layer.attention, shard, kernel)
         fwd += core_fwd
         bwd += core_bwd

@@ -94,9 +94,18 @@ def _per_layer_warnings(plan: Plan, result: ExportResult) -> ExportResult:
     own = OWN_OFFLOADS.get(result.format, ())
     extra = (None if "offload" in own else optimizer_offload_warning(plan, result.format),
              None if "act_offload" in own else activation_offload_warning(plan, result.format),
-             layouts_warning(plan, result.format))
+             layouts_warning(plan, result.format), _fp8_attention_warning(plan, result.format))
     warnings = tuple(warning for warning in extra if warning)
     return replace(result, warnings=result.warnings + warnings) if warnings else result
+
+
+def _fp8_attention_warning(plan: Plan, fmt: str) -> str | None:
+    """The plan's FP8 attention core (planner.config.RuntimeOptions.fp8_attention), which only
+    the Megatron exporter writes (--fp8-dot-product-attention)."""
+    if not plan.runtime.fp8_attention or fmt == "megatron":
+        return None
+    return (f"FP8 attention: the plan runs the attention core in FP8; {fmt} has no such "
+            "option, so this file runs it in 16 bits (slower than planned)")
 
 
 def _refuse_malformed(plan: Plan) -> None:

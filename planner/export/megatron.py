@@ -298,6 +298,8 @@ def export(plan: Plan) -> ExportResult:
         notes.append("megatron: dtype fp8 is exported as --bf16 --fp8-format hybrid "
                      "(Transformer Engine FP8 GEMMs, BF16 elsewhere); the scaling recipe is "
                      "Megatron's default, which the plan does not model")
+        if runtime.get("fp8_attention"):  # the attention core in FP8 (planner.cost.compute)
+            args.append(("--fp8-dot-product-attention",))
     loss = runtime.get("cross_entropy", "fp32")
     if loss == "fused":  # Transformer Engine's fused cross entropy (planner.cost.memory)
         args += [("--cross-entropy-loss-fusion",), ("--cross-entropy-fusion-impl", "te")]

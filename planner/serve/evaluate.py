@@ -18,6 +18,11 @@ produces a :class:`ServingEvaluation`. Steady state of continuous (in-flight) ba
   prefill + KV transfer to the decode worker (KV bytes over the inter-worker link) + queueing
   (the same burst term, plus M/D/1 waiting at the prefill pool's utilisation). Request rate =
   ``concurrency / (TTFT + (osl - 1) x TPOT)`` (closed loop), capped by each pool's capacity.
+  A request holds a decode slot from its admission (Dynamo's TensorRT-LLM disaggregated flow
+  sends it to the decode worker first, which admits it before its remote prefill: ai-dynamo
+  enhancements DEP "Prefill->Decode Disaggregated Workflow for TensorRT-LLM"), so with fewer
+  slots than requests in flight (``decode_workers x batch cap``) the rest wait for one:
+  ``(concurrency - slots) / request rate`` is added to TTFT (Little's law on the waiting line).
 * Open loop (``request_rate``): the concurrency that rate implies (Little's law) is found by
   fixed-point iteration; a rate above the deployment's capacity does not fit.
 """

@@ -16,20 +16,21 @@ CALIBRATED = {
     # attention and small-M GEMMs reach 60-90 % of STREAM bandwidth)
     "decode_hbm_efficiency": 0.9,
     # prefill GEMM and attention efficiency relative to the training cost model's
-    "prefill_efficiency": 0.915,
+    "prefill_efficiency": 0.912,
     # per runtime: fixed time per engine iteration beyond the kernels (scheduler, input
     # preparation, sampling, host synchronisation, CUDA-graph launch); fitted on the rows
-    # whose decoding is known (not on DeepSeek rows that may have drafted tokens with MTP)
-    "step_overhead_s": {"sglang": 0.0, "trtllm": 0.0000859, "vllm": 0.00331},
+    # whose decoding is known (not on DeepSeek rows that may have drafted tokens with MTP; the
+    # InferenceX rows' published speculation, bench/data/inferencex_deployments.yaml, counts)
+    "step_overhead_s": {"sglang": 0.0, "trtllm": 0.000634, "vllm": 0.00343},
     # per runtime (its scheduler): fraction of the other concurrent requests whose prefill a
     # new request of a synchronised client waits for (0: arrivals spread evenly; 1: every
     # request of a fixed-length closed loop arrives with it); a measured start-up burst is the
     # client's own term (planner.serve.client)
-    "prefill_queue_fraction": {"sglang": 0.04, "trtllm": 0.14, "vllm": 0.04},
+    "prefill_queue_fraction": {"sglang": 0.04, "trtllm": 0.15, "vllm": 0.03},
     # per runtime: share of the other requests' prefill work that lands between a request's
     # output tokens (1: every iteration carries its average share, chunked prefill mixed into
     # decode; lower: prefills batched apart or deferred)
-    "prefill_interference": {"sglang": 0.9, "trtllm": 1.0, "vllm": 0.125},
+    "prefill_interference": {"sglang": 0.878, "trtllm": 1.0, "vllm": 0.119},
 }
 
 

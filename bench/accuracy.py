@@ -141,7 +141,7 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
                      + "; " + str(sum(not x["same_recompute"] for x in landed))
                      + " of them with a recomputation no calibration run of its regime used")
     missed = targets_missed(rows)
-    held = held_out_targets_missed(rows)
+    held = held_out_targets_missed(rows, micro_batch_bands)
     lines += ["", "Targets missed:" if missed or held else "All targets met.", ""]
     lines += [f"- {m}" for m in missed + held]
     lines += ["", f"## Since session 3 began (before: commit {SESSION_BEFORE_COMMIT}, the same "
@@ -161,7 +161,7 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
     lines += ["", "What moved them (all in the cost terms or the runs' published settings; no "
               "entry is special-cased): see \"Causes fixed\" below.", ""]
     lines += ["## Causes fixed", "", CAUSES]
-    lines += holdout_section(rows)
+    lines += holdout_section(rows, micro_batch_bands)
     lines += unknown_fields.section(micro_batch_bands or [], unknown_fields.assumption_counts(rows))
     lines += ["", "## Before this issue", "", BEFORE]
     if missed:

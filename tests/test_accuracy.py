@@ -273,6 +273,31 @@ def test_an_unknown_micro_batch_keeps_its_assumption_and_reports_the_plausible_o
     assert not any(micro_batch_assumed(r.run) for r in rows if r.file == "published_runs.yaml")
 
 
+def test_held_out_max_is_also_judged_over_the_plausible_micro_batches(rows):
+    """The held-out max stays judged at the assumed micro-batch (the 32B run's miss is listed),
+    and its line says what the max is over the band: the upper bound is the 32B run at 1, the
+    lower bound is set by a run that publishes its micro-batch (MPT-70B on 64 A100-40GB), and
+    the miss is named as one the unpublished micro-batch decides."""
+    import json
+    from bench.accuracy_holdout import HELD_OUT_MAX_TARGET, held_out_targets_missed
+    from bench.unknown_fields import HOLDOUT, held_out_max_range, micro_batch_bands
+    from planner.calibration.store import shipped
+    data = json.loads(HOLDOUT.read_text())
+    bands = micro_batch_bands([r for r in rows if r.id == "mcore-h100-weak-32B"],
+                              shipped().constants)
+    span = held_out_max_range(bands, data, HELD_OUT_MAX_TARGET)
+    assert span["high_id"] == "mcore-h100-weak-32B" and span["high"] > HELD_OUT_MAX_TARGET
+    assert span["high"] == pytest.approx(abs(bands[0]["held_out"][1]))  # 31.9 % at 1
+    assert span["low_id"] == "mpt-70b-seq2048-64xa100_40"  # 23.0 %: published micro-batch
+    assert span["low"] < HELD_OUT_MAX_TARGET < span["high"]
+    bad, ok = span["above"]["mcore-h100-weak-32B"]
+    assert sorted(bad) == [1] and sorted(ok) == [2, 4]
+    line = next(m for m in held_out_targets_missed(rows, bands)
+                if m.startswith("held out: step-time max"))
+    assert "31.0% > 30% at the assumed micro-batch" in line
+    assert "missed only if mcore-h100-weak-32B ran at micro-batch 1" in line
+
+
 def test_held_out_misses_are_listed_with_the_in_sample_ones(rows):
     """docs/accuracy.md's "Targets missed" also lists the targets on runs not in the files
     (held out): a wrong verdict counts there only for a run that ran (the target is "no run

@@ -49,8 +49,12 @@ def add_offload_rule(M: cp_model.CpModel, classes: Sequence, signatures: Sequenc
     M.add(N >= off)
     M.add(N <= (L - 1) * off)
     block_sigs = [signatures[ci] for ci, cls in enumerate(classes) for _ in range(cls.count)]
+    # first_n_counts(block_sigs, m) for every m in one pass (not one Counter per m and signature)
+    prefix = [first_n_counts(block_sigs, 0)]
+    for sig in block_sigs[:L - 1]:
+        prefix.append(prefix[-1] + first_n_counts([sig], 1))
     for k, sig in enumerate(dict.fromkeys(signatures)):
-        table = [first_n_counts(block_sigs, m)[sig] for m in range(L)]
+        table = [counts[sig] for counts in prefix]
         first = M.new_int_var(0, max(table), f"first_n_offloaded[{k}]")
         M.add_element(N, table, first)
         M.add(sum(n[key] for key in offloading if signatures[key[1]] == sig) == first)

@@ -148,3 +148,26 @@ def test_published_piecewise_config_reaches_exactly_the_rows_that_state_it():
             assert c.config.prefill_capture_num_tokens[-1] == c.config.max_num_tokens
         else:
             assert c.config.prefill_capture_num_tokens == ()
+
+
+def test_cli_evaluate_takes_the_capture_list(capsys):
+    import json
+
+    from conftest import run_cli
+
+    base = ["evaluate", "--workload", "serve", "--model", "deepseek-v3", "--cluster", "dgx-b200",
+            "--tp", 8, "--ep", 8, "--isl", 1024, "--osl", 1024, "--concurrency", 32,
+            "--dtype", "fp8", "--kv-dtype", "fp8", "--runtime", "trtllm", "--speculative",
+            "mtp:3", "--max-num-tokens", 1216, "--batch", 32, "--json"]
+    code, out, _ = run_cli(base, capsys)
+    assert code == 0
+    eager = json.loads(out)
+    code, out, _ = run_cli(base + ["--prefill-capture-num-tokens",
+                                   ",".join(map(str, CAPTURE))], capsys)
+    assert code == 0
+    graph = json.loads(out)
+    assert graph["inference"]["deployment"]["prefill_capture_num_tokens"] == list(CAPTURE)
+    assert graph["predicted"]["ttft_ms"] < eager["predicted"]["ttft_ms"]
+    for bad in ("4,2", "x", "0,8"):
+        code, out, err = run_cli(base + ["--prefill-capture-num-tokens", bad], capsys)
+        assert code == 2 and "capture_num_tokens" in (out + err).replace("-", "_")

@@ -208,7 +208,18 @@ MISSES = """\
   then the all-gather) running at a half or a third of that; removing the last stage's head
   imbalance orders 345-349 (x 0.25 .. x 1). Splitting the sweep at the 2022-02-25 PCIe/NUMA
   fix (the chronicle: "do not compare today's numbers to yesterday's") leaves 217/245 (89 %)
-  of the same-date pairs ordered: the misorders are not the cross-date pairs.
+  of the same-date pairs ordered: the misorders are not the cross-date pairs. Session 9
+  checked whether every tensor rank sends the whole boundary activation (tp copies through
+  the node's NICs at tp 8): it does not. DeepSpeed's ``PipelineEngine`` of 2022-02-18
+  (deepspeed/runtime/pipe/engine.py, commit 2151c78) sets ``is_pipe_partitioned =
+  is_grad_partitioned = is_model_parallel``: each rank sends its 1/tp ``PartitionedTensor``
+  of the activation and of its gradient, and the receiver all-gathers it over the slice
+  (tensor) group, as the deepspeed profile's ``pipe_partitioned`` charges; the causal mask is
+  not sent (Megatron-DeepSpeed's pretrain_gpt.py ``model_provider`` keeps it in
+  ``args.attn_mask``); the topology loads every
+  concurrent boundary of a node on its NICs. Nothing to change there: charging the whole
+  activation per rank instead (a diagnostic, no re-fit) orders 339/388 pairs and moves the
+  step-time median 3.0 -> 3.9 %.
 * Step-time max (in-sample 27 %, held out 31 %, target 30 %: missed by 1.0 point, one
   run): the Megatron-Core weak-scaling 32B run (tp 8, dp 48 over 48 nodes, 4 sequences per
   data-parallel rank). The README gives no micro-batch size; the bench evaluates it at 1 and
@@ -221,7 +232,17 @@ MISSES = """\
   picking the size that fits best would score the search against a guess. Over the runs that
   publish their micro-batch size the held-out max is 23 % (MPT-70B on 64 A100-40GB). The same
   0.3-0.5 s of exposed data-parallel traffic is why the weak-scaling table is predicted 5 % slow
-  held out.
+  held out. Session 9 checked each fact this reads against Megatron-LM at the README's commit
+  937571cf: ``--bf16`` forces ``accumulate_allreduce_grads_in_fp32`` (training/arguments.py),
+  so the DDP grad buffer and its reduce-scatter are fp32 (``grad_reduce_in_fp32``,
+  core/distributed/distributed_data_parallel.py; ``--grad-reduce-in-bf16`` did not exist);
+  the schedules disable grad sync for every micro-batch but the last
+  (pipeline_parallel/schedules.py ``enable_grad_sync``); ``--overlap-param-gather`` launches
+  the first bucket's all-gather in ``zero_grad`` and each next one from the forward pre-hook
+  that waits on the previous (core/optimizer/distrib_optimizer.py), so it hides behind the
+  first micro-batch's forward only. The model's terms are those; the table
+  (images/model_table.png) gives the batch size, not the micro-batch size, so the miss rests
+  on the assumed micro-batch 1.
 * Held out, torchtitan Llama 3.1 405B (tp8 pp8 FSDP 8, 512 H100, Float8, async TP; Table 5 of
   the torchtitan benchmark, not in the calibration files): memory 58.3 GiB predicted for 1F1B
   (82.5 measured), 60.4 for interleaved 1F1B (72.7); throughput 142 and 156 tokens/s/GPU

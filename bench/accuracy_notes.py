@@ -235,8 +235,11 @@ MISSES = """\
   ``args.attn_mask``); the topology loads every
   concurrent boundary of a node on its NICs. Nothing to change there: charging the whole
   activation per rank instead (a diagnostic, no re-fit) orders 339/388 pairs and moves the
-  step-time median 3.0 -> 3.9 %.
-* Step-time max (in-sample 27 %, held out 31 %, target 30 %: missed by 1.0 point, one
+  step-time median 3.0 -> 3.9 %. The bf16 runs' data-parallel sync is now an all-reduce
+  ("Causes fixed", session 9), which moves no pair: all 46 misordered pairs are fp16 runs
+  (the 0221/0225 tables), whose ZeRO-1 optimizer (stage_1_and_2.py ``average_tensor``)
+  reduces each bucket's slices to their owners, a reduce-scatter's volume.
+* Step-time max (in-sample 27 %, held out 31 %, target 30 %: missed by 0.9 point, one
   run): the Megatron-Core weak-scaling 32B run (tp 8, dp 48 over 48 nodes, 4 sequences per
   data-parallel rank). The README gives no micro-batch size; the bench evaluates it at 1 and
   says so. There the model exposes 0.30 s of the fp32 gradient reduce-scatter and parameter

@@ -1,10 +1,13 @@
 """The candidate enumeration's shortcuts (planner/solve/candidates.py) change nothing.
 
 Configurations that differ only in their virtual stages share their layers' terms
-(``terms_key``): each shared problem must hold exactly the terms a fresh
-``stage_problem`` builds with that configuration's own context, on instances with a tied
-table over pipeline stages, per-layer layouts, MoE blocks, ZeRO-3 and the V-placed schedules
-(whose head terms depend on the chunks: they are never shared)."""
+(``terms_key``), and configurations whose layers see the same shard, links, GPU and runtime
+options share their layers' compute, communication and activation terms whatever their
+pipeline and data-parallel degrees or ZeRO stage (``planner.cost.terms.WorkView``): each
+shared problem must hold exactly the terms a fresh ``stage_problem`` builds with that
+configuration's own context and none of the shared work, on instances with a tied table over
+pipeline stages, per-layer layouts, MoE blocks, ZeRO-3 and the V-placed schedules (whose head
+terms depend on the chunks: they are never shared)."""
 from __future__ import annotations
 
 import math
@@ -13,6 +16,7 @@ from collections import Counter
 import pytest
 
 from planner.config import RuntimeOptions
+from planner.cost import terms
 from planner.cost.context import make_context
 from planner.profiles import profile
 from planner.solve.bounds import (fitting_time_lower_bound, free_memory_lower_bound,
@@ -20,6 +24,7 @@ from planner.solve.bounds import (fitting_time_lower_bound, free_memory_lower_bo
 from planner.solve.candidates import candidates, terms_key
 from planner.solve.costs import stage_problem
 from planner.solve.space import Pins
+from planner.strategy import Layout
 from tests.test_solver_bruteforce import cluster, native
 
 MOE = {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 256, "first_dense_layers": 1}
@@ -46,8 +51,12 @@ def test_shared_terms_equal_fresh_terms(model, hw, batch, pins, runtime):
                        math.inf, hw.memory_bytes_per_gpu)
     shared = Counter(terms_key(c.config) for c in cands)
     assert max(shared.values()) > 1  # the case exercises the sharing
+    # and the layer work is shared between configurations that do not share their terms
+    works = {terms.work_view(c.problem.ctx, Layout.MESH) for c in cands}
+    assert len(works) < len(shared)
     prof = profile(runtime)
     for cand in cands:
+        terms._layer_work.cache_clear()  # fresh: computed from this configuration alone
         ctx = make_context(model, hw, cand.config, options)
         assert cand.problem.ctx.config == cand.config
         fresh = stage_problem(ctx, pins.block_options(cand.config, prof),

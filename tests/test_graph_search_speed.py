@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -54,7 +55,11 @@ def test_shared_terms_equal_fresh_terms(model, hw, batch, pins, runtime):
     # and the layer work is shared between configurations that do not share their terms
     works = {terms.work_view(c.problem.ctx, Layout.MESH) for c in cands}
     assert len(works) < len(shared)
-    prof = profile(runtime)
+    _check_against_fresh(cands, model, hw, pins, options)
+
+
+def _check_against_fresh(cands, model, hw, pins, options):
+    prof = profile(options.profile)
     for cand in cands:
         terms._layer_work.cache_clear()  # fresh: computed from this configuration alone
         ctx = make_context(model, hw, cand.config, options)
@@ -67,3 +72,15 @@ def test_shared_terms_equal_fresh_terms(model, hw, batch, pins, runtime):
         for bound in (free_time_lower_bound, free_memory_lower_bound, fitting_time_lower_bound):
             assert bound(cand.problem) == bound(fresh), (bound.__name__, cand.config)
 
+
+def test_hpz_configurations_keep_their_own_terms():
+    """ZeRO-3 with and without ZeRO++ hpZ (DeepSpeed, one node's GPUs): configurations that
+    differ only in hpz do not share their terms (its secondary partition is in the layers'
+    states and gathers)."""
+    model, hw, pins = native(8), cluster(4, 2, 2), Pins(zero=3)
+    options = RuntimeOptions(profile="deepspeed")
+    cands = candidates(model, hw, 16, model.default_seq_len, "bf16", pins, options, math.inf,
+                       hw.memory_bytes_per_gpu)
+    pairs = Counter(replace(c.config, hpz=0) for c in cands)
+    assert any(c.config.hpz for c in cands) and max(pairs.values()) > 1
+    _check_against_fresh(cands, model, hw, pins, options)

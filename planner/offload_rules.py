@@ -57,6 +57,19 @@ def allows(pp: int, recompute: Sequence[str], offloaded: Sequence[bool],
     return not megatron_refusals(pp, recompute, offloaded, classes)
 
 
+def pinned_refusals(pp: int | None, recompute: str | None) -> list[str]:
+    """Why no plan under these pins (None: searched) may offload activations: a pinned pipeline
+    depth :func:`pipeline_allows` refuses, or a pinned recomputation other than
+    :data:`RECOMPUTE_ALLOWED` (it applies to every block, and Megatron-Core's CPU offloading
+    refuses any recompute granularity)."""
+    out = []
+    if pp is not None and not pipeline_allows(pp):
+        out.append(f"pp={pp} (no CPU offloading with pipeline parallelism)")
+    if recompute is not None and recompute != RECOMPUTE_ALLOWED:
+        out.append(f"recompute={recompute} (CPU offloading refuses any recompute granularity)")
+    return out
+
+
 def searchable(options: Sequence[LayerOption], pp: int | None) -> tuple[LayerOption, ...]:
     """The per-block options a plan of pipeline depth ``pp`` (None: any) may use under the
     rule: no activation offload unless :func:`pipeline_allows`, and none on a block that is
@@ -114,5 +127,5 @@ def plan_refusals(plan: Plan) -> list[str]:
 
 
 __all__ = ["RECOMPUTE_ALLOWED", "allows", "first_n_counts", "megatron_refusals",
-           "offloaded_blocks", "pipeline_allows", "placement_refusals", "plan_refusals",
-           "searchable"]
+           "offloaded_blocks", "pinned_refusals", "pipeline_allows", "placement_refusals",
+           "plan_refusals", "searchable"]

@@ -48,8 +48,7 @@ N4 = native(4)
 MOE = native(5, moe={"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 512,
                      "first_dense_layers": 2})  # two block classes: 2 dense, 3 MoE
 PINS = dict(tp=1, micro_batch=1)
-CASES = {  # (model, GPU GiB, pins, the rule binds)
-    "pp2": (N4, 0.2, Pins(offload="activations", pp=2, **PINS), True),
+CASES = {  # (model, GPU GiB, pins, the rule binds); a pinned pp 2 is refused (below)
     "every-block": (N4, 0.2, Pins(offload="activations", pp=1, **PINS), True),
     "both": (N4, 0.2, Pins(offload="both", pp=1, **PINS), True),
     "two-classes-all": (MOE, 0.22, Pins(offload="activations", pp=1, **PINS), True),
@@ -136,7 +135,8 @@ def test_every_searched_plan_is_one_megatron_runs(memory_gib, two_classes, pp, o
     try:
         found = solve(MOE if two_classes else N4, memory_gib, pins).best
     except PlannerError as error:  # nothing fits: a clear planner error, nothing to check
-        assert error.kind is ErrorKind.INFEASIBLE, error
+        refused = offload == "activations" and pp == 2  # test_pins_that_bar_offload_are_refused
+        assert error.kind is (ErrorKind.INVALID_INPUT if refused else ErrorKind.INFEASIBLE), error
         return
     plan = as_plan(found)
     assert offload_rules.plan_refusals(plan) == []
@@ -148,3 +148,19 @@ def test_every_searched_plan_is_one_megatron_runs(memory_gib, two_classes, pp, o
         assert f"--cpu-offloading-num-layers {offloaded}" in result.text
         assert [o.act_offload for o in blocks(found)][:offloaded] == [True] * offloaded
         megatron_reference(plan.to_dict(), result.text)
+
+
+@pytest.mark.parametrize("pins, why", [
+    (Pins(offload="activations", pp=2), "pp=2 (no CPU offloading with pipeline parallelism)"),
+    (Pins(offload="activations", recompute=Recompute.FULL),
+     "recompute=full (CPU offloading refuses any recompute granularity)"),
+])
+def test_pins_that_bar_offload_are_refused(pins, why):
+    """``--pin offload=activations`` with a pin under which Megatron-Core runs no activation
+    offload is bad input (exit 2), not a search that silently offloads nothing; with
+    ``offload=both`` the optimizer half stays searchable, so the same pins are accepted."""
+    with pytest.raises(PlannerError) as caught:
+        pins.check_runtime(profile("megatron"))
+    assert caught.value.kind is ErrorKind.INVALID_INPUT and why in str(caught.value)
+    replace(pins, offload="both").check_runtime(profile("megatron"))
+    replace(pins, pp=1 if pins.pp else None, recompute=None).check_runtime(profile("megatron"))

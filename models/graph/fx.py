@@ -15,8 +15,9 @@ import operator
 import re
 from typing import Any
 
-from .ir import (GEMM_KINDS, Op, OpGraph, OpKind, Param, TensorMeta, attention_shardable,
-                 conv_attrs, elementwise_shardable, gemm_flops, linear_shardable)
+from .ir import (GEMM_KINDS, Op, OpGraph, OpKind, OpNames, Param, TensorMeta,
+                 attention_shardable, classify_simple, conv_attrs, gemm_flops,
+                 linear_shardable)
 
 # ATen op names (overload packet names) by kind.
 VIEW_OPS = frozenset({
@@ -47,6 +48,8 @@ NORM_OPS = frozenset({"layer_norm", "native_layer_norm", "rms_norm", "_fused_rms
                       "group_norm", "native_group_norm", "batch_norm", "native_batch_norm",
                       "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
                       "instance_norm"})
+FX_NAMES = OpNames(norm=NORM_OPS, view=VIEW_OPS, copy=COPY_OPS, constant=CONSTANT_OPS,
+                   softmax=SOFTMAX_OPS, topk=TOPK_OPS, reduction=REDUCTION_OPS)
 ATTENTION_OPS = frozenset({"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
                            "_scaled_dot_product_efficient_attention",
                            "_scaled_dot_product_flash_attention_for_cpu",
@@ -254,30 +257,8 @@ class _Lowering:
             op.shardable = {op.params[0]: ((0, "vocab"), (1, "column")),
                             "in0": tuple((d, "batch") for d in range(len(op.inputs[0].shape)))
                             if op.inputs else ()}
-        elif name in NORM_OPS or (_is_norm_scope(op.scope_types) and name not in VIEW_OPS
-                                  and name not in COPY_OPS):
-            op.kind = OpKind.NORM
-            op.flops = float(out.numel) if out is not None else 0.0
-            op.shardable = elementwise_shardable(op.inputs)
-        elif name in VIEW_OPS:
-            op.kind = OpKind.VIEW
-        elif name in COPY_OPS:
-            op.kind = OpKind.COPY
-        elif name in CONSTANT_OPS:
-            op.kind = OpKind.CONSTANT
-        elif name in SOFTMAX_OPS:
-            op.kind = OpKind.SOFTMAX
-            op.flops = 5.0 * out.numel if out is not None else 0.0
-            op.shardable = elementwise_shardable(op.inputs)
-        elif name in TOPK_OPS:
-            op.kind = OpKind.TOPK
-        elif name in REDUCTION_OPS:
-            op.kind = OpKind.REDUCTION
-            op.flops = float(sum(t.numel for t in op.inputs))
         else:
-            op.kind = OpKind.ELEMENTWISE
-            op.flops = float(out.numel) if out is not None else 0.0
-            op.shardable = elementwise_shardable(op.inputs)
+            classify_simple(op, name, FX_NAMES, out)
 
     def _gemm(self, op: Op, name: str, node: Any, out: TensorMeta) -> None:
         if name == "addmm":  # addmm(bias, x, w)
@@ -349,10 +330,6 @@ def _param_bytes(p: Param) -> int:
     from .ir import DTYPE_BYTES
 
     return DTYPE_BYTES.get(p.dtype, 4)
-
-
-def _is_norm_scope(types: tuple[str, ...]) -> bool:
-    return bool(types) and "norm" in types[-1].lower()
 
 
 def lower_exported_program(ep: Any, *, name: str = "model", source: str = "",

@@ -125,23 +125,20 @@ class Grouper:
         within ``unit``, through ops of the ``through`` kinds."""
         if start is None:
             return []
-        found, seen, stack = [], set(), [start]
-        while stack and len(seen) < limit:
-            n = stack.pop()
-            if n in seen or self.unit_of.get(n) != unit:
-                continue
-            seen.add(n)
-            op = self.op(n)
-            if op.kind in stop:
-                found.append(n)
-                continue
-            if op.kind in through:
-                stack.extend(op.input_ops)
-        return sorted(set(found), key=self.index.__getitem__)
+        return self._walk([start], lambda n: self.op(n).input_ops, unit, stop, through, limit)
 
     def downstream(self, start: str, unit: str, stop: tuple[str, ...],
                    through: tuple[str, ...] = TRANSPARENT, limit: int = 400) -> list[str]:
-        found, seen, stack = [], set(), list(self.g.successors(start))
+        """First ops of a ``stop`` kind reached forwards from ``start`` (itself excluded),
+        within ``unit``, through ops of the ``through`` kinds."""
+        return self._walk(list(self.g.successors(start)), self.g.successors, unit, stop,
+                          through, limit)
+
+    def _walk(self, stack: list[str], neighbours, unit: str, stop: tuple[str, ...],
+              through: tuple[str, ...], limit: int) -> list[str]:
+        """Depth-first from ``stack`` along ``neighbours`` inside ``unit``: the ops of a
+        ``stop`` kind met first, in graph order (at most ``limit`` ops visited)."""
+        found, seen = [], set()
         while stack and len(seen) < limit:
             n = stack.pop()
             if n in seen or self.unit_of.get(n) != unit:
@@ -152,7 +149,7 @@ class Grouper:
                 found.append(n)
                 continue
             if op.kind in through:
-                stack.extend(self.g.successors(n))
+                stack.extend(neighbours(n))
         return sorted(set(found), key=self.index.__getitem__)
 
     # -- units ---------------------------------------------------------------------------

@@ -226,3 +226,49 @@ def elementwise_shardable(inputs: tuple[TensorMeta, ...]) -> dict:
     every input is data-parallel (token) shardable."""
     return {f"in{i}": tuple((d, "batch") for d in range(len(t.shape) - 1))
             for i, t in enumerate(inputs)}
+
+
+@dataclass(frozen=True)
+class OpNames:
+    """An importer's operator names (aten overloads, ONNX op types) of the kinds
+    :func:`classify_simple` tells apart by name alone."""
+
+    norm: frozenset[str]
+    view: frozenset[str]
+    copy: frozenset[str]
+    constant: frozenset[str]
+    softmax: frozenset[str]
+    topk: frozenset[str]
+    reduction: frozenset[str]
+    no_flops: frozenset[str] = frozenset()  # element-wise ops that compute nothing (compares)
+
+
+def classify_simple(op: Op, name: str, names: OpNames, out: TensorMeta | None) -> None:
+    """Kind, FLOPs and shardable dimensions of an op that is not a GEMM, attention core,
+    convolution or embedding, from its operator ``name`` (both importers call it): norms (by
+    name, or any op but a view or copy inside a module whose type says norm), views, copies,
+    constants, softmax (5 FLOPs per element: max, subtract, exp, sum, divide), top-k,
+    reductions (one FLOP per input element), and element-wise for the rest (one FLOP per output
+    element, none for ``names.no_flops``)."""
+    in_norm = bool(op.scope_types) and "norm" in op.scope_types[-1].lower()
+    elements = float(out.numel) if out is not None else 0.0
+    if name in names.norm or (in_norm and name not in names.view and name not in names.copy):
+        op.kind, op.flops = OpKind.NORM, elements
+        op.shardable = elementwise_shardable(op.inputs)
+    elif name in names.view:
+        op.kind = OpKind.VIEW
+    elif name in names.copy:
+        op.kind = OpKind.COPY
+    elif name in names.constant:
+        op.kind = OpKind.CONSTANT
+    elif name in names.softmax:
+        op.kind, op.flops = OpKind.SOFTMAX, 5.0 * elements
+        op.shardable = elementwise_shardable(op.inputs)
+    elif name in names.topk:
+        op.kind = OpKind.TOPK
+    elif name in names.reduction:
+        op.kind, op.flops = OpKind.REDUCTION, float(sum(t.numel for t in op.inputs))
+    else:
+        op.kind = OpKind.ELEMENTWISE
+        op.flops = 0.0 if name in names.no_flops else elements
+        op.shardable = elementwise_shardable(op.inputs)

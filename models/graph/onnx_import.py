@@ -28,8 +28,8 @@ from planner.errors import ErrorKind, PlannerError, invalid
 from planner.ir import ModelGraph
 
 from .group import group_layers
-from .ir import (Op, OpGraph, OpKind, Param, TensorMeta, attention_shardable, conv_attrs,
-                 elementwise_shardable, gemm_flops, linear_shardable)
+from .ir import (Op, OpGraph, OpKind, OpNames, Param, TensorMeta, attention_shardable,
+                 classify_simple, conv_attrs, gemm_flops, linear_shardable)
 from .torch_import import require
 
 MAX_BYTES = 4 << 30  # a protobuf larger than this is refused unread (weights: external data)
@@ -58,6 +58,10 @@ DATA_FIRST = {"Reshape", "Expand", "Slice", "Unsqueeze", "Squeeze", "Tile", "Pad
               "Resize", "TopK", "Split", "ConstantOfShape", "Range"}
 NO_FLOPS = VIEW | COPY | CONSTANT | TOPK | {"Equal", "Less", "LessOrEqual", "Greater",
                                             "GreaterOrEqual", "Not", "And", "Or", "Xor"}
+ONNX_NAMES = OpNames(norm=frozenset(NORM), view=frozenset(VIEW), copy=frozenset(COPY),
+                     constant=frozenset(CONSTANT), softmax=frozenset(SOFTMAX),
+                     topk=frozenset(TOPK), reduction=frozenset(REDUCTION),
+                     no_flops=frozenset(NO_FLOPS))
 
 
 def _dtype_name(onnx: Any, elem_type: int) -> str:
@@ -338,30 +342,8 @@ class _Builder:
             op.params = (table.name,)
             op.attrs = {"rows": table.shape[0], "width": table.shape[-1] if table.shape else 1}
             op.shardable = {table.name: ((0, "vocab"), (1, "column"))}
-        elif t in NORM or (op.scope_types and "norm" in op.scope_types[-1].lower()
-                           and t not in VIEW and t not in COPY):
-            op.kind = OpKind.NORM
-            op.flops = float(out.numel) if out is not None else 0.0
-            op.shardable = elementwise_shardable(op.inputs)
-        elif t in VIEW:
-            op.kind = OpKind.VIEW
-        elif t in COPY:
-            op.kind = OpKind.COPY
-        elif t in CONSTANT:
-            op.kind = OpKind.CONSTANT
-        elif t in SOFTMAX:
-            op.kind = OpKind.SOFTMAX
-            op.flops = 5.0 * out.numel if out is not None else 0.0
-            op.shardable = elementwise_shardable(op.inputs)
-        elif t in TOPK:
-            op.kind = OpKind.TOPK
-        elif t in REDUCTION:
-            op.kind = OpKind.REDUCTION
-            op.flops = float(sum(x.numel for x in op.inputs))
         else:
-            op.kind = OpKind.ELEMENTWISE
-            op.flops = float(out.numel) if out is not None and t not in NO_FLOPS else 0.0
-            op.shardable = elementwise_shardable(op.inputs)
+            classify_simple(op, t, ONNX_NAMES, out)
 
     def _attention(self, op: Op, node: Any, positions: list[str | None]) -> None:
         q, k, v = op.inputs[:3]

@@ -191,6 +191,9 @@ class Pins:
                                               if runtime.hpz else "it has no ZeRO++ hpZ") + ")")
         if self.offload in ("activations", "both") and not runtime.activation_offload:
             bad.append(f"offload={self.offload} (it has no activation offload)")
+        elif self.offload == "activations":  # nothing else to offload: refuse a pin that bars it
+            bad += [f"offload=activations with {why}" for why in offload_rules.pinned_refusals(
+                self.pp, self.recompute.value if self.recompute is not None else None)]
         if bad:
             raise invalid(f"runtime {runtime.name} cannot run the pinned "
                           f"{'; '.join(bad)}", "drop the pin, or choose another --runtime")

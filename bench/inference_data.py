@@ -87,8 +87,9 @@ def deployments() -> dict[str, dict]:
 def published(entry: dict) -> dict:
     """The entry with the facts of its published run (:func:`deployments`) in place of the
     fields its calibration row left unknown or defaulted: ``serving.speculative_decoding``,
-    ``serving.max_batch_size`` / ``max_num_tokens``, the prefill / decode workers and degrees, and the GPU count
-    they imply. An entry without such facts is returned unchanged."""
+    ``serving.max_batch_size`` / ``max_num_tokens``, the piecewise CUDA graphs' captured token
+    counts (``torch_compile_config`` -> ``serving.prefill_capture_num_tokens``), the prefill /
+    decode workers and degrees, and the GPU count they imply. An entry without such facts is returned unchanged."""
     facts = deployments().get(entry["id"])
     if facts is None:
         return entry
@@ -96,6 +97,9 @@ def published(entry: dict) -> dict:
     for key in ("speculative_decoding", "max_batch_size", "max_num_tokens"):
         if key in facts:
             serving[key] = facts[key]
+    compiled = facts.get("torch_compile_config") or {}
+    if compiled.get("enable_piecewise_cuda_graph"):
+        serving["prefill_capture_num_tokens"] = list(compiled["capture_num_tokens"])
     cluster = dict(entry["cluster"])
     if "decode" in facts:
         for role in ("prefill", "decode"):
@@ -237,6 +241,7 @@ def case(entry: dict) -> Case:
     model = _model(entry)
     batch = s.get("max_batch_size") or rt.max_batch
     tokens = s.get("max_num_tokens") or rt.default_max_num_tokens(cluster.gpu)
+    capture = tuple(s.get("prefill_capture_num_tokens") or ())
     if rt.name == "trtllm" and not isinstance(conc, int) and not s["mode"].startswith("disagg"):
         bench_batch, bench_tokens = trtllm_bench_settings(
             model, cluster.gpu.memory_gib, dtype, kv, s.get("tp") or 1, s.get("pp") or 1,
@@ -250,7 +255,8 @@ def case(entry: dict) -> Case:
         config = ServingConfig("disaggregated", prefill=_worker(p), decode=_worker(d),
                                prefill_workers=p["workers"], decode_workers=d["workers"],
                                batch=decode_batch, max_num_tokens=tokens,
-                               prefill_batch=p.get("batch_size") or 1)
+                               prefill_batch=p.get("batch_size") or 1,
+                               prefill_capture_num_tokens=capture)
         if not isinstance(conc, int):
             conc = decode_batch * d["workers"]
         regime = "disaggregated"
@@ -260,7 +266,7 @@ def case(entry: dict) -> Case:
         if not isinstance(conc, int) and w.get("batch_size"):
             conc = w["batch_size"] * replicas
         config = ServingConfig("aggregated", worker=worker, replicas=replicas, batch=batch,
-                               max_num_tokens=tokens)
+                               max_num_tokens=tokens, prefill_capture_num_tokens=capture)
         regime = "aggregated" if isinstance(conc, int) else "offline"
     bench = client(w)  # its mean lengths: what the deployment served
     drafts, acceptance = parse_speculative(s.get("speculative_decoding"))

@@ -82,6 +82,20 @@ def _degree(name: str, default=None, help_text: str = ""):
                         help=help_text)
 
 
+def _token_counts(text: str | None) -> tuple[int, ...]:
+    """``--prefill-capture-num-tokens``: comma-separated positive integers (ServingConfig
+    checks they increase)."""
+    from planner.errors import invalid
+
+    if text is None:
+        return ()
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise invalid(f"--prefill-capture-num-tokens takes comma-separated token counts, "
+                      f"got {text!r}") from None
+
+
 @click.command("evaluate")
 @_common
 @_degree("--tp", help_text="Tensor-parallel degree of a worker (aggregated).")
@@ -95,6 +109,10 @@ def _degree(name: str, default=None, help_text: str = ""):
               help="Max sequences a (decode) worker runs (--max-num-seqs; default: runtime's).")
 @click.option("--max-num-tokens", type=click.IntRange(min=1, max=1 << 24), default=None,
               help="Tokens per iteration (chunked-prefill budget; default: runtime's).")
+@click.option("--prefill-capture-num-tokens", default=None, metavar="N,N,...",
+              help="Token counts the runtime captures piecewise CUDA graphs of for iterations "
+                   "that carry prompt tokens (TensorRT-LLM torch_compile_config "
+                   "capture_num_tokens with enable_piecewise_cuda_graph; default: none, eager).")
 @_degree("--prefill-workers", None, "Disaggregated: prefill workers.")
 @_degree("--decode-workers", None, "Disaggregated: decode workers.")
 @_degree("--prefill-tp", None, "Disaggregated: prefill worker tp (default --tp).")
@@ -111,8 +129,8 @@ def _degree(name: str, default=None, help_text: str = ""):
 def serve_evaluate(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms, tpot_ms,
                    mode, dtype, kv_dtype, speculative, runtime_name, workload, as_json, tp, pp,
                    ep,
-                   attention_dp, replicas, batch, max_num_tokens, prefill_workers,
-                   decode_workers, prefill_tp, prefill_pp, prefill_ep, prefill_attention_dp,
+                   attention_dp, replicas, batch, max_num_tokens, prefill_capture_num_tokens,
+                   prefill_workers, decode_workers, prefill_tp, prefill_pp, prefill_ep, prefill_attention_dp,
                    decode_tp, decode_pp, decode_ep, decode_attention_dp, prefill_batch):
     """Predict TTFT, TPOT and throughput of one given serving deployment."""
     from planner.errors import invalid
@@ -125,7 +143,8 @@ def serve_evaluate(model, cluster, nodes, isl, osl, concurrency, request_rate, t
     graph, hw, wl = _inputs(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms,
                             tpot_ms, mode, dtype, kv_dtype, speculative)
     caps = dict(batch=batch or rt.max_batch,
-                max_num_tokens=max_num_tokens or rt.default_max_num_tokens(hw.gpu))
+                max_num_tokens=max_num_tokens or rt.default_max_num_tokens(hw.gpu),
+                prefill_capture_num_tokens=_token_counts(prefill_capture_num_tokens))
     if prefill_workers is not None or decode_workers is not None or mode == "disaggregated":
         if prefill_workers is None or decode_workers is None:
             raise invalid("disaggregated serving needs both --prefill-workers and "

@@ -254,6 +254,10 @@ class StateBytes:
     reduce_copy_bytes: float = 0.0
     # the layout the runtime switches to from ZeRO-2 on (a different optimizer class), if any
     zero2_layout: str | None = None
+    # the once-per-step gradient reduction is an all-reduce of the whole gradient even where
+    # the optimizer states are sharded (ZeRO-1): each rank then updates its partition and the
+    # updated weights are all-gathered (DeepSpeed BF16_Optimizer; a reduce-scatter otherwise)
+    reduce_all: bool = False
 
 
 RUNTIME_STATE_BYTES = {
@@ -278,9 +282,16 @@ RUNTIME_STATE_BYTES = {
     # parameter), all-reduces that copy and copies it back. The copy is one block allocated
     # after the pipeline flush, which the cached activation blocks cannot serve, so the device
     # holds it beside them; the reduction moves 2 bytes per parameter.
+    # The reduction is a full all-reduce (allreduce_bucket: dist.all_reduce over the data-parallel
+    # group), not a reduce-scatter, although the fp32 master partition is sharded: each rank
+    # then steps its partition and BF16_Optimizer.step all-gathers the updated bf16 weights
+    # (utils.py all_gather_dp_groups). DeepSpeed of 2022-04 (pipe/engine.py _exec_reduce_grads)
+    # runs bf16 under pipeline parallelism only this way (ZeRO stage 0; stage 1 raises
+    # NotImplementedError), so the step moves an all-reduce and an all-gather.
     "deepspeed-bf16": StateBytes(weights=2.0, grads=6.0, optimizer=12.0,
                                  grads_sharded_from_stage=4, grad_reduce_bytes=2.0,
-                                 reduce_copy_bytes=2.0, zero2_layout="deepspeed"),
+                                 reduce_copy_bytes=2.0, zero2_layout="deepspeed",
+                                 reduce_all=True),
     # PyTorch in fp32 (the CPU verification runtime, planner/runtime): fp32 weights and
     # gradients, Adam's m and v (torch.optim.Adam state), no separate master copy.
     "torch-fp32": StateBytes(weights=4.0, grads=4.0, optimizer=8.0, grads_sharded_from_stage=2,

@@ -24,7 +24,10 @@ argument definitions (names checked by hand against the sources below; no code c
   LLM API fields of the options YAML (``enable_attention_dp``, ``enable_chunked_prefill``,
   ``kv_cache_config.{dtype,free_gpu_memory_fraction}``, ``cuda_graph_config.{max_batch_size,
   enable_padding}``, ``speculative_config.{decoding_type,num_nextn_predict_layers}``) as in
-  TensorRT-LLM's ``examples/serve`` configs and ``MTPDecodingConfig``.
+  TensorRT-LLM's ``examples/serve`` configs and ``MTPDecodingConfig``;
+  ``torch_compile_config.{enable_piecewise_cuda_graph,capture_num_tokens}`` (nvidia.github.io/
+  TensorRT-LLM "Torch Compile & Piecewise CUDA Graph", ``TorchCompileConfig``: a bool and a
+  list of positive token counts).
 """
 from __future__ import annotations
 
@@ -66,6 +69,7 @@ TRTLLM_YAML = {
     "kv_cache_config": {"dtype": ("auto", "fp8"), "free_gpu_memory_fraction": float},
     "cuda_graph_config": {"max_batch_size": int, "enable_padding": bool},
     "speculative_config": {"decoding_type": ("MTP",), "num_nextn_predict_layers": int},
+    "torch_compile_config": {"enable_piecewise_cuda_graph": bool, "capture_num_tokens": list},
 }
 
 

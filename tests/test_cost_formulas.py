@@ -70,6 +70,31 @@ def test_deepspeed_bf16_shards_gradients_from_zero_2():
     assert megatron.state_bytes(3) == megatron.state_bytes(0) == RUNTIME_STATE_BYTES["megatron"]
 
 
+def test_bf16_optimizer_all_reduces_the_whole_gradient_then_gathers():
+    # DeepSpeed BF16_Optimizer (as BLOOM ran it, ZeRO-1 layout): engine.py allreduce_bucket
+    # all-reduces every flat gradient group over the data-parallel group, then each rank steps
+    # its partition and BF16_Optimizer.step all-gathers the bf16 weights (all_gather_dp_groups).
+    # Megatron's distributed optimizer reduce-scatters instead: half the reduction's volume.
+    from planner.cost.terms import dp_collectives
+
+    link = Link(bandwidth_bytes_per_s=10e9, latency_s=0.0, tier="ib", crosses_nodes=True)
+    n, size = 8, 4e9
+    assert RuntimeOptions(runtime="deepspeed-bf16").state_bytes(1).reduce_all
+    assert not RuntimeOptions(runtime="megatron").state_bytes(1).reduce_all
+    for reduce_all, reduce_s in ((True, comm.all_reduce_s(size, n, link)),
+                                 (False, comm.reduce_scatter_s(size, n, link))):
+        *_, red, _, gat, _ = dp_collectives(1, n, 1, link, link, False, reduce_all=reduce_all)
+        assert red.slope_s_per_byte * size == pytest.approx(reduce_s)
+        assert gat.slope_s_per_byte * size == pytest.approx(comm.all_gather_s(size, n, link))
+    # the reduction is twice the reduce-scatter's: 2 (n-1)/n of the bytes on the wire
+    twice = 2 * comm.reduce_scatter_s(size, n, link)
+    assert comm.all_reduce_s(size, n, link) == pytest.approx(twice)
+    # ZeRO-0 all-reduces with or without it, and ZeRO-2/3 keep their per-micro-batch reduction
+    for zero, per_mb in ((0, False), (2, True), (3, True)):
+        assert dp_collectives(zero, n, 1, link, link, per_mb, reduce_all=True) == \
+            dp_collectives(zero, n, 1, link, link, per_mb)
+
+
 def gpt_block(h: int, a: int) -> Layer:
     params = 12 * h * h + 13 * h
     return Layer("block.0", LayerKind.BLOCK, h, params, params, tp_replicated_params=6 * h,

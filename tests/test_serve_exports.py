@@ -149,3 +149,45 @@ def test_mtp_speculative_decoding_in_every_export():
     assert "speculative_config" not in workers[0]["extra_llm_api_options"]
     assert workers[1]["extra_llm_api_options"]["speculative_config"] == {
         "decoding_type": "MTP", "num_nextn_predict_layers": 2}
+
+
+def test_piecewise_capture_in_the_trtllm_options_of_the_workers_that_prefill():
+    """A deployment that states piecewise CUDA graphs of its prompt-carrying iterations
+    (prefill_capture_num_tokens) exports them as TensorRT-LLM's torch_compile_config on the
+    aggregated and prefill workers (decode-only workers replay their generation graphs); the
+    plan stays schema-valid and the other exports say they leave capture sizes at defaults."""
+    import json
+
+    from planner.plan_io import schema_errors
+    from planner.serve.plan import config_from_dict
+
+    capture = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 768, 1024, 1216)
+    wl = ServingWorkload(isl=1024, osl=1024, concurrency=32, dtype="fp8", kv_dtype="fp8",
+                         draft_tokens=3)
+    agg = ServingConfig("aggregated", worker=WorkerConfig(tp=8, ep=8), batch=32,
+                        max_num_tokens=1216, prefill_capture_num_tokens=capture)
+    doc = json.loads(json.dumps(_plan("deepseek-v3", "dgx-b200", wl, agg)))
+    assert schema_errors(doc) == []
+    assert config_from_dict(doc["inference"]["deployment"]) == agg
+    (worker,) = yaml.safe_load(export_plan(doc, "trtllm").text)["trtllm_workers"]
+    _check_yaml(worker["extra_llm_api_options"], ref.TRTLLM_YAML)
+    assert worker["extra_llm_api_options"]["torch_compile_config"] == {
+        "enable_piecewise_cuda_graph": True, "capture_num_tokens": list(capture)}
+    for fmt in ("vllm", "sglang"):
+        assert any("piecewise CUDA graphs" in w for w in export_plan(doc, fmt).warnings)
+    dwl = ServingWorkload(isl=1024, osl=1024, concurrency=32, mode="disaggregated",
+                          dtype="fp8", kv_dtype="fp8")
+    dis = ServingConfig("disaggregated", prefill=WorkerConfig(tp=8, ep=8),
+                        decode=WorkerConfig(tp=8, ep=8), prefill_workers=1, decode_workers=1,
+                        batch=32, max_num_tokens=1216, prefill_capture_num_tokens=capture)
+    prefill, decode = yaml.safe_load(export_plan(
+        _plan("deepseek-v3", "dgx-b200", dwl, dis, nodes=2), "trtllm").text)["trtllm_workers"]
+    assert prefill["extra_llm_api_options"]["torch_compile_config"]["capture_num_tokens"] == \
+        list(capture)
+    assert "torch_compile_config" not in decode["extra_llm_api_options"]
+
+
+def test_plans_without_capture_export_no_torch_compile_config(aggregated):
+    (worker,) = yaml.safe_load(export_plan(aggregated, "trtllm").text)["trtllm_workers"]
+    assert "torch_compile_config" not in worker["extra_llm_api_options"]
+    assert not any("piecewise" in w for w in export_plan(aggregated, "vllm").warnings)

@@ -241,7 +241,7 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
     per_mb = zero >= 2 and n > 1 and not pp_keeps_unsharded(ctx)
     zr_dense, zr_expert, zg_dense, zg_expert, red_dense, red_expert, gat_dense, gat_expert = \
         dp_collectives(zero, n, n_expert, ctx.links.dp, ctx.links.edp or ctx.links.dp, per_mb,
-                      mesh.replicas, ctx.links.replicate)
+                      mesh.replicas, ctx.links.replicate, state.reduce_all)
     zg_fwd_dense = zg_dense.scaled(0.5)
     if c.hpz and per_mb:
         zg_dense, zg_fwd_dense = hpz_gathers(
@@ -295,7 +295,8 @@ def chunk_weights(model: ModelGraph, chunks: int) -> tuple[float, ...]:
 
 def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Link,
                    per_mb: bool, replicas: int = 1,
-                   replica_link: Link | None = None) -> tuple[Affine, ...]:
+                   replica_link: Link | None = None,
+                   reduce_all: bool = False) -> tuple[Affine, ...]:
     """The data-parallel collectives of ZeRO stage ``zero`` over ``n`` dense ranks on ``link``
     and ``n_expert`` routed-expert ranks on ``expert_link``: per-micro-batch reduce (dense,
     expert) and gather (dense, expert), once-per-step reduce and gather (dense, expert).
@@ -306,7 +307,11 @@ def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Li
     (``replica_link``), per micro-batch where the reduce-scatter is (ZeRO-2/3), once per step
     otherwise (PyTorch FSDP HYBRID_SHARD: reduce-scatter then all-reduce; torchtitan's
     dp_replicate x dp_shard mesh; Megatron-Core's distributed-optimizer instances reduce
-    inside an instance and all-reduce across instances)."""
+    inside an instance and all-reduce across instances).
+
+    ``reduce_all``: the layout's once-per-step ZeRO-1 reduction is an all-reduce of the whole
+    gradient before the partition's update and the weights' all-gather
+    (:attr:`planner.config.StateBytes.reduce_all`, DeepSpeed's BF16_Optimizer)."""
     def coll(fn, size: int) -> Affine:
         return Affine.of(fn, size, link) if size > 1 else NO_COMM
 
@@ -331,10 +336,11 @@ def dp_collectives(zero: int, n: int, n_expert: int, link: Link, expert_link: Li
     if zero == 0:
         red_dense, red_expert = coll(comm.all_reduce_s, n), ecoll(comm.all_reduce_s, n_expert)
     elif zero < 3 or not per_mb:
+        reduce = comm.all_reduce_s if reduce_all and zero == 1 else comm.reduce_scatter_s
         if not per_mb:
-            red_dense = coll(comm.reduce_scatter_s, n)
+            red_dense = coll(reduce, n)
         if not (zero == 2 and n > 1):
-            red_expert = ecoll(comm.reduce_scatter_s, n_expert)
+            red_expert = ecoll(reduce, n_expert)
         gat_dense, gat_expert = coll(comm.all_gather_s, n), ecoll(comm.all_gather_s, n_expert)
     if replicas > 1 and replica_link is not None:
         across = Affine.of(comm.all_reduce_s, replicas, replica_link)
@@ -480,7 +486,8 @@ def _layout_config_terms(ctx: CostContext, layout: Layout) -> ConfigTerms:
     t, view = _config_terms(ctx), layout_view(ctx, layout)
     zr, _, zg, _, red, _, gat, _ = dp_collectives(
         ctx.config.zero_stage, view.dp_shard, ctx.mesh.expert_shard_degree, view.dp_link,
-        view.dp_link, t.per_micro_batch_sync)
+        view.dp_link, t.per_micro_batch_sync,
+        reduce_all=ctx.options.state_bytes(ctx.config.zero_stage).reduce_all)
     return replace(t, zero_reduce_dense=Affine(zr.slope_s_per_byte,
                                                t.zero_reduce_dense.intercept_s),
                    zero_gather_dense=Affine(zg.slope_s_per_byte, t.zero_gather_dense.intercept_s),

@@ -30,6 +30,9 @@ class WorkerSpec:
     kv_dtype: str  # bf16 | fp8
     model: str  # the model spec the plan was made for
     draft_tokens: int = 0  # MTP speculative decoding (decode and aggregated workers; 0: off)
+    # token counts of the piecewise CUDA graphs of prompt-carrying iterations (workers that
+    # prefill: aggregated and prefill; empty: eager)
+    capture_num_tokens: tuple[int, ...] = ()
 
     @property
     def gpus(self) -> int:
@@ -50,10 +53,12 @@ def worker_specs(doc: dict[str, Any], fmt: str) -> list[WorkerSpec]:
                   model=doc["inputs"]["model"]["spec"])
 
     draft = (wl.get("speculative") or {}).get("draft_tokens", 0)
+    capture = tuple(dep.get("prefill_capture_num_tokens") or ())
 
     def spec(role: str, w: dict, count: int, batch: int) -> WorkerSpec:
         return WorkerSpec(role, count, w["tp"], w["pp"], w["ep"], w["attention_dp"], batch,
-                          **common, draft_tokens=0 if role == "prefill" else draft)
+                          **common, draft_tokens=0 if role == "prefill" else draft,
+                          capture_num_tokens=() if role == "decode" else capture)
 
     if dep["mode"] == "aggregated":
         return [spec("aggregated", dep["worker"], dep["replicas"], dep["batch"])]
@@ -73,6 +78,17 @@ def model_warning(spec: WorkerSpec) -> str:
     return (f"the model argument is the plan's model spec {spec.model!r}: replace it with the "
             f"checkpoint you serve (Hugging Face id or path) at the planned precision "
             f"({spec.dtype} weights, {spec.kv_dtype} KV cache)")
+
+
+def capture_warnings(specs: list[WorkerSpec], fmt: str) -> list[str]:
+    """A warning when the plan states piecewise CUDA-graph token counts (TensorRT-LLM's
+    ``torch_compile_config``) that the ``fmt`` export does not write."""
+    captured = next((s.capture_num_tokens for s in specs if s.capture_num_tokens), ())
+    if not captured:
+        return []
+    return [f"the plan's prefill iterations were predicted with piecewise CUDA graphs of "
+            f"{list(captured)} tokens (TensorRT-LLM torch_compile_config); the {fmt} export "
+            f"leaves its own CUDA-graph capture sizes at their defaults"]
 
 
 def refuse_training(fmt: str):

@@ -7,7 +7,11 @@ Names: ``trtllm-serve`` options (TensorRT-LLM docs "trtllm-serve": ``--tp_size``
 YAML (``enable_attention_dp``, ``enable_chunked_prefill``, ``kv_cache_config.dtype``,
 ``kv_cache_config.free_gpu_memory_fraction``, ``cuda_graph_config.max_batch_size``, and for
 MTP speculative decoding ``speculative_config: {decoding_type: MTP, num_nextn_predict_layers:
-N}`` as in TensorRT-LLM's DeepSeek-R1 guides and ``MTPDecodingConfig``), listed and
+N}`` as in TensorRT-LLM's DeepSeek-R1 guides and ``MTPDecodingConfig``, and for a plan whose
+deployment states piecewise CUDA graphs of its prompt-carrying iterations
+(``prefill_capture_num_tokens``) ``torch_compile_config: {enable_piecewise_cuda_graph: true,
+capture_num_tokens: [...]}`` on the workers that prefill, TensorRT-LLM "Torch Compile &
+Piecewise CUDA Graph" and ``TorchCompileConfig``), listed and
 checked in ``tests/serve_runtime_options.py``. With attention DP, ``--tp_size`` counts every
 rank of the worker (TensorRT-LLM replicates attention over them). The document is one YAML
 stream: per worker a mapping with its ``command`` (the shell line, shlex-quoted) and its
@@ -35,6 +39,9 @@ def options(spec) -> dict:
     if spec.draft_tokens:
         doc["speculative_config"] = {"decoding_type": "MTP",
                                      "num_nextn_predict_layers": spec.draft_tokens}
+    if spec.capture_num_tokens:
+        doc["torch_compile_config"] = {"enable_piecewise_cuda_graph": True,
+                                       "capture_num_tokens": list(spec.capture_num_tokens)}
     return doc
 
 

@@ -232,7 +232,8 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
         return _not_fitting(model, cluster, workload, config, rt, memory, capacity, problems)
 
     def step(b: float, prefill: float) -> IterationTime:
-        return _step(model, cluster, workload, w, calib, rt.name, b, prefill)
+        return _step(model, cluster, workload, w, calib, rt.name, b, prefill,
+                     config.prefill_capture_num_tokens)
 
     def at(c: float) -> tuple[float, float, float, IterationTime]:
         b = min(c, max_batch)
@@ -341,7 +342,8 @@ def aggregated_rates(model: ModelGraph, cluster: Cluster, workload: ServingWorkl
     steps = workload.osl / tps
 
     def step(batch: float, prefill: float) -> IterationTime:
-        return _step(model, cluster, workload, config.worker, calib, rt.name, batch, prefill)
+        return _step(model, cluster, workload, config.worker, calib, rt.name, batch, prefill,
+                     config.prefill_capture_num_tokens)
 
     c = float(b * config.replicas) / config.replicas  # as _aggregated derives it
     it, tpot = _decode_terms(step, calib.interference(rt.name), c, workload.isl, steps, tps,
@@ -350,13 +352,16 @@ def aggregated_rates(model: ModelGraph, cluster: Cluster, workload: ServingWorkl
     return user, config.replicas * c * tps / it.total_s / config.num_gpus
 
 
-def _step(model, cluster, workload, w, calib, runtime_name, b, prefill) -> IterationTime:
-    """One aggregated iteration: ``b`` decoding sequences and ``prefill`` prompt tokens."""
+def _step(model, cluster, workload, w, calib, runtime_name, b, prefill,
+          capture: tuple[int, ...] = ()) -> IterationTime:
+    """One aggregated iteration: ``b`` decoding sequences and ``prefill`` prompt tokens
+    (``capture``: the deployment's piecewise-captured token counts)."""
     isl = workload.isl
     return iteration_time(model, cluster, w, workload.dtype, workload.kv_cache_dtype, calib,
                           decode_seqs=b, context=isl + workload.osl / 2, prefill_tokens=prefill,
                           prefill_isl=isl, prefill_requests=prefill / isl,
-                          runtime=runtime_name, draft_tokens=workload.draft_tokens)
+                          runtime=runtime_name, draft_tokens=workload.draft_tokens,
+                          capture_num_tokens=capture)
 
 
 def _chunk(config: ServingConfig, b: float, width: int) -> int:
@@ -383,10 +388,12 @@ def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: Servi
     steps = workload.osl / tps
 
     def step(b: float, prefill: float) -> float:
-        return _step(model, cluster, workload, w, calib, rt.name, b, prefill).total_s
+        return _step(model, cluster, workload, w, calib, rt.name, b, prefill,
+                     config.prefill_capture_num_tokens).total_s
 
     def it_step(b: float, prefill: float) -> IterationTime:
-        return _step(model, cluster, workload, w, calib, rt.name, b, prefill)
+        return _step(model, cluster, workload, w, calib, rt.name, b, prefill,
+                     config.prefill_capture_num_tokens)
 
     lower, upper = mean_iteration_bounds(it_step, lo, hi, isl, steps,
                                          _chunk(config, lo, width), _chunk(config, hi, width))
@@ -442,15 +449,16 @@ def kv_transfer_s(model, cluster, workload, prefill: WorkerConfig, prompts: int,
 
 def prefill_pass(model, cluster, workload: ServingWorkload, worker: WorkerConfig,
                  runtime_name: str, calib: Calibration, max_num_tokens: int,
-                 prompts: int = 1) -> tuple[float, IterationTime]:
+                 prompts: int = 1, capture: tuple[int, ...] = ()) -> tuple[float, IterationTime]:
     """(seconds, one iteration) of a prefill-only worker running ``prompts`` prompts in
-    iterations of at most ``max_num_tokens`` tokens."""
+    iterations of at most ``max_num_tokens`` tokens (``capture``: the piecewise-captured
+    token counts)."""
     tokens = prompts * workload.isl
     chunks = math.ceil(tokens / max_num_tokens)
     it = iteration_time(model, cluster, worker, workload.dtype, workload.kv_cache_dtype, calib,
                         decode_seqs=0, context=0, prefill_tokens=tokens / chunks,
                         prefill_isl=workload.isl, prefill_requests=prompts / chunks,
-                        runtime=runtime_name)
+                        runtime=runtime_name, capture_num_tokens=capture)
     return chunks * it.total_s, it
 
 
@@ -509,7 +517,7 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
         return _not_fitting(model, cluster, workload, config, rt, mem_d, cap_d, problems)
     max_batch = min(config.batch, cap_d)
     t_prefill, it_p = prefill_pass(model, cluster, workload, P, rt.name, calib,
-                                   config.max_num_tokens, k)
+                                   config.max_num_tokens, k, config.prefill_capture_num_tokens)
     t_kv = kv_transfer_s(model, cluster, workload, P, k, config.num_gpus)
     prefill_rate_cap = n_p * k / t_prefill  # requests/s
 

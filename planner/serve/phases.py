@@ -34,6 +34,20 @@ Serving-specific terms written here:
   from Python, and a MoE layer takes at least the host's time to issue it: the training
   model's floor (:func:`planner.cost.moe.host_floor_s`, one forward pass per layer; the
   runtimes' fused MoE kernels take the routing on the device, so no token-count read-back).
+* Piecewise-captured iterations: where the deployment states the token counts its runtime
+  captures piecewise CUDA graphs of (``ServingConfig.prefill_capture_num_tokens``: TensorRT-LLM
+  ``torch_compile_config: {enable_piecewise_cuda_graph: true, capture_num_tokens: [...]}``),
+  a prompt-carrying iteration of at most the largest captured count of tokens (per attention
+  group) runs the graph of the smallest captured count at or above its tokens: the attention
+  core stays eager at the iteration's own tokens (TensorRT-LLM "Torch Compile & Piecewise CUDA
+  Graph": "runs cudagraph-unsupported components (primarily attention) in eager mode while
+  capturing and replaying the supported parts"), everything else (the embedding and each
+  block's GEMMs, MoE layer and collectives; the output head still runs on the sampled
+  positions only) replays at the padded count with one launch per piece, so the
+  MoE host floor does not apply (a replayed graph needs no per-kernel issue,
+  :func:`planner.cost.moe.host_floor_s`), and the eager attention core costs its kernels'
+  launches as in any iteration (the leaf model's per-kernel launch term; no floor, as for
+  every dense layer). An iteration of more tokens runs fully eager as above.
 
 The decode HBM efficiency, prefill efficiency and per-step overhead are calibrated constants
 (:data:`planner.serve.runtime.CALIBRATED`), applied by handing the leaf terms a GPU whose HBM
@@ -41,6 +55,7 @@ bandwidth or GEMM / attention efficiencies are scaled by them.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -221,7 +236,8 @@ def iteration_time(model: ModelGraph, cluster: Cluster, worker: WorkerConfig, dt
                    kv_dtype: str, calib: Calibration, *, decode_seqs: float, context: float,
                    prefill_tokens: float = 0.0, prefill_isl: float = 0.0,
                    prefill_requests: float = 0.0, runtime: str = "*",
-                   draft_tokens: int = 0) -> IterationTime:
+                   draft_tokens: int = 0,
+                   capture_num_tokens: tuple[int, ...] = ()) -> IterationTime:
     """One iteration of a worker (all stages): ``decode_seqs`` running sequences at an average
     ``context`` tokens each, plus ``prefill_tokens`` tokens of prompts of ``prefill_isl``
     tokens (``prefill_requests`` of them finish their prompt and sample a first token).
@@ -231,58 +247,74 @@ def iteration_time(model: ModelGraph, cluster: Cluster, worker: WorkerConfig, dt
     shared head at one token per sequence each, and the main model then verifies
     ``1 + draft_tokens`` tokens per sequence in one pass (its GEMMs and attention FLOPs see
     that many tokens; each sequence's KV cache is still read once). ``runtime``: whose
-    per-iteration overhead applies."""
+    per-iteration overhead applies. ``capture_num_tokens``: the token counts the runtime
+    captures piecewise CUDA graphs of for prompt-carrying iterations (module docstring; empty:
+    they run eagerly)."""
     return _iteration_time(Ident(model), Ident(cluster), worker, dtype, kv_dtype, calib,
                            float(decode_seqs), float(context), float(prefill_tokens),
                            float(prefill_isl), float(prefill_requests), runtime,
-                           int(draft_tokens))
+                           int(draft_tokens), tuple(capture_num_tokens))
+
+
+def captured_tokens(tokens: float, capture: tuple[int, ...]) -> int | None:
+    """The captured token count a piecewise CUDA graph replays an iteration of ``tokens``
+    tokens at (the smallest of ``capture`` at or above them), or None when ``tokens`` exceed
+    every captured count (the iteration runs eagerly)."""
+    if not capture or tokens > capture[-1]:
+        return None
+    return capture[bisect.bisect_left(capture, math.ceil(tokens))]
 
 
 def _layers_time(classes, cluster: Cluster, w: WorkerConfig, gpu: Gpu, hbm: float,
                  gemm_dtype: str, kv_dtype: str, micro: int, seqs_group: float, width: float,
                  context: float, prefill_group: float, prefill_isl: float,
-                 sampled: float) -> tuple[float, float, float, float]:
+                 sampled: float, capture: tuple[int, ...] = ()) -> tuple[float, float, float,
+                                                                         float]:
     """(GEMM + element-wise, attention core, communication, host wait) seconds of ``classes``
     (``(layer, count)`` pairs) for one micro-batch per attention group: ``seqs_group``
     decoding sequences of ``width`` tokens each and ``prefill_group`` prefill tokens (with
-    prefill tokens the iteration runs eagerly: the MoE host floor, module docstring)."""
+    prefill tokens the iteration runs eagerly: the MoE host floor, module docstring; unless
+    ``capture``, the piecewise-captured token counts, holds its tokens: then the blocks' parts
+    other than the attention core run at the captured count and no host floor applies)."""
     tokens_group = seqs_group * width + prefill_group
-    tokens_stage = tokens_group * w.attention_dp  # all tokens of a micro-batch in a stage
+    graph = captured_tokens(tokens_group, capture) if prefill_group > 0 else None
+    tokens_graph = float(graph) if graph is not None else tokens_group  # captured pieces' rows
+    tokens_stage = tokens_graph * w.attention_dp  # all tokens of a micro-batch in a stage
     link_tp, link_moe, _ = _links(cluster, w)
     gemm = attention = communication = host = 0.0
     for layer, count in classes:
         if layer.kind is not LayerKind.BLOCK:
-            embed_tokens = tokens_group if layer.kind is LayerKind.EMBEDDING else sampled
+            embed_tokens = tokens_graph if layer.kind is LayerKind.EMBEDDING else sampled
             gemm += count * _layer_part_s(layer, embed_tokens, w.tp, 1, "bf16", gpu)
             if layer.kind is LayerKind.EMBEDDING:
                 communication += count * comm.all_reduce_s(
-                    tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
+                    tokens_graph * layer.hidden * ACT_BYTES, w.tp, link_tp)
             continue
         att, mlp = layer.attention, layer.mlp
         split = mlp is not None and mlp.is_moe
         if not split:  # one layer, one shard: attention and MLP on the same tp ranks
-            t = _layer_part_s(layer, tokens_group, w.tp, 1, gemm_dtype, gpu)
+            t = _layer_part_s(layer, tokens_graph, w.tp, 1, gemm_dtype, gpu)
         else:  # attention on tp ranks, experts over ep x moe_tp ranks
-            t = _layer_part_s(replace(layer, mlp=None), tokens_group, w.tp, 1, gemm_dtype, gpu)
+            t = _layer_part_s(replace(layer, mlp=None), tokens_graph, w.tp, 1, gemm_dtype, gpu)
             t += _moe_part_s(layer, tokens_stage / w.ep, w.moe_tp, w.ep, gemm_dtype, gpu)
         a = c = 0.0
         if att is not None:
             a = attention_core_s(att, gpu, w.tp, kv_dtype, seqs_group, context, prefill_group,
                                  prefill_isl / 2, hbm, queries_per_seq=width)
-            c += comm.all_reduce_s(tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
+            c += comm.all_reduce_s(tokens_graph * layer.hidden * ACT_BYTES, w.tp, link_tp)
         if mlp is not None:
             if split and w.attention_dp > 1:  # dispatch and combine of the routed tokens
-                buffer = tokens_group * mlp.top_k * layer.hidden * ACT_BYTES
+                buffer = tokens_graph * mlp.top_k * layer.hidden * ACT_BYTES
                 c += 2 * comm.all_to_all_s(buffer, w.ep, link_moe)
                 if w.tp > 1:
-                    c += comm.all_reduce_s(tokens_group * layer.hidden * ACT_BYTES, w.tp,
+                    c += comm.all_reduce_s(tokens_graph * layer.hidden * ACT_BYTES, w.tp,
                                            link_tp)
             else:  # row-parallel output (or the experts' partial sums) reduced over tp
-                c += comm.all_reduce_s(tokens_group * layer.hidden * ACT_BYTES, w.tp, link_tp)
+                c += comm.all_reduce_s(tokens_graph * layer.hidden * ACT_BYTES, w.tp, link_tp)
         gemm += count * t
         attention += count * a
         communication += count * c
-        if split and prefill_group > 0:
+        if split and prefill_group > 0 and graph is None:
             host += count * moe.host_floor_s(t + a + c, 1.0, options=SERVING_MOE)
     return gemm, attention, communication, host
 
@@ -290,7 +322,7 @@ def _layers_time(classes, cluster: Cluster, w: WorkerConfig, gpu: Gpu, hbm: floa
 @lru_cache(maxsize=65536)
 def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, decode_seqs, context,
                     prefill_tokens, prefill_isl, prefill_requests, runtime,
-                    draft_tokens) -> IterationTime:
+                    draft_tokens, capture=()) -> IterationTime:
     model, cluster = model_key.obj, cluster_key.obj
     gpu = serving_gpu(cluster.gpu, calib.decode_hbm_efficiency, calib.prefill_efficiency)
     hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY  # = raw x decode efficiency
@@ -305,7 +337,7 @@ def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, deco
     args = (cluster, w, gpu, hbm, gemm_dtype, kv_dtype, micro)
     gemm, attention, communication, host = _layers_time(classes, *args, seqs_group, width,
                                                         context, prefill_group, prefill_isl,
-                                                        sampled)
+                                                        sampled, capture)
     if draft_tokens and seqs_group > 0:
         # the MTP module: one block (as the model's last) and the shared output head, at one
         # token per sequence, once per draft token

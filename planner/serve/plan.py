@@ -54,14 +54,17 @@ def _worker(d: dict) -> WorkerConfig:
 
 
 def config_from_dict(d: dict) -> ServingConfig:
+    capture = tuple(d.get("prefill_capture_num_tokens") or ())
     if d["mode"] == "aggregated":
         return ServingConfig("aggregated", worker=_worker(d["worker"]), replicas=d["replicas"],
-                             batch=d["batch"], max_num_tokens=d["max_num_tokens"])
+                             batch=d["batch"], max_num_tokens=d["max_num_tokens"],
+                             prefill_capture_num_tokens=capture)
     return ServingConfig("disaggregated", prefill=_worker(d["prefill"]),
                          decode=_worker(d["decode"]), prefill_workers=d["prefill"]["workers"],
                          decode_workers=d["decode"]["workers"], batch=d["batch"],
                          max_num_tokens=d["max_num_tokens"],
-                         prefill_batch=d["prefill"]["batch"])
+                         prefill_batch=d["prefill"]["batch"],
+                         prefill_capture_num_tokens=capture)
 
 
 def point_dict(ev: ServingEvaluation) -> dict:

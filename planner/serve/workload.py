@@ -202,7 +202,11 @@ class ServingConfig:
     x ``prefill_workers`` and ``decode`` x ``decode_workers``). ``batch`` caps the sequences a
     (decode) worker runs at once (``--max-num-seqs``); ``max_num_tokens`` the tokens of one
     iteration (the chunked-prefill budget, ``--max-num-batched-tokens``); ``prefill_batch`` the
-    requests a prefill worker batches (disaggregated)."""
+    requests a prefill worker batches (disaggregated). ``prefill_capture_num_tokens``: the
+    iteration token counts the runtime captures piecewise CUDA graphs of for prompt-carrying
+    iterations (TensorRT-LLM ``torch_compile_config: {enable_piecewise_cuda_graph: true,
+    capture_num_tokens: [...]}``, ``prefill_capture_num_tokens`` in newer releases); empty (the
+    runtimes' default): such iterations run eagerly (:mod:`planner.serve.phases`)."""
 
     mode: str
     worker: WorkerConfig | None = None
@@ -214,6 +218,7 @@ class ServingConfig:
     batch: int = 256
     max_num_tokens: int = 8192
     prefill_batch: int = 1
+    prefill_capture_num_tokens: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -222,6 +227,13 @@ class ServingConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1 << 24:
                 raise invalid(f"{name} must be a positive integer, got {value!r}")
+        capture = self.prefill_capture_num_tokens
+        if (not isinstance(capture, tuple)
+                or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1 << 24
+                       for v in capture)
+                or list(capture) != sorted(set(capture))):
+            raise invalid("prefill_capture_num_tokens must be increasing positive integers, "
+                          f"got {capture!r}")
         if self.mode == "aggregated":
             if self.worker is None:
                 raise invalid("aggregated serving needs a worker configuration")
@@ -243,6 +255,8 @@ class ServingConfig:
     def as_dict(self) -> dict:
         doc: dict = {"mode": self.mode, "batch": self.batch,
                      "max_num_tokens": self.max_num_tokens, "num_gpus": self.num_gpus}
+        if self.prefill_capture_num_tokens:
+            doc["prefill_capture_num_tokens"] = list(self.prefill_capture_num_tokens)
         if self.mode == "aggregated":
             doc.update(worker=self.worker.as_dict(), replicas=self.replicas)
         else:

@@ -52,7 +52,8 @@ HOSTS_S = (1.5e-3, 2.0e-3, 2.5e-3, 4.4e-3)
 
 
 def _clear_caches() -> None:
-    for fn in (compute.gemm_time_s, compute._layer_compute, terms._layer_terms):
+    for fn in (compute.gemm_time_s, compute._layer_compute, terms._layer_terms,
+               terms._layer_work):
         fn.cache_clear()
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.solver import machine  # noqa: E402
 from clusters import load_cluster  # noqa: E402
 from models import load_model  # noqa: E402
 from models.mtp import with_mtp  # noqa: E402
@@ -157,7 +158,8 @@ def render(rows: list[Row], published: Evaluation | None) -> str:
             f"| {recompute_mix(r.best)} | {r.best.step_time_s:.2f} "
             f"| {r.best.peak_memory_bytes / 2**30:.1f} |")
     ds = next((r for r in rows if r.case == DEEPSEEK), None)
-    lines += ["", "DeepSeek-V3 on 2,048 H800 (target: OPTIMAL in <= 60 s):"]
+    lines += ["", f"Machine: {machine()}.", "",
+              "DeepSeek-V3 on 2,048 H800 (target: OPTIMAL in <= 60 s):"]
     if ds is not None and ds.record is not None:
         lines.append(f"{ds.record.status} in {ds.wall_s:.1f} s wall-clock, {ds.cpu_s:.1f} s CPU.")
     mtp = next((r for r in rows if r.case == DEEPSEEK_MTP), None)

@@ -179,7 +179,17 @@ def machine() -> str:
     except OSError:
         pass
     return (f"{os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, "
-            f"OR-Tools {ortools.__version__}")
+            f"OR-Tools {ortools.__version__}; {load_average()}")
+
+
+def load_average() -> str:
+    """The machine's load when the document is written (1, 5 and 15 minutes): wall-clock
+    seconds on a shared machine are a multiple of CPU seconds under load."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        return "load average unknown"
+    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1 / 5 / 15 min) when written"
 
 
 def render(rows: list[Row]) -> str:

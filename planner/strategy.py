@@ -12,6 +12,7 @@ once, in :func:`planner.cost.terms.layer_terms`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from enum import Enum
 from typing import Iterable
 
@@ -106,7 +107,14 @@ def block_options(recompute: Iterable[Recompute] = RECOMPUTE_POLICIES,
     offload-, offload-, then layout-major: the options without offload first). Activation
     offload goes with recomputation none or selective: a fully recomputed block keeps only its
     input, and Megatron-Core offloads module inputs it would otherwise keep."""
-    recompute, layouts = tuple(recompute), tuple(layouts)
+    return _block_options(tuple(recompute), tuple(layouts), tuple(offload), tuple(act_offload))
+
+
+@lru_cache(maxsize=1024)
+def _block_options(recompute: tuple[Recompute, ...], layouts: tuple[Layout, ...],
+                   offload: tuple[bool, ...], act_offload: tuple[bool, ...]
+                   ) -> tuple[LayerOption, ...]:
+    """(once per combination: the search asks for every configuration's options)"""
     return tuple(LayerOption(r, lay, off, act) for act in act_offload for off in offload
                  for lay in layouts for r in recompute
                  if not act or r in ACT_OFFLOAD_RECOMPUTE)

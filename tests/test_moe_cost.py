@@ -33,10 +33,12 @@ def no_host_floor(monkeypatch):
     from planner.cost import compute, terms
     monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 0.0)
     monkeypatch.setattr(moe, "DROPLESS_SYNC_S", 0.0)
-    for fn in (compute._layer_compute, terms._layer_terms, terms._config_terms):
+    for fn in (compute._layer_compute, terms._layer_terms, terms._layer_work,
+               terms._config_terms):
         fn.cache_clear()
     yield
-    for fn in (compute._layer_compute, terms._layer_terms, terms._config_terms):
+    for fn in (compute._layer_compute, terms._layer_terms, terms._layer_work,
+               terms._config_terms):
         fn.cache_clear()
 
 
@@ -273,6 +275,7 @@ def test_host_floor_binds_small_micro_batches_only(monkeypatch):
     from planner.cost import terms
     from planner.cost.compute import layer_compute
     terms._layer_terms.cache_clear()
+    terms._layer_work.cache_clear()  # (shared between contexts: keyed by value)
     ctx, small = block_terms(config(ep=4))
     attention = replace(MOE.layers[1], mlp=None)
     pre_sync_s = layer_compute(attention, ctx.shard, H100.gpu, ctx.options).fwd_s

@@ -53,7 +53,7 @@ from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Sequence
 
-from planner.config import ParallelConfig
+from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost import comm, moe, offload
 from planner.cost.compute import KERNEL_LAUNCH_S, Shard, hbm_bytes_per_s, layer_compute
 from planner.cost.context import CostContext
@@ -61,7 +61,8 @@ from planner.cost.memory import (ACT_BYTES, ModelStates, in_flight_micro_batches
                                  layer_activation_bytes, layer_params_on_gpu, zero_state_bytes)
 from planner.cost.pipeline import bubble_pieces, pipeline_time_s
 from planner.cost.pipeline_sim import uneven_chunk_excess
-from planner.hardware import GIB
+from planner.hardware import GIB, Gpu
+from planner.hashing import cached_hash
 from planner.ir import Layer, LayerKind, ModelGraph
 from planner.profiles import profile
 from planner.strategy import (ACT_OFFLOAD_RECOMPUTE, LayerOption, Layout, Recompute,
@@ -643,40 +644,78 @@ def _unnamed(layer: Layer) -> Layer:
     return replace(layer, name="") if layer.name else layer
 
 
+@dataclass(frozen=True)
+class WorkView:
+    """What a layer's compute, tensor / context / expert-parallel communication and activation
+    bytes read of a configuration under one layout (:func:`work_view`): the GPU, the runtime
+    options, the layer's shard (its micro-batch, tensor degree, sequence parallelism, context
+    and expert degrees, precision, sequence) and the links of its tensor, context and expert
+    groups. Not the pipeline degree, the data-parallel degree, ZeRO, the virtual stages or
+    the schedule: configurations that differ only in those share their layers' work
+    (:func:`_layer_work` reads nothing else; ``tests/test_graph_search_speed.py`` checks every
+    shared term equals a fresh one)."""
+
+    gpu: Gpu
+    options: RuntimeOptions
+    shard: Shard
+    etp: int  # the mesh's expert tensor degree (the routed experts keep the stage's mesh)
+    tp_link: Link
+    cp_link: Link
+    ep_link: Link
+    ep_intra: Link
+    ep_inter: Link
+    ep_domains: int
+    etp_link: Link
+
+    __hash__ = cached_hash  # computed once: every cached term's lookup hashes it
+
+
+@lru_cache(maxsize=4096)
+def work_view(ctx: CostContext, layout: Layout) -> WorkView:
+    """The :class:`WorkView` of ``ctx`` under ``layout`` (which must divide the mesh)."""
+    view, links = layout_view(ctx, layout), ctx.links
+    return WorkView(ctx.cluster.gpu, ctx.options, view.shard, ctx.mesh.expert_tp, view.tp_link,
+                    links.cp, links.ep, links.ep_intra or links.ep, links.ep_inter or links.ep,
+                    links.ep_domains, links.etp or links.tp)
+
+
+@dataclass(frozen=True)
+class LayerWork:
+    """A layer's terms that do not depend on its states' sharding (:func:`_layer_work`)."""
+
+    fwd_s: float  # the layer's compute (no per-block host time)
+    bwd_s: float
+    recompute_s: float
+    tp_comm_s: float  # exposed TP communication
+    other_s: float  # CP ring, MoE dispatch and host floor
+    act_stored_bytes: float
+    act_working_bytes: float
+    hw_flops: float
+    wgrad_s: float
+
+
 @lru_cache(maxsize=65536)
-def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTerms:
-    c, links, opts = ctx.config, ctx.links, ctx.options
-    mesh = ctx.mesh
-    view = layout_view(ctx, option.layout)  # the mesh itself, or the layer's own factoring
-    if view is None:
-        raise ValueError(f"layout {option.layout.value} does not divide the mesh "
-                         f"tp={c.tp} dp={c.dp} micro_batch={c.micro_batch}")
-    if not option_valid(ctx, layer, option):
-        raise ValueError(f"option {option.name} cannot run a {layer.kind.value} layer here "
-                         f"(tp={c.tp} dp={c.dp}, runtime {opts.runtime}, host memory "
-                         f"{'described' if ctx.cluster.cpu_memory else 'not described'})")
-    shard, tp, sp = view.shard, view.tp, view.shard.sp
-    seq_len = layer.seq_len or c.seq_len  # a vision encoder runs on its image tokens
+def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork:
+    """The compute, communication and activation terms of ``layer`` under ``work`` (reads
+    nothing of the configuration but ``work``: shared by every configuration with the same)."""
+    opts, shard = work.options, work.shard
+    tp, sp = shard.tp, shard.sp
+    seq_len = layer.seq_len or shard.seq_len  # a vision encoder runs on its image tokens
     if seq_len != shard.seq_len:
         shard = replace(shard, seq_len=seq_len)
-    if layer.tied_params and c.pp == 1:
-        # one stage holds the embedding and the head: one tensor, one copy (the head's copy
-        # of a tied table exists on the last of several stages only)
-        layer = replace(layer, tied_params=0)
-    recompute = option.recompute
-    compute = layer_compute(layer, shard, ctx.cluster.gpu, opts)
+    compute = layer_compute(layer, shard, work.gpu, opts)
     tokens = shard.tokens
     hidden_bytes = tokens * layer.hidden * ACT_BYTES
     # Tensor parallel collectives (not overlapped with compute unless the runtime says so).
     fwd_syncs, bwd_syncs = _tp_syncs(layer)
-    one = comm.tp_collective_s(hidden_bytes, tp, view.tp_link, sp)
+    one = comm.tp_collective_s(hidden_bytes, tp, work.tp_link, sp)
     if tp > 1 and not sp and layer.kind is LayerKind.HEAD:
         fwd_syncs = 0  # without SP the head's input is already replicated
     tp_fwd = fwd_syncs * one
     tp_bwd = bwd_syncs * one
     if layer.convs and layer.kind is LayerKind.BLOCK and layer.attention is None \
             and layer.mlp is None:
-        tp_fwd, tp_bwd = conv_tp_s(layer, view.micro_batch, tp, view.tp_link)
+        tp_fwd, tp_bwd = conv_tp_s(layer, shard.micro_batch, tp, work.tp_link)
     tp_total = tp_fwd + tp_bwd + (tp_fwd if recompute is Recompute.FULL else 0.0)
     # the hidden share still slows the GEMMs it overlaps (NCCL takes SMs). Runtimes hide TP
     # collectives by splitting SP's all-gather / reduce-scatter into the GEMMs (Megatron's
@@ -688,35 +727,58 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     moe_buffer = 0.0
     if mlp is not None and mlp.is_moe:
         # token dispatch and combine over the expert mesh, forward and backward (planner.cost.moe)
-        etp = mesh.expert_tp
         passes = 3 if recompute is Recompute.FULL else 2
         other += moe.dispatch_combine_s(
-            tokens, layer.hidden, mlp, tp, etp, c.ep, ACT_BYTES, opts.moe, links.ep,
-            links.ep_intra or links.ep, links.ep_inter or links.ep, links.ep_domains,
-            links.etp or links.tp, passes)
-        moe_buffer = moe.dispatch_buffer_bytes(tokens, layer.hidden, mlp, tp, etp, ACT_BYTES,
-                                               opts.moe)
+            tokens, layer.hidden, mlp, tp, work.etp, shard.ep, ACT_BYTES, opts.moe,
+            work.ep_link, work.ep_intra, work.ep_inter, work.ep_domains, work.etp_link, passes)
+        moe_buffer = moe.dispatch_buffer_bytes(tokens, layer.hidden, mlp, tp, work.etp,
+                                               ACT_BYTES, opts.moe)
     att = layer.attention
-    if att is not None and c.cp > 1:
+    if att is not None and shard.cp > 1:
         # ring attention: cp-1 exchanges of the local K and V chunk forward, twice that (K, V and
         # their gradients) backward, hidden behind the attention core's forward and backward.
         kv_bytes = tokens * max(att.num_kv_heads // tp, 1) * (att.head_dim + att.v_head_dim) * ACT_BYTES
-        ring = 3 * (c.cp - 1) * comm.p2p_s(kv_bytes, links.cp)
+        ring = 3 * (shard.cp - 1) * comm.p2p_s(kv_bytes, work.cp_link)
         core_s = compute.attn_core_s  # the core's forward + backward time (compute.py)
         other += max(0.0, ring - core_s)
     if mlp is not None and mlp.is_moe:  # the layer is no faster than the host issues it
         gpu_s = compute.fwd_s + compute.bwd_s + compute.recompute_s(recompute) + tp_comm + other
         passes, launches = moe.host_passes(recompute.value)
         # the forward up to the router: what the dropless read-back waits for (planner.cost.moe)
-        pre_sync_s = layer_compute(replace(layer, mlp=None), shard, ctx.cluster.gpu, opts).fwd_s
+        pre_sync_s = layer_compute(replace(layer, mlp=None), shard, work.gpu, opts).fwd_s
         other += moe.host_floor_s(gpu_s, passes, launches * KERNEL_LAUNCH_S, opts.moe,
                                   pre_sync_s * moe.pre_sync_passes(recompute.value))
-    stored, working = layer_activation_bytes(layer, view.micro_batch, seq_len, tp, c.cp, sp,
-                                             recompute, opts.attention_kernel, opts.dropout,
-                                             mesh.expert_tp, opts.moe.load_factor,
-                                             opts.fp8_saved_inputs and c.dtype == "fp8",
+    stored, working = layer_activation_bytes(layer, shard.micro_batch, seq_len, tp, shard.cp,
+                                             sp, recompute, opts.attention_kernel, opts.dropout,
+                                             work.etp, opts.moe.load_factor,
+                                             opts.fp8_saved_inputs and shard.dtype == "fp8",
                                              opts.recompute_modules, opts.cross_entropy)
-    working += moe_buffer
+    return LayerWork(compute.fwd_s, compute.bwd_s, compute.recompute_s(recompute),
+                     tp_comm, other, stored, working + moe_buffer,
+                     3 * compute.fwd_flops + compute.recompute_flops(recompute),
+                     compute.gemm_wgrad_s)
+
+
+@lru_cache(maxsize=65536)
+def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTerms:
+    c, opts = ctx.config, ctx.options
+    mesh = ctx.mesh
+    view = layout_view(ctx, option.layout)  # the mesh itself, or the layer's own factoring
+    if view is None:
+        raise ValueError(f"layout {option.layout.value} does not divide the mesh "
+                         f"tp={c.tp} dp={c.dp} micro_batch={c.micro_batch}")
+    if not option_valid(ctx, layer, option):
+        raise ValueError(f"option {option.name} cannot run a {layer.kind.value} layer here "
+                         f"(tp={c.tp} dp={c.dp}, runtime {opts.runtime}, host memory "
+                         f"{'described' if ctx.cluster.cpu_memory else 'not described'})")
+    tp = view.tp
+    if layer.tied_params and c.pp == 1:
+        # one stage holds the embedding and the head: one tensor, one copy (the head's copy
+        # of a tied table exists on the last of several stages only)
+        layer = replace(layer, tied_params=0)
+    work = _layer_work(work_view(ctx, option.layout), layer, option.recompute)
+    stored, working = work.act_stored_bytes, work.act_working_bytes
+    other = work.other_s
     dense, expert = layer_params_on_gpu(layer, tp, c.ep, mesh.expert_tp)
     zero = c.zero_stage
     state = opts.state_bytes(zero)
@@ -760,18 +822,18 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
     # host time of a block that the GPU does not hide: per pass (forward, backward, recomputed
     # forward) one block's launches, hooks and checkpointing bookkeeping (calibrated per runtime)
     host = opts.block_overhead_s if layer.kind is LayerKind.BLOCK else 0.0
-    recompute_s = compute.recompute_s(recompute)
+    recompute_s = work.recompute_s
     if option.act_offload:  # saved activations in host memory (planner/cost/offload.py)
         other += offload.activation_exposed_s(
-            stored, compute.fwd_s + host, compute.bwd_s + host + recompute_s,
+            stored, work.fwd_s + host, work.bwd_s + host + recompute_s,
             ctx.cluster.cpu_memory, hbm_bytes_per_s(ctx.cluster.gpu))
         host_bytes += stored * max(t.in_flight)  # every in-flight micro-batch's copy (any stage)
         working += 2 * stored  # in transit: the block whose backward runs, the prefetched one
         stored = 0.0
     return LayerTerms(
-        fwd_s=compute.fwd_s + host, bwd_s=compute.bwd_s + host,
+        fwd_s=work.fwd_s + host, bwd_s=work.bwd_s + host,
         recompute_s=recompute_s + (host if recompute_s else 0.0),
-        comm_s=tp_comm + other, act_stored_bytes=stored, act_working_bytes=working,
+        comm_s=work.tp_comm_s + other, act_stored_bytes=stored, act_working_bytes=working,
         params_bytes=dense_states.params + expert_states.params,
         grads_bytes=dense_states.grads + expert_states.grads,
         optimizer_bytes=optimizer_bytes,
@@ -784,8 +846,7 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         dp_gather_s=(t.dp_gather_dense.slope_s_per_byte * w_dense
                      + t.dp_gather_expert.slope_s_per_byte * w_expert),
         optimizer_s=optimizer_s, dense_params=dense, expert_params=expert,
-        hw_flops=3 * compute.fwd_flops + compute.recompute_flops(recompute),
-        host_bytes=host_bytes, wgrad_s=compute.gemm_wgrad_s)
+        hw_flops=work.hw_flops, host_bytes=host_bytes, wgrad_s=work.wgrad_s)
 
 
 # -- stage and step formulas over terms (what evaluate() reports) ----------------------------

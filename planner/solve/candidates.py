@@ -100,11 +100,12 @@ def terms_key(c: ParallelConfig) -> tuple:
     virtual stages, which change only configuration terms (in-flight micro-batches, boundary
     transfers, the bubble: :func:`planner.cost.terms.config_terms`), except under a V
     placement, where the head's stored activations are divided by its chunk's in-flight count
-    (``tests/test_graph_search_speed.py`` checks the terms agree)."""
+    (``tests/test_graph_search_speed.py`` checks the terms agree). ZeRO++ hpZ is a field like
+    the others: its secondary partition is in the layers' states and gathers."""
     if c.schedule_spec.placement == "v":
         return config_key(c)
     return (c.tp, c.pp, c.dp, c.cp, c.ep, c.mesh.expert_tp, c.micro_batch, c.zero_stage,
-            not c.sp, c.dp_shard, c.pipeline_schedule)
+            not c.sp, c.dp_shard, c.pipeline_schedule, c.hpz)
 
 
 def config_key(c: ParallelConfig) -> tuple:

@@ -305,8 +305,8 @@ class _Builder:
                 if layers[j].kind.value == "embedding" or layers[j].tied_params]
         for a, h in zip(tied, tied[1:]):
             la, lb = self.edge_layout(a), self.edge_layout(h)
-            for lay in set(la) | set(lb):
-                M.add(la.get(lay, 0) == lb.get(lay, 0))
+            for lay in dict.fromkeys([*la, *lb]):  # in option order: the same model in every
+                M.add(la.get(lay, 0) == lb.get(lay, 0))  # process (a set's order is the hash's)
 
     def edge_layout(self, index: int) -> dict:
         """layout -> indicator of non-block layer ``index``."""

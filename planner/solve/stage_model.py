@@ -149,15 +149,18 @@ class StageModel:
 
     def _linear(self, i: int, names: tuple[str, ...], factor, unit: Callable[[float], int]):
         """sum over pools, classes and options of unit(term x factor) q[i,c,r,p], plus the
-        stage's fixed layers' unit(sum x factor) a[i,p]."""
-        expr = 0
+        stage's fixed layers' unit(sum x factor) a[i,p] (the int 0 when it has no term). One
+        weighted sum (the same linear expression as adding the terms one by one, built in a
+        third of the time: most of a CP-SAT model's build is these sums)."""
+        variables, coefficients, offset = [], [], 0
         for p in range(self.P):
             k_p = self._factor(factor, p)
             for ci in range(len(self.classes)):
                 for ri, cost in enumerate(self.costs(p, ci)):
                     k = unit(self.lt(cost, names) * k_p)
                     if k and (i, ci, ri, p) in self.q:
-                        expr += k * self.q[i, ci, ri, p]
+                        variables.append(self.q[i, ci, ri, p])
+                        coefficients.append(k)
             const = 0.0
             for ind, x in self.fixed(p, i):
                 if isinstance(ind, int):
@@ -165,10 +168,19 @@ class StageModel:
                 else:  # a chosen option (one pool: a[i,p] = 1)
                     k = unit(self.lt(x, names) * k_p)
                     if k:
-                        expr += k * ind
+                        variables.append(ind)
+                        coefficients.append(k)
             if const:
-                expr += unit(const * k_p) * self.a[i, p]
-        return expr
+                a = self.a[i, p]
+                if isinstance(a, int):  # one pool: the constant 1
+                    offset += unit(const * k_p) * a
+                else:
+                    variables.append(a)
+                    coefficients.append(unit(const * k_p))
+        if not variables:
+            return offset
+        expr = cp_model.LinearExpr.weighted_sum(variables, coefficients)
+        return expr + offset if offset else expr
 
     def time(self, i: int, names: tuple[str, ...], factor: float | Callable = 1.0):
         """Ticks of the named time terms of stage i (its pool's coefficients) x factor."""

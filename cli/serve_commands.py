@@ -130,8 +130,8 @@ def serve_evaluate(model, cluster, nodes, isl, osl, concurrency, request_rate, t
                    mode, dtype, kv_dtype, speculative, runtime_name, workload, as_json, tp, pp,
                    ep,
                    attention_dp, replicas, batch, max_num_tokens, prefill_capture_num_tokens,
-                   prefill_workers, decode_workers, prefill_tp, prefill_pp, prefill_ep, prefill_attention_dp,
-                   decode_tp, decode_pp, decode_ep, decode_attention_dp, prefill_batch):
+                   prefill_workers, decode_workers, prefill_tp, prefill_pp, prefill_ep,
+                   prefill_attention_dp, decode_tp, decode_pp, decode_ep, decode_attention_dp, prefill_batch):
     """Predict TTFT, TPOT and throughput of one given serving deployment."""
     from planner.errors import invalid
     from planner.serve.evaluate import evaluate_serving

@@ -30,6 +30,7 @@ produces a :class:`ServingEvaluation`. Steady state of continuous (in-flight) ba
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.topology import group_link
@@ -232,10 +233,7 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
     if config.max_num_tokens < min(isl, 1) or problems:
         return _not_fitting(model, cluster, workload, config, rt, memory, capacity, problems)
 
-    def step(b: float, prefill: float) -> IterationTime:
-        return _step(model, cluster, workload, w, calib, rt.name, b, prefill,
-                     config.prefill_capture_num_tokens)
-
+    step = _stepper(model, cluster, workload, config, calib, rt.name)
     join = workload.client.join_iterations
 
     def at(c: float) -> tuple[float, float, float, IterationTime]:
@@ -345,10 +343,7 @@ def aggregated_rates(model: ModelGraph, cluster: Cluster, workload: ServingWorkl
     tps = workload.tokens_per_step
     steps = workload.osl / tps
 
-    def step(batch: float, prefill: float) -> IterationTime:
-        return _step(model, cluster, workload, config.worker, calib, rt.name, batch, prefill,
-                     config.prefill_capture_num_tokens)
-
+    step = _stepper(model, cluster, workload, config, calib, rt.name)
     c = float(b * config.replicas) / config.replicas  # as _aggregated derives it
     it, tpot = _decode_terms(step, calib.interference(rt.name), c, workload.isl, steps, tps,
                              _chunk(config, c, 1 + workload.draft_tokens))
@@ -366,6 +361,18 @@ def _step(model, cluster, workload, w, calib, runtime_name, b, prefill,
                           prefill_isl=isl, prefill_requests=prefill / isl,
                           runtime=runtime_name, draft_tokens=workload.draft_tokens,
                           capture_num_tokens=capture)
+
+
+def _stepper(model, cluster, workload, config: ServingConfig, calib,
+             runtime_name: str) -> Callable[[float, float], IterationTime]:
+    """``step(b, prefill)``: :func:`_step` of ``config``'s aggregated worker with the
+    deployment's piecewise-captured token counts (the one place that reads them)."""
+    w, capture = config.worker, config.prefill_capture_num_tokens
+
+    def step(b: float, prefill: float) -> IterationTime:
+        return _step(model, cluster, workload, w, calib, runtime_name, b, prefill, capture)
+
+    return step
 
 
 def _chunk(config: ServingConfig, b: float, width: int) -> int:
@@ -388,17 +395,13 @@ def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: Servi
     iteration's upper bound)."""
     calib = calibration or Calibration.from_mapping(CALIBRATED)
     rt = runtime(runtime_name)
-    w, isl = config.worker, workload.isl
+    isl = workload.isl
     tps, width = workload.tokens_per_step, 1 + workload.draft_tokens
     steps = workload.osl / tps
+    it_step = _stepper(model, cluster, workload, config, calib, rt.name)
 
     def step(b: float, prefill: float) -> float:
-        return _step(model, cluster, workload, w, calib, rt.name, b, prefill,
-                     config.prefill_capture_num_tokens).total_s
-
-    def it_step(b: float, prefill: float) -> IterationTime:
-        return _step(model, cluster, workload, w, calib, rt.name, b, prefill,
-                     config.prefill_capture_num_tokens)
+        return it_step(b, prefill).total_s
 
     lower, upper = mean_iteration_bounds(it_step, lo, hi, isl, steps,
                                          _chunk(config, lo, width), _chunk(config, hi, width))

@@ -125,7 +125,8 @@ def _token_counts(text: str | None) -> tuple[int, ...]:
 @_degree("--decode-ep", None, "Disaggregated: decode worker ep (default --ep).")
 @click.option("--decode-attention-dp/--no-decode-attention-dp", default=None,
               help="Disaggregated: data-parallel attention on decode workers.")
-@_degree("--prefill-batch", 1, "Disaggregated: prompts a prefill worker batches.")
+@_degree("--prefill-batch", 1,
+         "Disaggregated: prompts a prefill worker batches (on each attention-DP rank).")
 def serve_evaluate(model, cluster, nodes, isl, osl, concurrency, request_rate, ttft_ms, tpot_ms,
                    mode, dtype, kv_dtype, speculative, runtime_name, workload, as_json, tp, pp,
                    ep,

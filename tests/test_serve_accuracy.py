@@ -34,19 +34,21 @@ def test_throughput_per_gpu_meets_target(summary):
 
 def test_latency_errors_do_not_regress(summary):
     # TPOT meets its 15 % target over every row since the InferenceX rows carry their published
-    # deployments (bench/data/inferencex_deployments.yaml); TTFT (20 %) does not: this bound
-    # guards today's level (docs/inference.md explains the misses).
+    # deployments (bench/data/inferencex_deployments.yaml); TTFT its 20 % since a prefill pass
+    # runs a prompt on each attention-DP rank and a closed-loop request waits out the running
+    # iteration (session 10, docs/inference.md).
     assert summary["tpot_ms"]["n"] >= 40 and summary["ttft_ms"]["n"] >= 40
     assert summary["tpot_ms"]["median_abs"] <= inference.TARGETS["tpot_ms"]
-    assert summary["ttft_ms"]["median_abs"] <= 0.22
+    assert summary["ttft_ms"]["median_abs"] <= inference.TARGETS["ttft_ms"]
     # aggregated TPOT (where the runs' configuration is fully known) is unbiased
     assert abs(summary["tpot_ms"]["bias"]["aggregated"]) <= 0.10
-    # aggregated TTFT is nearly unbiased (-12 %: the two piecewise-captured TensorRT-LLM MTP
+    # aggregated TTFT is nearly unbiased (-8 %; the two piecewise-captured TensorRT-LLM MTP
     # rows are under-predicted, their eager attention's host time is not modelled,
     # docs/inference.md), and so are the rows whose decoding is known; the disaggregated rows
-    # are over-predicted (TensorRT-LLM's DeepSeek rows, docs/inference.md)
-    assert abs(summary["ttft_ms"]["bias"]["aggregated"]) <= 0.12
-    assert 0.0 < summary["ttft_ms"]["bias"]["disaggregated"] <= 0.30
+    # are over-predicted (+11 %, +29 % before the attention-DP prefill pass: TensorRT-LLM's
+    # DeepSeek rows, docs/inference.md)
+    assert abs(summary["ttft_ms"]["bias"]["aggregated"]) <= 0.10
+    assert 0.0 < summary["ttft_ms"]["bias"]["disaggregated"] <= 0.15
     assert abs(summary[inference.KNOWN]["ttft_ms"]["bias"]) <= 0.10
 
 
@@ -126,9 +128,11 @@ def test_a_decode_pool_short_of_slots_makes_requests_wait(rows):
     """Dynamo's TensorRT-LLM disaggregated flow admits a request to a decode slot first; with
     fewer slots (workers x batch cap) than the client's concurrency the rest wait for one. The
     GB200 row (3 decode workers of batch 8 at concurrency 36, MTP 3) measured 3,012 ms; the
-    model without the published cap predicted 917 ms (-70 %)."""
+    model without the published cap predicted 917 ms (-70 %), with it +6 %, and -13 % since
+    its attention-DP prefill worker runs 8 prompts a pass (a faster closed loop, a shorter
+    wait for a slot)."""
     row = next(r for r in rows if r.case.id.startswith(
         "aic-silicon-2026_03_25_deepseek_r1_gb200_trtllm_fp8_disagg"))
     ev = row.evaluation
     assert ev.max_concurrency == 24 < ev.concurrency == 36
-    assert abs(row.error("ttft_ms")) <= 0.10
+    assert abs(row.error("ttft_ms")) <= 0.15

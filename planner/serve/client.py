@@ -74,6 +74,20 @@ class BenchmarkClient:
         read so, the measured TTFT fits worse (docs/inference.md)."""
         return self.arrival != "poisson" and self.length_stddev_tokens == 0
 
+    @property
+    def join_iterations(self) -> float:
+        """Iterations of the running batch a new request waits, on average, before the scheduler
+        admits it. The runtimes take new requests at the start of an iteration only (SGLang
+        ``Scheduler.event_loop_normal``: ``recv_requests``, ``process_input_requests``, then
+        ``get_next_batch_to_run`` / ``run_batch``; vLLM ``EngineCore.run_busy_loop``: the input
+        queue, then one ``step``; TensorRT-LLM ``PyExecutor._executor_loop``: new requests
+        fetched, then one forward). A closed loop sends a request when another's last token
+        comes back, i.e. at the end of an iteration, just as the engine starts the next: it
+        waits about that whole iteration (1; the client's turnaround of about a millisecond
+        neglected). Random (Poisson) arrivals land at a uniform point of one (1/2). An offline
+        run's requests are queued already when a slot frees (0)."""
+        return {"closed-loop": 1.0, "poisson": 0.5, "offline": 0.0}[self.arrival]
+
     def mean_tokens(self, tokens: int) -> int:
         """The mean of the client's lengths drawn for a nominal ``tokens`` (isl or osl)."""
         return max(1, round(tokens * (1 + self.length_range_ratio) / 2))

@@ -5,8 +5,9 @@ latency targets. The same optimum as evaluating every combination
 (``tests/test_serve_disaggregated.py``), by best-first branch and bound on bounds that hold
 for every evaluation :func:`planner.serve.evaluate.evaluate_serving` makes:
 
-* the request rate is at most each pool's capacity: ``n_p x r_p`` with ``r_p = 1 / t_prefill``
-  (a prefill worker's prompts per second, idle) and ``n_d x r_d`` with ``r_d = b_eff / (osl x
+* the request rate is at most each pool's capacity: ``n_p x r_p`` with ``r_p = a / t_prefill``
+  (a prefill worker's prompts per second, idle: a pass of ``t_prefill`` prefills a prompt on
+  each of its ``a`` attention-DP ranks) and ``n_d x r_d`` with ``r_d = b_eff / (osl x
   tpot(b_eff))`` (a decode worker's completions at its running batch ``b_eff``);
 * hence, for any pool sizes, tokens/s per GPU ``<= osl / (|D| / r_d + |P| / r_p)`` (the two
   rates combined at the ideal pool ratio), and for given pool sizes ``<= osl x min(n_d r_d,
@@ -29,7 +30,7 @@ import math
 from dataclasses import replace
 
 from planner.serve.evaluate import (ServingEvaluation, decode_iteration, pool_capacities,
-                                    prefill_burst, prefill_pass)
+                                    prefill_burst, prefill_pass, prefill_prompts)
 from planner.serve.phases import Calibration
 from planner.serve.runtime import runtime
 from planner.serve.bisection import largest_meeting
@@ -40,8 +41,9 @@ def disaggregated_space(model, cluster, workload: ServingWorkload, rt_name: str,
                         calib: Calibration) -> tuple[list, list, int]:
     """(decode options, prefill options, token budget): decode layouts ``(layout, batch cap)``,
     the cap what the KV cache holds at the runtime's default ``--max-num-seqs`` workspace;
-    prefill layouts ``(layout, prompts per second idle)`` that hold a prompt and prefill it
-    within the TTFT target."""
+    prefill layouts ``(layout, prompts per second idle, seconds of one pass)`` that hold a
+    prompt on each attention group and prefill it within the TTFT target (one pass: a prompt
+    on every attention-DP rank, :func:`planner.serve.evaluate.prefill_prompts`)."""
     rt = runtime(rt_name)
     budget = rt.default_max_num_tokens(cluster.gpu)
     smallest = min((w.gpus for w in layouts), default=n + 1)
@@ -54,7 +56,8 @@ def disaggregated_space(model, cluster, workload: ServingWorkload, rt_name: str,
         if prompts >= 1:
             t_prefill, _ = prefill_pass(model, cluster, workload, w, rt_name, calib, budget)
             if workload.ttft_ms is None or t_prefill * 1e3 <= workload.ttft_ms:
-                prefill.append((w, 1.0 / t_prefill))  # else even an idle worker misses TTFT
+                # else even an idle worker misses TTFT
+                prefill.append((w, prefill_prompts(w) / t_prefill, t_prefill))
         if cap >= 1:
             decode.append((w, cap))
     return decode, prefill, budget
@@ -79,6 +82,7 @@ def search_disaggregated(model, cluster, workload: ServingWorkload, rt_name: str
     # prefill layouts by GPU-seconds per prompt: for one decode node the cheap bound falls
     # along this order, so a decode layout's prefill partners enter the heap one at a time
     order = sorted(range(len(prefill)), key=lambda j: (prefill[j][0].gpus / prefill[j][1], j))
+    space.passes = {id(w): t for w, _, t in prefill}  # a prefill layout's seconds per pass
 
     def partner(d: WorkerConfig, k: int) -> int | None:
         """Position in ``order`` of the first prefill layout from ``k`` that fits beside d."""
@@ -99,7 +103,7 @@ def search_disaggregated(model, cluster, workload: ServingWorkload, rt_name: str
         tops[i] = top
         k = partner(d, 0)
         if k is not None:
-            p, r_p = prefill[order[k]]
+            p, r_p, _ = prefill[order[k]]
             heap.append((-space.cheap_bound(d, p, r_p, 1, top), 0, i, k, 1, top, 1))
     heapq.heapify(heap)
     best = -1.0
@@ -110,11 +114,11 @@ def search_disaggregated(model, cluster, workload: ServingWorkload, rt_name: str
         if -neg <= best:
             pruned += 1 + len(heap)
             break  # every node left is bounded by this one (and every partner not yet in)
-        d, (p, r_p) = decode[i][0], prefill[order[k]]
+        d, (p, r_p, _) = decode[i][0], prefill[order[k]]
         if root and not tight:  # the next prefill partner of this decode layout enters
             nxt = partner(d, k + 1)
             if nxt is not None:
-                q, r_q = prefill[order[nxt]]
+                q, r_q, _ = prefill[order[nxt]]
                 heapq.heappush(heap, (-space.cheap_bound(d, q, r_q, 1, tops[i]), 0, i, nxt,
                                       1, tops[i], 1))
         if space.misses_tpot(d, lo):
@@ -161,6 +165,7 @@ class _Space:
         self._tpot: dict = {}
         self._first: dict = {}
         self._cap: dict = {}
+        self.passes: dict = {}  # id(prefill layout) -> seconds of one prefill pass
 
     def tpot(self, d: WorkerConfig, seqs: float) -> float:
         key = (id(d), seqs)  # the layouts' own objects (hashing the dataclass is slower)
@@ -222,20 +227,22 @@ class _Space:
             return seqs_hi / (self.osl * self.tpot(d, seqs_lo))
         return hi / (self.osl * self.tpot(d, LOWEST_SEQS))
 
-    def min_prefill_workers(self, p_rate: float, lo: int, n_d: int, top: int) -> int | None:
-        """Fewest prefill workers whose burst floor meets TTFT at batch >= lo (None: none up
-        to ``top``): TTFT >= t_prefill x (1 + burst) and the burst falls as workers are
-        added and rises with the requests in flight."""
+    def min_prefill_workers(self, p: WorkerConfig, lo: int, n_d: int, top: int) -> int | None:
+        """Fewest prefill workers of layout ``p`` whose burst floor meets TTFT at batch >=
+        lo (None: none up to ``top``): TTFT >= t_prefill x (1 + burst), the pass of a prompt
+        on each attention-DP rank, and the burst falls as workers are added and rises with the
+        requests in flight."""
         w = self.workload
         if w.ttft_ms is None or not self.closed:
             return 1
         requests = lo * n_d if w.concurrency is None else min(w.concurrency, lo * n_d)
+        t_pass, prompts = self.passes[id(p)], prefill_prompts(p)
 
         def ok(n_p: int) -> bool:
-            burst = prefill_burst(self.calib, self.rt_name, w.client, requests, n_p, 1)
-            return (1.0 + burst) / p_rate * 1e3 <= w.ttft_ms
+            burst = prefill_burst(self.calib, self.rt_name, w.client, requests, n_p, prompts)
+            return t_pass * (1.0 + burst) * 1e3 <= w.ttft_ms
 
-        key = (p_rate, requests, top)
+        key = (t_pass, prompts, requests, top)
         if key in self._first:
             return self._first[key]
         if top < 1 or not ok(top):
@@ -255,7 +262,7 @@ class _Space:
         """(n_d, fewest prefill workers, most prefill workers, decode rate) per decode size."""
         for n_d in range(1, (self.n - p.gpus) // d.gpus + 1):
             top = (self.n - n_d * d.gpus) // p.gpus
-            first = self.min_prefill_workers(r_p, lo, n_d, top)
+            first = self.min_prefill_workers(p, lo, n_d, top)
             if first is not None:
                 yield n_d, first, top, self.decode_rate(d, lo, hi, n_d)
 

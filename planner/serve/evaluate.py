@@ -14,7 +14,8 @@ produces a :class:`ServingEvaluation`. Steady state of continuous (in-flight) ba
   (a calibrated fraction of the other concurrent requests: fixed-length closed-loop clients
   arrive in bursts; the benchmark client's start-up burst, :mod:`planner.serve.client`), plus waiting for a free slot when concurrency exceeds the batch.
 * **Disaggregated**: decode workers hold ``concurrency / decode_workers`` sequences each (TPOT
-  = a pure decode iteration); prefill workers run batches of ``prefill_batch`` prompts; TTFT =
+  = a pure decode iteration); prefill workers run passes of ``prefill_batch`` prompts on each
+  attention-DP rank (:func:`prefill_prompts`); TTFT =
   prefill + KV transfer to the decode worker (KV bytes over the inter-worker link) + queueing
   (the same burst term, plus M/D/1 waiting at the prefill pool's utilisation). Request rate =
   ``concurrency / (TTFT + (osl - 1) x TPOT)`` (closed loop), capped by each pool's capacity.
@@ -29,6 +30,7 @@ produces a :class:`ServingEvaluation`. Steady state of continuous (in-flight) ba
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.topology import group_link
@@ -231,9 +233,8 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
     if config.max_num_tokens < min(isl, 1) or problems:
         return _not_fitting(model, cluster, workload, config, rt, memory, capacity, problems)
 
-    def step(b: float, prefill: float) -> IterationTime:
-        return _step(model, cluster, workload, w, calib, rt.name, b, prefill,
-                     config.prefill_capture_num_tokens)
+    step = _stepper(model, cluster, workload, config, calib, rt.name)
+    join = workload.client.join_iterations
 
     def at(c: float) -> tuple[float, float, float, IterationTime]:
         b = min(c, max_batch)
@@ -245,9 +246,10 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
         waiting = max(c - b, 0.0)
         slot_wait = waiting * steps * it.total_s / b
         # steady state: arrivals at b / (steps x step) per second, each needing `marginal` of
-        # prefill: M/D/1 waiting at that utilisation, plus half an iteration to join the batch
+        # prefill: M/D/1 waiting at that utilisation, plus the wait for the running iteration
+        # to end before the scheduler admits it (the client's join_iterations)
         rho = min(b / (steps * it.total_s) * marginal, 0.95)
-        steady = it.total_s / 2 + rho / (2 * (1 - rho)) * marginal
+        steady = join * it.total_s + rho / (2 * (1 - rho)) * marginal
         # the prompts arriving with this one (planner.serve.client)
         burst = prompts_ahead(workload.client, min(c, b), min(c, b) - 1,
                               calib.queue_fraction(rt.name)) * marginal
@@ -341,10 +343,7 @@ def aggregated_rates(model: ModelGraph, cluster: Cluster, workload: ServingWorkl
     tps = workload.tokens_per_step
     steps = workload.osl / tps
 
-    def step(batch: float, prefill: float) -> IterationTime:
-        return _step(model, cluster, workload, config.worker, calib, rt.name, batch, prefill,
-                     config.prefill_capture_num_tokens)
-
+    step = _stepper(model, cluster, workload, config, calib, rt.name)
     c = float(b * config.replicas) / config.replicas  # as _aggregated derives it
     it, tpot = _decode_terms(step, calib.interference(rt.name), c, workload.isl, steps, tps,
                              _chunk(config, c, 1 + workload.draft_tokens))
@@ -364,6 +363,18 @@ def _step(model, cluster, workload, w, calib, runtime_name, b, prefill,
                           capture_num_tokens=capture)
 
 
+def _stepper(model, cluster, workload, config: ServingConfig, calib,
+             runtime_name: str) -> Callable[[float, float], IterationTime]:
+    """``step(b, prefill)``: :func:`_step` of ``config``'s aggregated worker with the
+    deployment's piecewise-captured token counts (the one place that reads them)."""
+    w, capture = config.worker, config.prefill_capture_num_tokens
+
+    def step(b: float, prefill: float) -> IterationTime:
+        return _step(model, cluster, workload, w, calib, runtime_name, b, prefill, capture)
+
+    return step
+
+
 def _chunk(config: ServingConfig, b: float, width: int) -> int:
     """Prompt tokens one iteration takes next to ``b`` decoding sequences (chunked prefill)."""
     return max(config.max_num_tokens - math.ceil(b * width), 1)
@@ -378,22 +389,19 @@ def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: Servi
     the interval's ends: each term is non-decreasing in the iteration times, and an iteration
     time does not decrease with its decode sequences or prompt tokens (checked in
     ``tests/test_serve_search.py``). Own prefill >= ceil(isl / chunk(lo)) iterations of at
-    least step(lo, min(isl, chunk(hi))); joining the batch >= half of the mean iteration's
-    lower bound (:func:`mean_iteration_bounds`); the marginal prefill time >= step(lo, isl) -
-    step(hi, 0); the request rate >= lo / (steps x the mean iteration's upper bound)."""
+    least step(lo, min(isl, chunk(hi))); joining the batch >= the client's join_iterations x
+    the mean iteration's lower bound (:func:`mean_iteration_bounds`); the marginal prefill
+    time >= step(lo, isl) - step(hi, 0); the request rate >= lo / (steps x the mean
+    iteration's upper bound)."""
     calib = calibration or Calibration.from_mapping(CALIBRATED)
     rt = runtime(runtime_name)
-    w, isl = config.worker, workload.isl
+    isl = workload.isl
     tps, width = workload.tokens_per_step, 1 + workload.draft_tokens
     steps = workload.osl / tps
+    it_step = _stepper(model, cluster, workload, config, calib, rt.name)
 
     def step(b: float, prefill: float) -> float:
-        return _step(model, cluster, workload, w, calib, rt.name, b, prefill,
-                     config.prefill_capture_num_tokens).total_s
-
-    def it_step(b: float, prefill: float) -> IterationTime:
-        return _step(model, cluster, workload, w, calib, rt.name, b, prefill,
-                     config.prefill_capture_num_tokens)
+        return it_step(b, prefill).total_s
 
     lower, upper = mean_iteration_bounds(it_step, lo, hi, isl, steps,
                                          _chunk(config, lo, width), _chunk(config, hi, width))
@@ -402,7 +410,7 @@ def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: Servi
                                                                                 width)))
     marginal = max(step(lo, isl) - step(hi, 0.0), 0.0)
     rho = min(lo / (steps * it_hi) * marginal, 0.95)
-    steady = it_lo / 2 + rho / (2 * (1 - rho)) * marginal
+    steady = workload.client.join_iterations * it_lo + rho / (2 * (1 - rho)) * marginal
     burst = prompts_ahead(workload.client, lo, lo - 1, calib.queue_fraction(rt.name)) * marginal
     return own + steady + burst
 
@@ -447,17 +455,30 @@ def kv_transfer_s(model, cluster, workload, prefill: WorkerConfig, prompts: int,
     return comm.p2p_s(per_gpu, link)
 
 
+def prefill_prompts(worker: WorkerConfig, prefill_batch: int = 1) -> int:
+    """Prompts one prefill pass of ``worker`` runs: ``prefill_batch`` on each of its attention
+    groups. With data-parallel attention a request is routed to one attention-DP rank, which
+    holds its KV cache and prefills its prompt whole (Dynamo, "DP Rank Routing (Attention Data
+    Parallelism)": each rank with its own KV cache, a request assigned to one rank; LMSYS,
+    "SGLang v0.4", data-parallelism attention: each DP worker runs its own batches); the ranks
+    step together (the MoE layers' all-to-all), so one pass prefills a prompt on every rank at
+    once: where the host issues the iteration (the eager MoE floor), in about the time of
+    one prompt."""
+    return prefill_batch * worker.attention_dp
+
+
 def prefill_pass(model, cluster, workload: ServingWorkload, worker: WorkerConfig,
                  runtime_name: str, calib: Calibration, max_num_tokens: int,
                  prompts: int = 1, capture: tuple[int, ...] = ()) -> tuple[float, IterationTime]:
-    """(seconds, one iteration) of a prefill-only worker running ``prompts`` prompts in
-    iterations of at most ``max_num_tokens`` tokens (``capture``: the piecewise-captured
-    token counts)."""
-    tokens = prompts * workload.isl
-    chunks = math.ceil(tokens / max_num_tokens)
+    """(seconds, one iteration) of a prefill-only worker running ``prompts`` prompts on each
+    attention group (:func:`prefill_prompts` in all) in iterations of at most
+    ``max_num_tokens`` tokens per group (each attention-DP rank schedules its own requests
+    under its own budget; ``capture``: the piecewise-captured token counts)."""
+    chunks = math.ceil(prompts * workload.isl / max_num_tokens)
+    total = prefill_prompts(worker, prompts)
     it = iteration_time(model, cluster, worker, workload.dtype, workload.kv_cache_dtype, calib,
-                        decode_seqs=0, context=0, prefill_tokens=tokens / chunks,
-                        prefill_isl=workload.isl, prefill_requests=prompts / chunks,
+                        decode_seqs=0, context=0, prefill_tokens=total * workload.isl / chunks,
+                        prefill_isl=workload.isl, prefill_requests=total / chunks,
                         runtime=runtime_name, capture_num_tokens=capture)
     return chunks * it.total_s, it
 
@@ -507,10 +528,11 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
     cap_p = _capacity(mem_p, P, isl, rt)
     cap_d = _capacity(mem_d, D, isl + osl if rt.reserve_full_sequence else
                       isl + math.ceil(osl / 2), rt)
+    prompts = prefill_prompts(P, k)  # one pass: k on each attention-DP rank
     problems = []
-    if cap_p < k:
+    if cap_p < prompts:
         problems.append(f"a prefill worker holds the KV of {cap_p} prompts, fewer than the "
-                        f"prefill batch of {k}")
+                        f"{prompts} of one prefill pass")
     if cap_d < 1:
         problems.append("a decode worker has no room for one sequence's KV cache")
     if problems:
@@ -519,7 +541,7 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
     t_prefill, it_p = prefill_pass(model, cluster, workload, P, rt.name, calib,
                                    config.max_num_tokens, k, config.prefill_capture_num_tokens)
     t_kv = kv_transfer_s(model, cluster, workload, P, k, config.num_gpus)
-    prefill_rate_cap = n_p * k / t_prefill  # requests/s
+    prefill_rate_cap = n_p * prompts / t_prefill  # requests/s
 
     def decode_at(c_total: float):
         b = min(c_total / n_d, max_batch)
@@ -548,7 +570,7 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
             rate = min(conc / (ttft + (osl - 1) * tpot), prefill_rate_cap, decode_rate_cap)
         rho = min(rate / prefill_rate_cap, 0.999)
         burst = prefill_burst(calib, rt.name, workload.client, min(conc, n_d * max_batch), n_p,
-                              k)
+                              prompts)
         new_ttft = t_prefill * (1 + burst + rho / (2 * (1 - rho))) + t_kv
         if abs(new_ttft - ttft) <= 1e-6 * ttft:
             ttft = new_ttft

@@ -26,7 +26,7 @@ CALIBRATED = {
     # new request of a synchronised client waits for (0: arrivals spread evenly; 1: every
     # request of a fixed-length closed loop arrives with it); a measured start-up burst is the
     # client's own term (planner.serve.client)
-    "prefill_queue_fraction": {"sglang": 0.04, "trtllm": 0.15, "vllm": 0.03},
+    "prefill_queue_fraction": {"sglang": 0.04, "trtllm": 0.14, "vllm": 0.05},
     # per runtime: share of the other requests' prefill work that lands between a request's
     # output tokens (1: every iteration carries its average share, chunked prefill mixed into
     # decode; lower: prefills batched apart or deferred)

@@ -202,8 +202,8 @@ class ServingConfig:
     x ``prefill_workers`` and ``decode`` x ``decode_workers``). ``batch`` caps the sequences a
     (decode) worker runs at once (``--max-num-seqs``); ``max_num_tokens`` the tokens of one
     iteration (the chunked-prefill budget, ``--max-num-batched-tokens``); ``prefill_batch`` the
-    requests a prefill worker batches (disaggregated). ``prefill_capture_num_tokens``: the
-    iteration token counts the runtime captures piecewise CUDA graphs of for prompt-carrying
+    requests a prefill worker batches on each of its attention-DP ranks (disaggregated).
+    ``prefill_capture_num_tokens``: the iteration token counts the runtime captures piecewise CUDA graphs of for prompt-carrying
     iterations (TensorRT-LLM ``torch_compile_config: {enable_piecewise_cuda_graph: true,
     capture_num_tokens: [...]}``, ``prefill_capture_num_tokens`` in newer releases); empty (the
     runtimes' default): such iterations run eagerly (:mod:`planner.serve.phases`)."""

@@ -239,6 +239,32 @@ MISSES = """\
   ("Causes fixed", session 9), which moves no pair: all 46 misordered pairs are fp16 runs
   (the 0221/0225 tables), whose ZeRO-1 optimizer (stage_1_and_2.py ``average_tensor``)
   reduces each bucket's slices to their owners, a reduce-scatter's volume.
+  Session 10: the lock-step of DeepSpeed's engine is not the cause either. At commit 2151c78
+  every ``SendActivation`` / ``RecvActivation`` / ``SendGrad`` / ``RecvGrad`` of
+  ``TrainSchedule`` is a blocking ``dist.send`` / ``dist.recv`` on the compute stream (p2p.py),
+  the receiver then syncs the host (``PartitionedTensor.from_meta``: ``meta.tolist()``), so a
+  transfer holds both ranks and a middle stage pays four transfers per micro-batch in series,
+  the end stages two. bench/deepspeed_lockstep.py runs that order on each run's own stage times
+  (tests/test_deepspeed_lockstep.py: equal stages take ``(m + p - 1)(F + B + 4c) - (2p + 4)c``;
+  with the slowest stage last, the closed form less ``2c``): the 37 fp16 runs with PP of the
+  0221 and 0225 tables (every misordered pair's) move by under 0.03 %, since the vocabulary head
+  (0.10 s per micro-batch at tp 8, mbs 4: 0.7 of a block) makes the last stage the slowest at
+  every pp measured, and it exchanges with its predecessor only, two transfers, as the closed
+  form charges; the bf16 runs of 2022-02-28 and the 176B main run move +0.6 .. +1.6 % (their
+  ``type:transformer|embedding`` partition lightens the last stage: a middle one paces). Rank
+  agreement 342/388 unchanged, step-time median 2.9 -> 3.1 % (no re-fit): not shipped. The sign
+  rules out every such term: the misordered runs are predicted too slow where the pipeline is
+  deep (tp 8, pp 12: +7 .. +13 %), and a blocking or per-stage per-micro-batch cost adds time in
+  proportion to pp. The 0225 tp 8 mbs 4 rows ran at the model's middle stage instead: measured
+  seconds per micro-batch (the step less the modelled data-parallel sync, over m + p - 1 slots)
+  0.83 and 0.84 (pp 12), 1.22 (pp 8), 1.61 (pp 6; 2.04 for the GBS-1568 row published with its
+  twin's time), 2.46 (pp 4), the model's middle stage 0.85, 1.26, 1.68, 2.51, its last 0.95,
+  1.37, 1.78, 2.61: the head's 0.10 s (its logits GEMMs take at least 0.07 s at the A100's peak)
+  does not show, where the tp 2 rows run at 0.97-1.02 of the model's last stage and the tp 4
+  rows at 0.93-1.06. Letting the per-block host overhead hide behind the head's GEMMs (the one
+  mechanism found that shortens that stage; host time is modelled additive) gives a step-time
+  median of 2.7 % but orders 338/388 (no re-fit). No sourced term for the gap was found
+  (bench/deepspeed_lockstep.py prints these numbers).
 * Step-time max (in-sample 27 %, held out 31 %, target 30 %: missed by 0.9 point, one
   run): the Megatron-Core weak-scaling 32B run (tp 8, dp 48 over 48 nodes, 4 sequences per
   data-parallel rank). The README gives no micro-batch size; the bench evaluates it at 1 and

@@ -101,6 +101,9 @@ def test_disaggregated_exports_name_both_pools(disaggregated):
     assert [a.disaggregation_mode for a in sg] == ["prefill", "decode"]
     assert (sg[1].tp_size, sg[1].dp_size, sg[1].ep_size, sg[1].enable_dp_attention) == \
         (16, 16, 16, True)
+    # SGLang divides --chunked-prefill-size by --dp-size; the plan's budget is each rank's
+    budget = disaggregated["inference"]["deployment"]["max_num_tokens"]
+    assert (sg[0].chunked_prefill_size, sg[1].chunked_prefill_size) == (budget, 16 * budget)
     workers = yaml.safe_load(export_plan(disaggregated, "trtllm").text)["trtllm_workers"]
     assert [w["role"] for w in workers] == ["prefill", "decode"]
     assert workers[1]["extra_llm_api_options"]["enable_attention_dp"] is True

@@ -264,8 +264,8 @@ def test_steady_iteration_schedules_whole_prompts(llama70, h100):
     wl = ServingWorkload(isl=1000, osl=1000, dtype="fp8", kv_dtype="fp8")
     w = WorkerConfig(tp=1)
 
-    def step(b, p):
-        return _step(llama70, h100, wl, w, calib, "trtllm", b, p)
+    def step(b, p, rank=None):
+        return _step(llama70, h100, wl, w, calib, "trtllm", b, p, rank=rank)
 
     b = 200  # 0.2 prompts per iteration
     mean = mean_iteration(step, b, 1000, 1000, 8192 - b)

@@ -1,6 +1,7 @@
 """A disaggregated prefill worker with data-parallel attention prefills a whole prompt on each of
 its attention-DP ranks per pass (planner/serve/evaluate.py ``prefill_prompts``): the pool's
-capacity and the burst a new request waits behind count prompts per pass, not per worker."""
+capacity and the burst a new request waits behind count prompts per pass, not per worker. An
+aggregated worker's prompts obey the same rule (``prompt_tokens``): a prompt on its own rank."""
 from __future__ import annotations
 
 import pytest
@@ -8,8 +9,9 @@ import pytest
 from clusters import load_cluster
 from models import load_model
 from planner.serve.client import BenchmarkClient
+from planner.cost.compute import KERNEL_LAUNCH_S
 from planner.serve.evaluate import (evaluate_serving, prefill_burst, prefill_pass,
-                                    prefill_prompts)
+                                    prefill_prompts, prompt_tokens)
 from planner.serve.phases import Calibration, iteration_time
 from planner.serve.runtime import CALIBRATED
 from planner.serve.workload import ServingConfig, ServingWorkload, WorkerConfig
@@ -61,3 +63,57 @@ def test_a_pass_prefills_a_whole_prompt_on_every_rank():
     assert ev.ttft_s >= seconds * (1 + burst) + ev.kv_transfer_s
     # the pool's utilisation (M/D/1) counts 8 prompts a pass: under 1 % extra here
     assert ev.ttft_s <= seconds * (1 + burst) * 1.01 + ev.kv_transfer_s
+
+
+def test_an_aggregated_prompt_lives_on_one_rank_by_hand():
+    """An aggregated worker with data-parallel attention obeys the prefill pass's rule: each
+    rank carries its own requests' whole prompts (chunked at its own budget), the ranks step
+    together, and the iteration takes the busiest rank's time (evaluate.py ``prompt_tokens``),
+    not a prompt split over the ranks."""
+    # (the worker's, the busiest rank's) prompt tokens of a prompt-carrying iteration
+    assert prompt_tokens(64, 4096, 8184, 8) == (4096, 4096)  # one prompt, on one rank
+    assert prompt_tokens(64, 4096, 8184, 1) == (4096, 4096)  # as without attention DP
+    assert prompt_tokens(8192, 4096, 8184, 8) == (8192, 4096)  # two prompts on two ranks
+    assert prompt_tokens(65536, 4096, 8184, 8) == (65536, 8192)  # two on every rank
+    assert prompt_tokens(64, 16384, 8184, 8) == (8184, 8184)  # a chunk of the rank's budget
+    ds, h200 = load_model("deepseek-v3"), load_cluster("dgx-h200")
+    wl = ServingWorkload(isl=4096, osl=1024, concurrency=64, dtype="fp8", kv_dtype="fp8",
+                         client=STEADY)
+    w = WorkerConfig(tp=1, ep=8, attention_dp=8)
+    cfg = ServingConfig("aggregated", worker=w, batch=64, max_num_tokens=8192)
+    ev = evaluate_serving(ds, h200, wl, cfg, "trtllm", CALIB)
+    assert ev.fits and ev.pools[0].batch == 64
+
+    def step(prefill, rank=None):
+        return iteration_time(ds, h200, w, "fp8", "fp8", CALIB, decode_seqs=64,
+                              context=4096 + 512, prefill_tokens=prefill, prefill_isl=4096,
+                              prefill_requests=prefill / 4096, runtime="trtllm",
+                              prefill_rank_tokens=rank)
+
+    # 64 sequences of 1,024 steps: 64 x 4096 / 1024 = 256 prompt tokens an iteration on
+    # average; one rank takes a whole prompt (under its budget of 8192 - 64 / 8 = 8184
+    # tokens) in 1 of 16 iterations, the others decode only
+    whole, split, pure = step(4096, 4096), step(4096), step(0)
+    mean = ev.pools[0].iteration
+    assert mean.total_s == pytest.approx(whole.total_s / 16 + pure.total_s * 15 / 16,
+                                         rel=1e-12)
+    # that rank's prompt attention is 8 x the split prompt's (61 layers' launches apart), and
+    # its iteration > 3 x the split one's (402 ms against 120 ms, which the host floor holds)
+    launches = 61 * KERNEL_LAUNCH_S
+    assert whole.attention_s - pure.attention_s - launches == pytest.approx(
+        8 * (split.attention_s - pure.attention_s - launches), rel=1e-9)
+    assert whole.total_s > 3 * split.total_s
+    # TTFT: its own prompt (one iteration on its rank) + the running iteration it joins after
+    # + passes of a prompt on each of the 8 ranks: 0.14 x (64 - 8) / 8 = 0.98 of them
+    # arriving with it, and the M/D/1 wait at 64 / (1024 x mean) x pass / 8 utilisation
+    one_pass = step(8 * 4096, 4096).total_s - pure.total_s
+    rho = 64 / (1024 * mean.total_s) * one_pass / 8
+    expected = (whole.total_s + mean.total_s + rho / (2 * (1 - rho)) * one_pass
+                + 0.98 * one_pass)
+    assert ev.ttft_s == pytest.approx(expected, rel=1e-9)
+    # a pass with a prompt on every rank is the prefill worker's pass (its rule, one formula)
+    seconds, it = prefill_pass(ds, h200, wl, w, "trtllm", CALIB, 8192)
+    assert it.total_s == pytest.approx(iteration_time(
+        ds, h200, w, "fp8", "fp8", CALIB, decode_seqs=0, context=0, prefill_tokens=8 * 4096,
+        prefill_isl=4096, prefill_requests=8, runtime="trtllm",
+        prefill_rank_tokens=4096).total_s, rel=1e-12)

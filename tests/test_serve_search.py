@@ -3,6 +3,7 @@ returns, and the two facts its pruning rests on hold batch by batch (iteration t
 its decode sequences and prompt tokens; the TTFT interval bound below every TTFT it bounds)."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from functools import lru_cache
 
@@ -101,6 +102,20 @@ def test_iteration_time_never_falls_with_more_tokens():
             times = [_step(model, cluster, wl, w, CALIB, rt, b, p).total_s
                      for p in range(0, 9000, 97)]
             assert all(y >= x for x, y in zip(times, times[1:])), (model.name, w, b)
+            # a prompt on one attention-DP rank: neither with that rank's tokens nor with the
+            # other ranks' (the worker's total, at least the rank's)
+            a = w.attention_dp
+            for rank in (37.0, 1024.0):
+                times = [_step(model, cluster, wl, w, CALIB, rt, b, rank + p,
+                               rank=rank).total_s
+                         for p in range(0, int(rank * (a - 1)) + 1, 97)]
+                # (to rounding: where the host floor binds, the sum is the floor)
+                assert all(y >= x * (1 - 1e-12) for x, y in zip(times, times[1:])), (
+                    model.name, w, b)
+            times = [_step(model, cluster, wl, w, CALIB, rt, b, 2048.0, rank=r).total_s
+                     for r in range(2048 // a, 2049, 31)]
+            assert all(y >= x * (1 - 1e-12) for x, y in zip(times, times[1:])), (model.name,
+                                                                                  w, b)
 
 
 def test_mean_iteration_never_falls_with_the_batch_and_its_bounds_hold():
@@ -112,18 +127,21 @@ def test_mean_iteration_never_falls_with_the_batch_and_its_bounds_hold():
                                  draft_tokens=draft)
             steps = osl / wl.tokens_per_step
 
-            def step(b, p, wl=wl):
-                return _step(model, cluster, wl, w, CALIB, rt, b, p)
+            def step(b, p, rank=None, wl=wl):
+                return _step(model, cluster, wl, w, CALIB, rt, b, p, rank=rank)
+
+            a = w.attention_dp
 
             def chunk(b):
-                return 8192 - b * (1 + draft)
+                return 8192 - math.ceil(b / a * (1 + draft))
 
             batches = range(1, 400, 3)
-            means = [mean_iteration(step, b, isl, steps, chunk(b)).total_s for b in batches]
+            means = [mean_iteration(step, b, isl, steps, chunk(b), a).total_s for b in batches]
             assert all(y >= x for x, y in zip(means, means[1:])), (model.name, w, isl)
             for lo, hi in ((1, 10), (40, 52), (100, 160)):
-                low, up = mean_iteration_bounds(step, lo, hi, isl, steps, chunk(lo), chunk(hi))
-                inside = [mean_iteration(step, b, isl, steps, chunk(b)).total_s
+                low, up = mean_iteration_bounds(step, lo, hi, isl, steps, chunk(lo), chunk(hi),
+                                                a)
+                inside = [mean_iteration(step, b, isl, steps, chunk(b), a).total_s
                           for b in range(lo, hi + 1)]
                 assert low.total_s <= min(inside) * (1 + 1e-12)
                 assert up.total_s >= max(inside) * (1 - 1e-12)

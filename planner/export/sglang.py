@@ -11,7 +11,11 @@ module, one chain of N drafts) ``--speculative-algorithm EAGLE --speculative-num
 --speculative-eagle-topk 1 --speculative-num-draft-tokens N+1``.
 
 With ``--enable-dp-attention`` SGLang's ``--tp-size`` counts all ranks of the worker and
-``--dp-size`` the attention replicas among them (attention tp = tp-size / dp-size).
+``--dp-size`` the attention replicas among them (attention tp = tp-size / dp-size), and it
+divides ``--chunked-prefill-size`` by ``--dp-size`` (``server_args.py``
+``_handle_data_parallelism``: "DP attention is enabled. The chunked prefill size is adjusted
+to ..."): the plan's token budget is each attention-DP rank's (``planner.serve.evaluate``
+``prefill_pass`` and ``prompt_tokens``), so the export passes it times ``--dp-size``.
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ def worker_args(spec) -> list[str]:
     if spec.ep > 1:
         args += ["--ep-size", str(spec.ep)]
     args += ["--max-running-requests", str(spec.max_batch),
-             "--chunked-prefill-size", str(spec.max_num_tokens),
+             "--chunked-prefill-size", str(spec.max_num_tokens * spec.attention_dp),
              "--context-length", str(spec.max_model_len),
              "--mem-fraction-static", f"{spec.memory_fraction:g}",
              "--kv-cache-dtype", KV[spec.kv_dtype]]

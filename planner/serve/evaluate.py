@@ -13,6 +13,9 @@ produces a :class:`ServingEvaluation`. Steady state of continuous (in-flight) ba
   (``ceil(isl / chunk)`` iterations), plus the marginal prefill time of the requests ahead of it
   (a calibrated fraction of the other concurrent requests: fixed-length closed-loop clients
   arrive in bursts; the benchmark client's start-up burst, :mod:`planner.serve.client`), plus waiting for a free slot when concurrency exceeds the batch.
+  With data-parallel attention each rank carries its own requests' whole prompts and the
+  iteration takes the busiest rank's time (:func:`prompt_tokens`, the prefill pass's rule);
+  the prompts ahead run a pass of one on each rank at a time (:func:`prefill_burst`).
 * **Disaggregated**: decode workers hold ``concurrency / decode_workers`` sequences each (TPOT
   = a pure decode iteration); prefill workers run passes of ``prefill_batch`` prompts on each
   attention-DP rank (:func:`prefill_prompts`); TTFT =
@@ -221,8 +224,9 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
     memory = _pool_memory(model, cluster, workload, w, rt, config, config.batch)
     held = isl + osl if rt.reserve_full_sequence else isl + math.ceil(osl / 2)
     capacity = _capacity(memory, w, held, rt)
-    # the iteration token budget bounds how many sequences prefill can keep fed
-    budget = max(1, int(config.max_num_tokens / (width + isl / steps)))
+    # the iteration token budget (each attention-DP rank's own) bounds how many sequences
+    # prefill can keep fed
+    budget = max(1, int(w.attention_dp * config.max_num_tokens / (width + isl / steps)))
     max_batch = min(config.batch, capacity, budget)
     problems = []
     if capacity < 1:
@@ -235,24 +239,25 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
 
     step = _stepper(model, cluster, workload, config, calib, rt.name)
     join = workload.client.join_iterations
+    ranks = prefill_prompts(w)  # prompts of one pass: a whole prompt on each attention-DP rank
 
     def at(c: float) -> tuple[float, float, float, IterationTime]:
         b = min(c, max_batch)
         chunk = _chunk(config, b, width)
-        it, tpot = _decode_terms(step, calib.interference(rt.name), b, isl, steps, tps, chunk)
+        it, tpot = _decode_terms(step, calib.interference(rt.name), b, isl, steps, tps, chunk,
+                                 ranks)
         chunks = math.ceil(isl / chunk)
-        own = chunks * step(b, min(isl, chunk)).total_s
-        marginal = max(step(b, isl).total_s - step(b, 0.0).total_s, 0.0)
+        own = chunks * step(b, min(isl, chunk), min(isl, chunk)).total_s  # on its own rank
+        marginal = _pass_s(step, b, isl, ranks)
         waiting = max(c - b, 0.0)
         slot_wait = waiting * steps * it.total_s / b
-        # steady state: arrivals at b / (steps x step) per second, each needing `marginal` of
-        # prefill: M/D/1 waiting at that utilisation, plus the wait for the running iteration
-        # to end before the scheduler admits it (the client's join_iterations)
-        rho = min(b / (steps * it.total_s) * marginal, 0.95)
+        # steady state: arrivals at b / (steps x step) per second, a pass of `marginal`
+        # prefilling `ranks` of them: M/D/1 waiting at that utilisation, plus the wait for the
+        # running iteration to end before the scheduler admits it (the client's join_iterations)
+        rho = min(b / (steps * it.total_s) * marginal / ranks, 0.95)
         steady = join * it.total_s + rho / (2 * (1 - rho)) * marginal
-        # the prompts arriving with this one (planner.serve.client)
-        burst = prompts_ahead(workload.client, min(c, b), min(c, b) - 1,
-                              calib.queue_fraction(rt.name)) * marginal
+        # the prompts arriving with this one (planner.serve.client), `ranks` a pass
+        burst = prefill_burst(calib, rt.name, workload.client, min(c, b), 1, ranks) * marginal
         ttft = own + steady + burst + slot_wait
         return b, ttft, tpot, it
 
@@ -274,16 +279,32 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
                              max_batch * replicas, not problems, tuple(problems))
 
 
-def _prompt_tokens(tokens: float, isl: int, chunk: int) -> float:
-    """Prompt tokens of an iteration that carries prefill (see :func:`mean_iteration`)."""
-    return max(tokens, min(isl, chunk))
+def prompt_tokens(tokens: float, isl: int, chunk: int, ranks: int = 1) -> tuple[float, float]:
+    """(the worker's, its busiest attention-DP rank's) prompt tokens of an iteration that
+    carries prefill, when the iterations carry ``tokens`` prompt tokens on average over the
+    worker's ``ranks`` attention-DP ranks (:func:`prefill_prompts` of one pass). The rule of
+    the prefill pass: a request lives on one rank (its KV cache is there), which prefills its
+    prompt whole, or in chunks of its own budget ``chunk`` when longer; the ranks step together
+    and the iteration takes the busiest rank's time. A rank's prompt-carrying iteration carries
+    ``max(tokens / ranks, min(isl, chunk))`` tokens; the worker's, at least that and at least
+    the average (prompts on several ranks at once). One rank: ``max(tokens, min(isl, chunk))``
+    both."""
+    rank = max(tokens / ranks, min(isl, chunk))
+    return max(tokens, rank), rank
 
 
-def _mixed(step, b: float, prompt: float, f: float) -> IterationTime:
-    """``f x step(b, prompt) + (1 - f) x step(b, 0)``, term by term."""
-    if f <= 0 or prompt <= 0:
+def _pass_s(step, b: float, isl: int, ranks: int) -> float:
+    """Seconds a pass of ``ranks`` whole prompts (one on each attention-DP rank) adds to an
+    iteration of ``b`` decoding sequences: what each pass of prompts queued ahead costs."""
+    return max(step(b, ranks * isl, isl).total_s - step(b, 0.0).total_s, 0.0)
+
+
+def _mixed(step, b: float, prompt: tuple[float, float], f: float) -> IterationTime:
+    """``f x step(b, *prompt) + (1 - f) x step(b, 0)``, term by term (``prompt``: the worker's
+    and its busiest rank's prompt tokens)."""
+    if f <= 0 or prompt[0] <= 0:
         return step(b, 0.0)
-    mixed = step(b, prompt)
+    mixed = step(b, *prompt)
     if f >= 1.0:
         return mixed
     pure = step(b, 0.0)
@@ -292,41 +313,47 @@ def _mixed(step, b: float, prompt: float, f: float) -> IterationTime:
                            for k in fields))
 
 
-def mean_iteration(step, b: float, isl: int, steps: float, chunk: int) -> IterationTime:
-    """The mean steady-state iteration of an aggregated worker running ``b`` sequences.
+def mean_iteration(step, b: float, isl: int, steps: float, chunk: int,
+                   ranks: int = 1) -> IterationTime:
+    """The mean steady-state iteration of an aggregated worker running ``b`` sequences on
+    ``ranks`` attention-DP ranks (``step(b, worker's prompt tokens, busiest rank's)``).
 
     Prompts arrive at ``lam = b / steps`` per iteration (each finished sequence is replaced)
-    and are scheduled whole, or in chunks of ``chunk`` tokens when longer (chunked prefill):
-    an iteration that carries prefill carries ``P = max(lam x isl, min(isl, chunk))`` prompt
-    tokens, and a fraction ``f = lam x isl / P`` of the iterations carry them (the others are
-    pure decode): the mean is ``f x step(b, P) + (1 - f) x step(b, 0)``. With a prompt or more
-    per iteration (``lam >= 1``) every iteration carries ``lam x isl`` tokens. Not the average
-    tokens spread over every iteration: a GEMM of ``b + P`` rows is tiled as such
-    (``planner.cost.compute``), and ``b + lam x isl`` rows never run when ``lam < 1``."""
+    and are scheduled whole, or in chunks of ``chunk`` tokens when longer (chunked prefill),
+    each on its request's rank (:func:`prompt_tokens`): an iteration that carries prefill
+    carries ``P = max(lam x isl, P_rank)`` prompt tokens, ``P_rank = max(lam x isl / ranks,
+    min(isl, chunk))`` of them on the busiest rank, and a fraction ``f = lam x isl / P`` of
+    the iterations carry them (the others are pure decode): the mean is ``f x step(b, P,
+    P_rank) + (1 - f) x step(b, 0)``. With a prompt or more per iteration on each rank every
+    iteration carries ``lam x isl`` tokens. Not the average tokens spread over every
+    iteration: a GEMM of ``b + P`` rows is tiled as such (``planner.cost.compute``), and ``b +
+    lam x isl`` rows never run when ``lam < 1``; nor a prompt split over the ranks."""
     tokens = b * isl / steps
-    prompt = _prompt_tokens(tokens, isl, chunk)
-    return _mixed(step, b, prompt, tokens / prompt if prompt > 0 else 0.0)
+    prompt = prompt_tokens(tokens, isl, chunk, ranks)
+    return _mixed(step, b, prompt, tokens / prompt[0] if prompt[0] > 0 else 0.0)
 
 
 def mean_iteration_bounds(step, lo: float, hi: float, isl: int, steps: float, chunk_lo: int,
-                          chunk_hi: int) -> tuple[IterationTime, IterationTime]:
+                          chunk_hi: int, ranks: int = 1) -> tuple[IterationTime, IterationTime]:
     """(lower, upper) bounds on :func:`mean_iteration` at every batch ``lo .. hi`` (chunks
     ``chunk_lo >= chunk_hi`` at the ends), equal to it when ``lo == hi``: a step does not
-    fall with its decode sequences or prompt tokens, and the mean is the blend of two steps
-    that grows with the share ``f`` of the larger one."""
+    fall with its decode sequences or prompt tokens (the worker's or its busiest rank's), the
+    prompt tokens do not fall with the average nor the chunk, and the mean is the blend of
+    two steps that grows with the share ``f`` of the larger one."""
     t_lo, t_hi = lo * isl / steps, hi * isl / steps
-    p_min, p_max = _prompt_tokens(t_lo, isl, chunk_hi), _prompt_tokens(t_hi, isl, chunk_lo)
-    lower = _mixed(step, lo, p_min, min(1.0, t_lo / p_max) if p_max > 0 else 0.0)
-    upper = _mixed(step, hi, p_max, min(1.0, t_hi / p_min) if p_min > 0 else 0.0)
+    p_min = prompt_tokens(t_lo, isl, chunk_hi, ranks)
+    p_max = prompt_tokens(t_hi, isl, chunk_lo, ranks)
+    lower = _mixed(step, lo, p_min, min(1.0, t_lo / p_max[0]) if p_max[0] > 0 else 0.0)
+    upper = _mixed(step, hi, p_max, min(1.0, t_hi / p_min[0]) if p_min[0] > 0 else 0.0)
     return lower, upper
 
 
 def _decode_terms(step, interference: float, b: float, isl: int, steps: float,
-                  tps: float, chunk: int) -> tuple[IterationTime, float]:
+                  tps: float, chunk: int, ranks: int = 1) -> tuple[IterationTime, float]:
     """(the mean steady-state iteration, TPOT) of an aggregated worker running ``b``
     sequences (:func:`mean_iteration`); TPOT is the pure decode step plus the runtime's
     interference share of the prefill work the iterations carry."""
-    it = mean_iteration(step, b, isl, steps, chunk)
+    it = mean_iteration(step, b, isl, steps, chunk, ranks)
     pure = step(b, 0.0).total_s
     return it, (pure + interference * (it.total_s - pure)) / tps
 
@@ -346,38 +373,44 @@ def aggregated_rates(model: ModelGraph, cluster: Cluster, workload: ServingWorkl
     step = _stepper(model, cluster, workload, config, calib, rt.name)
     c = float(b * config.replicas) / config.replicas  # as _aggregated derives it
     it, tpot = _decode_terms(step, calib.interference(rt.name), c, workload.isl, steps, tps,
-                             _chunk(config, c, 1 + workload.draft_tokens))
+                             _chunk(config, c, 1 + workload.draft_tokens),
+                             prefill_prompts(config.worker))
     user = 1.0 / tpot if tpot > 0 else 0.0
     return user, config.replicas * c * tps / it.total_s / config.num_gpus
 
 
 def _step(model, cluster, workload, w, calib, runtime_name, b, prefill,
-          capture: tuple[int, ...] = ()) -> IterationTime:
-    """One aggregated iteration: ``b`` decoding sequences and ``prefill`` prompt tokens
-    (``capture``: the deployment's piecewise-captured token counts)."""
+          capture: tuple[int, ...] = (), rank: float | None = None) -> IterationTime:
+    """One aggregated iteration: ``b`` decoding sequences and ``prefill`` prompt tokens,
+    ``rank`` of them on the busiest attention-DP rank (None: spread evenly; ``capture``: the
+    deployment's piecewise-captured token counts)."""
     isl = workload.isl
     return iteration_time(model, cluster, w, workload.dtype, workload.kv_cache_dtype, calib,
                           decode_seqs=b, context=isl + workload.osl / 2, prefill_tokens=prefill,
                           prefill_isl=isl, prefill_requests=prefill / isl,
                           runtime=runtime_name, draft_tokens=workload.draft_tokens,
-                          capture_num_tokens=capture)
+                          capture_num_tokens=capture, prefill_rank_tokens=rank)
 
 
 def _stepper(model, cluster, workload, config: ServingConfig, calib,
-             runtime_name: str) -> Callable[[float, float], IterationTime]:
-    """``step(b, prefill)``: :func:`_step` of ``config``'s aggregated worker with the
-    deployment's piecewise-captured token counts (the one place that reads them)."""
+             runtime_name: str) -> Callable[..., IterationTime]:
+    """``step(b, prefill, rank=None)``: :func:`_step` of ``config``'s aggregated worker with
+    the deployment's piecewise-captured token counts (the one place that reads them)."""
     w, capture = config.worker, config.prefill_capture_num_tokens
 
-    def step(b: float, prefill: float) -> IterationTime:
-        return _step(model, cluster, workload, w, calib, runtime_name, b, prefill, capture)
+    def step(b: float, prefill: float, rank: float | None = None) -> IterationTime:
+        return _step(model, cluster, workload, w, calib, runtime_name, b, prefill, capture,
+                     rank)
 
     return step
 
 
 def _chunk(config: ServingConfig, b: float, width: int) -> int:
-    """Prompt tokens one iteration takes next to ``b`` decoding sequences (chunked prefill)."""
-    return max(config.max_num_tokens - math.ceil(b * width), 1)
+    """Prompt tokens one iteration takes on an attention-DP rank next to its share of ``b``
+    decoding sequences (chunked prefill; each rank schedules its own requests under its own
+    budget, as in :func:`prefill_pass`)."""
+    ranks = config.worker.attention_dp
+    return max(config.max_num_tokens - math.ceil(b / ranks * width), 1)
 
 
 def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: ServingWorkload,
@@ -399,19 +432,20 @@ def aggregated_ttft_bound_s(model: ModelGraph, cluster: Cluster, workload: Servi
     tps, width = workload.tokens_per_step, 1 + workload.draft_tokens
     steps = workload.osl / tps
     it_step = _stepper(model, cluster, workload, config, calib, rt.name)
+    ranks = prefill_prompts(config.worker)
 
-    def step(b: float, prefill: float) -> float:
-        return it_step(b, prefill).total_s
+    def step(b: float, prefill: float, rank: float | None = None) -> float:
+        return it_step(b, prefill, rank).total_s
 
-    lower, upper = mean_iteration_bounds(it_step, lo, hi, isl, steps,
-                                         _chunk(config, lo, width), _chunk(config, hi, width))
+    lower, upper = mean_iteration_bounds(it_step, lo, hi, isl, steps, _chunk(config, lo, width),
+                                         _chunk(config, hi, width), ranks)
     it_lo, it_hi = lower.total_s, upper.total_s
-    own = math.ceil(isl / _chunk(config, lo, width)) * step(lo, min(isl, _chunk(config, hi,
-                                                                                width)))
-    marginal = max(step(lo, isl) - step(hi, 0.0), 0.0)
-    rho = min(lo / (steps * it_hi) * marginal, 0.95)
+    first = min(isl, _chunk(config, hi, width))
+    own = math.ceil(isl / _chunk(config, lo, width)) * step(lo, first, first)
+    marginal = max(step(lo, ranks * isl, isl) - step(hi, 0.0), 0.0)
+    rho = min(lo / (steps * it_hi) * marginal / ranks, 0.95)
     steady = workload.client.join_iterations * it_lo + rho / (2 * (1 - rho)) * marginal
-    burst = prompts_ahead(workload.client, lo, lo - 1, calib.queue_fraction(rt.name)) * marginal
+    burst = prefill_burst(calib, rt.name, workload.client, lo, 1, ranks) * marginal
     return own + steady + burst
 
 

@@ -22,8 +22,10 @@ Serving-specific terms written here:
   ``d_qk = kv_lora_rank + rope``, ``d_v = kv_lora_rank``, reading only the latent cache.
 * Prefill attention of ``P`` new tokens of prompts of ``isl`` tokens: each token attends on
   average to ``isl / 2`` keys (causal), chunked or not: ``2 x P x isl/2 x heads x (d_qk + d_v)``.
-* Split layers: attention runs on ``tp`` ranks with ``seqs / attention_dp`` sequences, MoE layers
-  on ``ep`` x ``moe_tp`` ranks (each routed expert sees ``tokens x top_k / experts`` tokens).
+* Split layers: attention runs on ``tp`` ranks with ``seqs / attention_dp`` sequences and the
+  rank's own prompts (a prompt on the one rank that holds its request; the busiest rank sets
+  the iteration), MoE layers on ``ep`` x ``moe_tp`` ranks (each routed expert sees ``tokens x
+  top_k / experts`` tokens of every rank).
 * Pipeline parallelism: ``pp`` micro-batches of ``seqs / pp`` sequences in flight; a token's
   step passes every stage once (``pp`` stage times plus ``pp - 1`` activation hand-offs).
 * A fixed per-iteration overhead (scheduler, sampling, CUDA-graph launch).
@@ -237,7 +239,8 @@ def iteration_time(model: ModelGraph, cluster: Cluster, worker: WorkerConfig, dt
                    prefill_tokens: float = 0.0, prefill_isl: float = 0.0,
                    prefill_requests: float = 0.0, runtime: str = "*",
                    draft_tokens: int = 0,
-                   capture_num_tokens: tuple[int, ...] = ()) -> IterationTime:
+                   capture_num_tokens: tuple[int, ...] = (),
+                   prefill_rank_tokens: float | None = None) -> IterationTime:
     """One iteration of a worker (all stages): ``decode_seqs`` running sequences at an average
     ``context`` tokens each, plus ``prefill_tokens`` tokens of prompts of ``prefill_isl``
     tokens (``prefill_requests`` of them finish their prompt and sample a first token).
@@ -249,11 +252,22 @@ def iteration_time(model: ModelGraph, cluster: Cluster, worker: WorkerConfig, dt
     that many tokens; each sequence's KV cache is still read once). ``runtime``: whose
     per-iteration overhead applies. ``capture_num_tokens``: the token counts the runtime
     captures piecewise CUDA graphs of for prompt-carrying iterations (module docstring; empty:
-    they run eagerly)."""
+    they run eagerly).
+
+    ``prefill_rank_tokens``: with data-parallel attention, the prompt tokens of the busiest
+    attention-DP rank. A request lives on one rank (its KV cache is there) and that rank
+    prefills its prompt (or chunk) whole; the ranks step together (the MoE layers' all-to-all),
+    so the iteration takes that rank's time: its attention, dense layers and all-to-all buffers
+    at its own tokens, the experts at every rank's tokens (``prefill_tokens`` in all). None:
+    ``prefill_tokens`` spread evenly over the ranks (each carrying its own prompts alike, as a
+    loaded prefill worker's pass, :func:`planner.serve.evaluate.prefill_pass`)."""
+    rank = None
+    if prefill_rank_tokens is not None and worker.attention_dp > 1:
+        rank = float(prefill_rank_tokens)
     return _iteration_time(Ident(model), Ident(cluster), worker, dtype, kv_dtype, calib,
                            float(decode_seqs), float(context), float(prefill_tokens),
                            float(prefill_isl), float(prefill_requests), runtime,
-                           int(draft_tokens), tuple(capture_num_tokens))
+                           int(draft_tokens), tuple(capture_num_tokens), rank)
 
 
 def captured_tokens(tokens: float, capture: tuple[int, ...]) -> int | None:
@@ -268,18 +282,23 @@ def captured_tokens(tokens: float, capture: tuple[int, ...]) -> int | None:
 def _layers_time(classes, cluster: Cluster, w: WorkerConfig, gpu: Gpu, hbm: float,
                  gemm_dtype: str, kv_dtype: str, micro: int, seqs_group: float, width: float,
                  context: float, prefill_group: float, prefill_isl: float,
-                 sampled: float, capture: tuple[int, ...] = ()) -> tuple[float, float, float,
-                                                                         float]:
+                 sampled: float, capture: tuple[int, ...] = (),
+                 prefill_stage: float | None = None) -> tuple[float, float, float, float]:
     """(GEMM + element-wise, attention core, communication, host wait) seconds of ``classes``
     (``(layer, count)`` pairs) for one micro-batch per attention group: ``seqs_group``
     decoding sequences of ``width`` tokens each and ``prefill_group`` prefill tokens (with
     prefill tokens the iteration runs eagerly: the MoE host floor, module docstring; unless
     ``capture``, the piecewise-captured token counts, holds its tokens: then the blocks' parts
-    other than the attention core run at the captured count and no host floor applies)."""
+    other than the attention core run at the captured count and no host floor applies).
+    ``prefill_group`` is the busiest group's; ``prefill_stage`` every group's prefill tokens
+    of the micro-batch, which the experts see (None: ``prefill_group`` on each group)."""
     tokens_group = seqs_group * width + prefill_group
     graph = captured_tokens(tokens_group, capture) if prefill_group > 0 else None
     tokens_graph = float(graph) if graph is not None else tokens_group  # captured pieces' rows
-    tokens_stage = tokens_graph * w.attention_dp  # all tokens of a micro-batch in a stage
+    if prefill_stage is None or graph is not None:  # (a replayed graph: every group its size)
+        tokens_stage = tokens_graph * w.attention_dp  # all tokens of a micro-batch in a stage
+    else:
+        tokens_stage = seqs_group * width * w.attention_dp + prefill_stage
     link_tp, link_moe, _ = _links(cluster, w)
     gemm = attention = communication = host = 0.0
     for layer, count in classes:
@@ -322,7 +341,7 @@ def _layers_time(classes, cluster: Cluster, w: WorkerConfig, gpu: Gpu, hbm: floa
 @lru_cache(maxsize=65536)
 def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, decode_seqs, context,
                     prefill_tokens, prefill_isl, prefill_requests, runtime,
-                    draft_tokens, capture=()) -> IterationTime:
+                    draft_tokens, capture=(), prefill_rank=None) -> IterationTime:
     model, cluster = model_key.obj, cluster_key.obj
     gpu = serving_gpu(cluster.gpu, calib.decode_hbm_efficiency, calib.prefill_efficiency)
     hbm = gpu.hbm_bandwidth_gbytes_per_s * 1e9 * HBM_EFFICIENCY  # = raw x decode efficiency
@@ -330,14 +349,21 @@ def _iteration_time(model_key, cluster_key, worker, dtype, kv_dtype, calib, deco
     w = worker
     micro = w.pp  # micro-batches in flight (one per stage)
     seqs_group = decode_seqs / w.attention_dp / micro  # per attention group, per micro-batch
-    prefill_group = prefill_tokens / w.attention_dp / micro
     width = 1.0 + draft_tokens
-    sampled = (decode_seqs * width + prefill_requests) / w.attention_dp / micro
+    if prefill_rank is None:  # the prompt tokens spread evenly over the attention groups
+        prefill_group = prefill_tokens / w.attention_dp / micro
+        sampled = (decode_seqs * width + prefill_requests) / w.attention_dp / micro
+        prefill_stage = None
+    else:  # the busiest group's, its own requests sampling their first tokens
+        prefill_group = prefill_rank / micro
+        rank_requests = prefill_requests * prefill_rank / prefill_tokens if prefill_tokens else 0.0
+        sampled = (decode_seqs * width / w.attention_dp + rank_requests) / micro
+        prefill_stage = prefill_tokens / micro
     classes = [(cls.layer, cls.count) for cls in model.layer_classes()]
     args = (cluster, w, gpu, hbm, gemm_dtype, kv_dtype, micro)
     gemm, attention, communication, host = _layers_time(classes, *args, seqs_group, width,
                                                         context, prefill_group, prefill_isl,
-                                                        sampled, capture)
+                                                        sampled, capture, prefill_stage)
     if draft_tokens and seqs_group > 0:
         # the MTP module: one block (as the model's last) and the shared output head, at one
         # token per sequence, once per draft token

@@ -83,14 +83,32 @@ def memory_table(stages: list[dict[str, Any]], capacity_gib: float, title: str) 
     return table
 
 
+def _chunks(p: dict[str, Any]) -> str:
+    """The model chunks per pipeline rank, where the schedule has several (the runtimes'
+    --num-virtual-stages-per-pipeline-rank / the number of model parts per rank)."""
+    v = p.get("virtual_stages", 1)
+    return f" with {v} chunks per rank" if v > 1 else ""
+
+
+def _sharding(p: dict[str, Any]) -> str:
+    """Hybrid sharding (HSDP) and ZeRO++ hpZ, where the plan has them."""
+    parts = []
+    if p.get("dp_shard"):
+        parts.append(f"sharded over {p['dp_shard']} of dp {p['dp']}")
+    if p.get("hpz"):
+        parts.append(f"hpZ {p['hpz']}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def print_evaluation(result: dict[str, Any]) -> None:
     signals.act_on_unacted()  # an interrupted command prints none of its result
     m, c, p, pred = result["model"], result["cluster"], result["parallelism"], result["predicted"]
     console.print(line(
         (m['name'], "bold"), f" on {c['num_gpus']} x {c['gpu']} ({c['name']}): "
         f"dp {p['dp']} x tp {p['tp']} x pp {p['pp']} x cp {p['cp']}, ep {p['ep']}, "
-        f"sp {_fmt(p['sp'])}, ZeRO-{p['zero_stage']}, micro-batch {p['micro_batch']} x "
-        f"{p['num_micro_batches']}, {p['schedule']}, recompute {p['recompute']}"))
+        f"sp {_fmt(p['sp'])}, ZeRO-{p['zero_stage']}{_sharding(p)}, micro-batch "
+        f"{p['micro_batch']} x {p['num_micro_batches']}, {p['schedule']}"
+        f"{_chunks(p)}, recompute {p['recompute']}"))
     console.print(memory_table(result["stages"], c["gpu_memory_gib"], "Memory per GPU (GiB)"))
     time = Table(title="Step time")
     time.add_column("part")

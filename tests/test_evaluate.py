@@ -134,6 +134,23 @@ def test_evaluate_tables_on_stderr(capsys):
     assert "Memory per GPU" in err and "Step time" in err
 
 
+def test_headline_names_chunks_per_rank_and_hybrid_sharding(capsys):
+    """The one line an engineer reads first says everything the runtime is configured with:
+    the interleaved schedule's chunks per rank (Megatron --num-virtual-stages-per-pipeline-rank)
+    and the HSDP shard group."""
+    base = ("evaluate", "-m", "gpt3-1.3b", "-c", "dgx-a100-80g", "--nodes", "2",
+            "--global-batch", "64")
+    code, _, err = run(capsys, *base, "--tp", "1", "--pp", "4", "--virtual-stages", "3")
+    assert code == 0
+    assert "interleaved-1f1b with 3 chunks per rank" in " ".join(err.split())
+    code, _, err = run(capsys, *base, "--tp", "1", "--pp", "1", "--zero", "3", "--dp-shard", "8",
+                       "--runtime", "torchtitan")
+    assert code == 0
+    assert "ZeRO-3 (sharded over 8 of dp 16)" in " ".join(err.split())
+    code, _, err = run(capsys, *base, "--tp", "1", "--pp", "4")
+    assert code == 0 and "chunks per rank" not in err and "sharded over" not in err
+
+
 @pytest.mark.parametrize("name,key", [
     ("gpt2.json", "total"), ("Llama-3.1-8B-Instruct.json", "total"),
     ("Llama-3.1-70B-Instruct.json", "total"), ("Mixtral-8x7B-v0.1.json", "total"),

@@ -163,6 +163,33 @@ def test_torchtitan_toml_round_trip(plan):
         assert mode == "selective"
 
 
+@pytest.mark.parametrize("model, pp, kept", [("gpt3-1.3b", 2, True), ("gpt3-1.3b", 1, False),
+                                              (MIXTRAL, 2, False)])
+def test_torchtitan_reshard_policy_is_the_one_the_plan_costs(model, pp, kept):
+    """ZeRO-3 under PP: torchtitan's cost model keeps a dense model's weights gathered over the
+    step (its "default" policy with PP); the export must run that, not "always" (a gather per
+    micro-batch, which the plan does not charge). MoE and pp 1 reshard after each forward."""
+    from planner.calibration.session import runtime_setup
+    from clusters import load_cluster
+
+    cluster = "dgx-h100"
+    options = runtime_setup(load_cluster(cluster, nodes=2), "torchtitan", "bf16").options
+    doc = build_plan(model=model, cluster=cluster, nodes=2, global_batch=64, pp=pp, zero=3,
+                     ep=4 if model == MIXTRAL else 1, seq_len=2048, recompute="full",
+                     runtime=options)
+    plan = Plan.from_dict(doc)
+    # what the plan costs: kept weights are whole 16-bit copies (beside their shard), resharded
+    # ones a 1/dp shard of them
+    whole_gib = sum(2 * x["params"] for x in doc["layers"] if x["stage"] == 0) / 2 ** 30
+    assert (doc["stages"][0]["memory_gib"]["params"] >= whole_gib) is kept
+    want = "never" if kept else "always"
+    new = export_plan(plan, "torchtitan")
+    assert f"--parallelism.fsdp_reshard_after_forward {want}" in new.text
+    old = tomllib.loads(export_plan(plan, "torchtitan", target_version="0.2.2").text)
+    assert old["parallelism"]["fsdp_reshard_after_forward"] == want
+    assert not any("reshard" in w for w in new.warnings)
+
+
 def test_deepspeed_round_trip(plan):
     result = export_plan(Plan.from_dict(plan), "deepspeed")
     config = json.loads(result.text)

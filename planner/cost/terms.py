@@ -384,11 +384,17 @@ def pp_keeps_unsharded(ctx: CostContext) -> bool:
     """FSDP under PP that keeps weights gathered and gradients unsharded over the step
     (planner.profiles.RuntimeProfile.pp_keeps_unsharded)."""
     c = ctx.config
+    return keeps_unsharded(ctx.model, c.zero_stage, c.pp, ctx.options.profile)
+
+
+def keeps_unsharded(model: ModelGraph, zero_stage: int, pp: int, profile_name: str) -> bool:
+    """Whether runtime ``profile_name`` runs ZeRO ``zero_stage`` under ``pp`` stages with the
+    weights kept gathered over the step (the cost model's reading; the torchtitan export
+    writes the reshard policy that runs it)."""
     # Dense models only: the one measured MoE run with FSDP under PP (NeMo AutoModel,
     # DeepSeek-V3 pp4 on 80 GB H100, bench/data/moe_runs.yaml) fits only with resharded states
-    return (c.zero_stage >= 3 and c.pp > 1 and profile(ctx.options.profile).pp_keeps_unsharded
-            and not any(layer.mlp is not None and layer.mlp.is_moe
-                        for layer in ctx.model.layers))
+    return (zero_stage >= 3 and pp > 1 and profile(profile_name).pp_keeps_unsharded
+            and not any(layer.mlp is not None and layer.mlp.is_moe for layer in model.layers))
 
 
 @dataclass(frozen=True)

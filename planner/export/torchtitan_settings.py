@@ -10,7 +10,9 @@ tables or the 0.3 command line. Option names were read from torchtitan's
 
 * ZeRO -> FSDP2 over ``data_parallel_shard_degree`` (torchtitan shards over dp_shard x cp, as
   the plan's ZeRO does over dp x cp): ZeRO-3 = ``fsdp_reshard_after_forward = "always"``,
-  ZeRO-2 = ``"never"`` (parameters stay gathered between forward and backward). ZeRO-1 has no
+  ZeRO-2 = ``"never"`` (parameters stay gathered between forward and backward); ZeRO-3 of a
+  dense model under PP = ``"never"`` too, torchtitan's default with PP, which the cost model
+  charges (``planner.cost.terms.keeps_unsharded``: weights gathered once per step). ZeRO-1 has no
   FSDP2 form (exported as ZeRO-2, with a warning); ZeRO-0 is DDP
   (``data_parallel_replicate_degree``) when nothing else is parallel, since torchtitan's DDP
   is 1-D only.
@@ -32,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from planner.cost.terms import keeps_unsharded
 from planner.export.base import chunks, memory_note
 from planner.plan_types import Plan
 from planner.profiles import profile
@@ -76,12 +79,24 @@ def settings(plan: Plan) -> Settings:
     doc = plan.to_dict()
     p, runtime = doc["parallelism"], doc["runtime"]
     warnings: list[str] = []
+    notes: list[str] = []
     tp, pp, dp, cp, ep, v = p["tp"], p["pp"], p["dp"], p["cp"], p["ep"], p["virtual_stages"]
     zero = p["zero_stage"]
     replicate, shard, reshard = 1, dp, "never"
     changes: dict[str, Any] = {}
     if zero == 3:
-        reshard = "always"
+        # under PP the cost model (torchtitan's profile) keeps a dense model's weights
+        # gathered over the step, as torchtitan's "default" policy runs PP
+        # (reshard_after_forward = not pp_enabled): write that, not "always", whose
+        # per-micro-batch all-gathers the plan does not charge
+        kept = keeps_unsharded(plan.model, zero, pp, "torchtitan")
+        reshard = "never" if kept else "always"
+        if kept:
+            notes.append(f"torchtitan: ZeRO-3 under pipeline parallelism: exported "
+                         f"fsdp_reshard_after_forward \"never\" (torchtitan's default with PP): "
+                         f"each stage's weights are gathered once and kept, and gradients "
+                         f"reduce-scattered after the last of the {p['num_micro_batches']} "
+                         f"micro-batches, as the plan's memory and time count them")
     elif zero == 1 and dp * cp > 1:
         changes["zero_stage"] = 2
         warnings.append("ZeRO-1: torchtitan's FSDP2 cannot shard optimizer states alone; "
@@ -109,7 +124,7 @@ def settings(plan: Plan) -> Settings:
                    local_batch=per_rank if pp > 1 else p["micro_batch"],
                    global_batch=p["global_batch"], seq_len=p["seq_len"],
                    async_tp=bool(tp > 1 and p["sp"] and runtime["tp_comm_overlap"] > 0),
-                   warnings=warnings, changes=changes)
+                   warnings=warnings, notes=notes, changes=changes)
     if pp > 1:
         out.schedule = profile("torchtitan").schedule_names.get(p["schedule"], "1F1B")
         out.pp_micro_batch = p["micro_batch"]

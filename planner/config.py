@@ -138,6 +138,13 @@ class ParallelConfig:
         if model.is_moe:
             raise invalid(f"--hpz {h}: hpZ with routed experts is not modelled")
 
+    @property
+    def micro_batches_fit_schedule(self) -> bool:
+        """Looped interleaved schedules run the micro-batches in groups of pp (Megatron-LM
+        schedules.py): their number must be a multiple of pp."""
+        return not (self.virtual_stages > 1 and self.num_micro_batches % self.pp and
+                    self.schedule_spec.placement == "loop")
+
     def validate(self, model: ModelGraph, cluster: Cluster) -> None:
         """Raise PlannerError(INVALID_INPUT) for any configuration no runtime could run."""
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "seq_len",
@@ -189,8 +196,7 @@ class ParallelConfig:
         if self.virtual_stages > 1 and self.pp == 1:
             raise invalid("--virtual-stages > 1 needs --pp > 1 (interleaved 1F1B)")
         self._validate_schedule()
-        if self.virtual_stages > 1 and self.num_micro_batches % self.pp and \
-                self.schedule_spec.placement == "loop":
+        if not self.micro_batches_fit_schedule:
             raise invalid(
                 f"interleaved 1F1B needs the number of micro-batches ({self.num_micro_batches}) "
                 f"to be a multiple of pp ({self.pp}) (Megatron-LM schedules.py)")

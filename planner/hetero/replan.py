@@ -216,20 +216,28 @@ class _Replanner:
         survivors = [r for r in range(c.dp) if r not in dropped]
         while survivors:
             dp = len(survivors)
+            # hybrid sharding: equal shard groups of dp_shard ranks, replicated; where the old
+            # group no longer divides dp, the largest that does and is no larger (states
+            # re-partitioned as from a checkpoint); as large as dp: plain sharding over dp
+            shard = 0
+            if c.dp_shard and c.dp_shard < dp:
+                shard = max(d for d in _divisors(dp) if d <= c.dp_shard)
+                shard = shard if shard > 1 else 0
+            base = replace(c, dp=dp, dp_shard=shard)
             for mbs in [c.micro_batch] + [b for b in _divisors(c.global_batch)
                                           if b != c.micro_batch and b <= 16]:
                 if c.global_batch % (dp * mbs) == 0:
-                    new = replace(c, dp=dp, micro_batch=mbs)
+                    new = replace(base, micro_batch=mbs)
                     if new.micro_batches_fit_schedule:  # interleaved: micro-batches x pp
                         return survivors, new
             if self.allow_batch_change:
                 step = dp * c.micro_batch
-                if not replace(c, dp=dp, global_batch=step).micro_batches_fit_schedule:
+                if not replace(base, global_batch=step).micro_batches_fit_schedule:
                     step *= c.pp  # interleaved: the micro-batches in groups of pp
                 gb = c.global_batch // step * step
                 if gb:
                     self.notes.append(f"global batch {c.global_batch} -> {gb} (dp {dp})")
-                    return survivors, replace(c, dp=dp, global_batch=gb)
+                    return survivors, replace(base, global_batch=gb)
             # drop more replicas (a node's worth at a time) until dp divides the batch
             survivors = survivors[:-self.group]
         return None

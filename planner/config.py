@@ -354,6 +354,9 @@ class RuntimeOptions:
     # --fp8-dot-product-attention): planner.cost.compute; needs dtype fp8 and a runtime
     # profile that offers it (RuntimeProfile.fp8_attention)
     fp8_attention: bool = False
+    # GEMMs kept in 16 bits under FP8 / FP4 GEMMs ("head", "router"; the runtime profile's
+    # RuntimeProfile.fp8_bf16_gemms, set with the calibrated constants): planner.cost.compute
+    fp8_bf16_gemms: tuple[str, ...] = ()
     # on a multi-pool cluster, each pool's generation: (pool, matmul_efficiency,
     # attention_efficiency), replacing the two above on that pool (planner/hetero/terms.py)
     pool_efficiency: tuple[tuple[str, float | None, float | None], ...] = ()

@@ -127,6 +127,9 @@ class RuntimeProfile:
     # the attention core in FP8 under FP8 GEMMs (RuntimeOptions.fp8_attention): the runtime's
     # option; "" where it offers none
     fp8_attention: str = ""
+    # GEMMs the runtime leaves in 16 bits under FP8 / FP4 GEMMs (RuntimeOptions.fp8_bf16_gemms,
+    # planner.cost.compute.gemm_dtype): "head" (output / LM head), "router" (MoE router)
+    fp8_bf16_gemms: tuple[str, ...] = ()
     # default pipeline stage placement (planner/placement.py): "" = Megatron's even split, or
     # DeepSpeed's PipelineModule partition_method (e.g. "type:transformer")
     pp_partition: str = ""
@@ -222,7 +225,11 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
                            "--cpu-offloading-num-layers N (or --fine-grained-activation-"
                            "offloading)",
         # Transformer Engine's FP8 DotProductAttention (cuDNN), Megatron-LM arguments.py
-        fp8_attention="--fp8-dot-product-attention"),
+        fp8_attention="--fp8-dot-product-attention",
+        # outside Transformer Engine's FP8 autocast: GPTModel's output_layer is Megatron's own
+        # tensor_parallel.ColumnParallelLinear (not a TE module), the MoE router's logits come
+        # from moe_utils.router_gating_linear (torch.mm in the input or --moe-router-dtype)
+        fp8_bf16_gemms=("head", "router")),
     "torchtitan": RuntimeProfile(
         name="torchtitan", title="torchtitan (FSDP2 + DTensor TP/CP/PP)",
         frameworks=("torchtitan", "FSDP2", "AutoModel"),
@@ -259,6 +266,11 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # async TP (enable_async_tensor_parallel) raises "Async TP requires torch.compile"
         # without --compile.enable (torchtitan/distributed/tensor_parallel.py)
         tp_overlap_needs_compile=True,
+        # torchao conversion filters: Float8Converter swapped every nn.Linear but "output"
+        # (module_filter_fn=lambda mod, fqn: fqn != "output"), the MX converter's filter_fqns
+        # default to ["output"], and the MoE configs (Llama 4, DeepSeek-V3) filter
+        # ["output", "router.gate"]
+        fp8_bf16_gemms=("head", "router"),
         # 0.3's expert mesh is efsdp x ep (no ETP; experts whole on each EP rank); 0.2.2 takes
         # expert_tensor_parallel_degree 1 or tp: 1 runs on both
         expert_tp="one",

@@ -90,6 +90,9 @@ class Gemm:
     # HBM elements moved when they are not the operands' (an implicit-GEMM convolution reads
     # its input once, not the im2col matrix): 0 = count x (m k + k n + m n)
     io_elements: float = 0.0
+    # what the GEMM is, where a runtime runs it in another precision than the rest
+    # (RuntimeOptions.fp8_bf16_gemms): "head" (the output / LM head), "router" (the MoE router)
+    role: str = ""
 
     @property
     def flops(self) -> float:
@@ -181,11 +184,20 @@ def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0) -> fl
     return max(compute, memory) + KERNEL_LAUNCH_S
 
 
+def gemm_dtype(gemm: Gemm, dtype: str, bf16_roles: tuple[str, ...] = ()) -> str:
+    """The precision ``gemm`` runs in when the layer's GEMMs run in ``dtype``: 16 bits under FP8
+    / FP4 for the roles the runtime leaves outside its low-precision conversion (``bf16_roles``,
+    RuntimeOptions.fp8_bf16_gemms from RuntimeProfile.fp8_bf16_gemms), ``dtype`` otherwise."""
+    if gemm.role and dtype in ("fp8", "fp4") and gemm.role in bf16_roles:
+        return "bf16"
+    return dtype
+
+
 def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
     """Data gradient (M x N -> M x K) and weight gradient (K x M -> K x N); a convolution's
     move the same tensors (output gradient, weights, input) as its forward."""
-    return (Gemm(g.m, g.k, g.n, g.count, g.grouped, g.io_elements),
-            Gemm(g.k, g.n, g.m, g.count, g.grouped, g.io_elements))
+    return (Gemm(g.m, g.k, g.n, g.count, g.grouped, g.io_elements, g.role),
+            Gemm(g.k, g.n, g.m, g.count, g.grouped, g.io_elements, g.role))
 
 
 def conv_gemms(layer: Layer, shard: Shard) -> list[Gemm]:
@@ -245,7 +257,7 @@ def _mlp_gemms(mlp: Mlp, h: int, tokens: int, shard: Shard) -> list[Gemm]:
                                                     shard.expert_load)))
     width = max(mlp.ffn_hidden // shard.expert_tp, 1)
     router_tokens = tokens // tp if shard.sp else tokens  # each rank routes its sequence shard
-    gemms += [Gemm(max(router_tokens, 1), mlp.num_experts, h),  # router
+    gemms += [Gemm(max(router_tokens, 1), mlp.num_experts, h, role="router"),
               Gemm(per_expert, up * width, h, local, True),
               Gemm(per_expert, h, width, local, True)]
     if mlp.shared_ffn_hidden:  # shared experts run like a dense MLP on the attention mesh
@@ -263,8 +275,9 @@ def layer_gemms(layer: Layer, shard: Shard) -> list[Gemm]:
         return []
     if layer.kind is LayerKind.HEAD:
         if not layer.vocab:
-            return [Gemm(t, layer.hidden, layer.hidden)] if layer.params > layer.hidden * 4 else []
-        return [Gemm(t, max(layer.vocab // shard.tp, 1), layer.hidden)]
+            return [Gemm(t, layer.hidden, layer.hidden, role="head")] \
+                if layer.params > layer.hidden * 4 else []
+        return [Gemm(t, max(layer.vocab // shard.tp, 1), layer.hidden, role="head")]
     gemms: list[Gemm] = []
     if layer.kind is LayerKind.MTP:  # eh_proj: [norm(h); norm(embedding)] (2h) -> h
         gemms.append(Gemm(t, max(layer.hidden // shard.tp, 1), 2 * layer.hidden))
@@ -389,24 +402,30 @@ def layer_compute(layer: Layer, shard: Shard, gpu: Gpu, options: RuntimeOptions)
                       or gpu.attention_efficiency)
     return _layer_compute(layer, shard, gpu, options.attention_kernel, options.dropout,
                           options.elementwise_factor, options.fp8_gemm_factor,
-                          options.recompute_modules, options.fp8_attention)
+                          options.recompute_modules, options.fp8_attention,
+                          options.fp8_bf16_gemms)
 
 
 @lru_cache(maxsize=16384)
 def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: bool,
                    elementwise_factor: float = 1.0, fp8_factor: float = 1.0,
                    modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES,
-                   fp8_attention: bool = False) -> LayerCompute:
+                   fp8_attention: bool = False,
+                   bf16_roles: tuple[str, ...] = ()) -> LayerCompute:
     """``elementwise_factor``: HBM traffic of the element-wise ops relative to fused kernels
     (eager PyTorch launches norms, activations and residual adds separately and re-reads their
-    inputs; Transformer Engine / torch.compile fuse them: calibrated per runtime)."""
+    inputs; Transformer Engine / torch.compile fuse them: calibrated per runtime).
+    ``bf16_roles``: the GEMM roles the runtime keeps in 16 bits under FP8 (:func:`gemm_dtype`)."""
     options = RuntimeOptions(attention_kernel=kernel, dropout=dropout)
     gemms = layer_gemms(layer, shard)
-    fwd = sum(gemm_time_s(g, gpu, shard.dtype, fp8_factor) for g in gemms)
+
+    def seconds(g: Gemm) -> float:
+        return gemm_time_s(g, gpu, gemm_dtype(g, shard.dtype, bf16_roles), fp8_factor)
+
+    fwd = sum(seconds(g) for g in gemms)
     gemm_fwd = fwd
-    bwd = sum(gemm_time_s(b, gpu, shard.dtype, fp8_factor) for g in gemms
-              for b in backward_gemms(g))
-    wgrad = sum(gemm_time_s(backward_gemms(g)[1], gpu, shard.dtype, fp8_factor) for g in gemms)
+    bwd = sum(seconds(b) for g in gemms for b in backward_gemms(g))
+    wgrad = sum(seconds(backward_gemms(g)[1]) for g in gemms)
     flops = sum(g.flops for g in gemms)
     gemm_flops = flops
     hbm = hbm_bytes_per_s(gpu)

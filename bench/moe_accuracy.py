@@ -386,11 +386,50 @@ def published_time(entry: dict, model, config: ParallelConfig) -> tuple[float, s
     return flops / (r["tflops_per_gpu"] * 1e12 * c["num_gpus"]), "model TFLOP/s"
 
 
-def partial_full(model, config: ParallelConfig, base: Recompute, n: int) -> LayerPlacement:
+# Megatron-Bridge's DeepSeek-V3 pipeline layouts: blocks per model chunk (pp x vp chunks), the
+# embedding with chunk 0, the MTP module and the loss with the last. Recipe
+# ``recipes/deepseek/deepseek_v3.py`` ``map_pp_vp_to_layout`` (pp, vp) -> chunks: 4 -> 16, 16,
+# 16, 13; 8 -> 8 x 7, 5; 16 -> 4 x 15, 1 (as the perf configs' ``pp_layout``
+# "Et*4|(t*4|)*14tmL" for pp2 vp8 and pp8 vp2); 32 chunks: the perf configs' H100 pp8 vp4
+# ``pp_layout="Et|(tt|)*30mL"``: 1, 2 x 30, then the MTP module and the loss alone.
+DEEPSEEK_V3_LAYOUTS = {4: (16, 16, 16, 13), 8: (8,) * 7 + (5,), 16: (4,) * 15 + (1,),
+                       32: (1,) + (2,) * 30 + (0,)}
+
+
+def layout_of(entry: dict, model, config: ParallelConfig) -> tuple[int, ...] | None:
+    """Blocks per model chunk of the entry's published pipeline layout
+    (:data:`DEEPSEEK_V3_LAYOUTS`, Megatron-Bridge DeepSeek-V3 runs); None: Megatron's even
+    split."""
+    chunks = config.pp * config.virtual_stages
+    layout = DEEPSEEK_V3_LAYOUTS.get(chunks)
+    if (config.pp == 1 or layout is None or container_of(entry) is None
+            or preset_of(entry) != "deepseek-v3" or sum(layout) != model.num_blocks):
+        return None
+    return layout
+
+
+def base_placement(entry: dict, model, config: ParallelConfig,
+                   recompute: Recompute) -> LayerPlacement:
+    """``recompute`` for every block, on the entry's published pipeline layout
+    (:func:`layout_of`: chunk k on rank k mod pp) or Megatron's even split."""
+    layout = layout_of(entry, model, config)
+    placement = uniform(model, config, recompute)
+    if layout is None:
+        return placement
+    ranks = [k % config.pp for k, n in enumerate(layout) for _ in range(n)]
+    blocks = iter(ranks)
+    stage = tuple(next(blocks) if layer.kind is LayerKind.BLOCK else s
+                  for layer, s in zip(model.layers, placement.stage))
+    return LayerPlacement(stage, placement.options)
+
+
+def partial_full(model, config: ParallelConfig, base: Recompute, n: int,
+                 entry: dict | None = None) -> LayerPlacement:
     """``base`` for every block except the first ``n`` blocks of every stage (model chunk
     order), fully recomputed: Megatron's ``--recompute-method block --recompute-num-layers
     n``."""
-    placement = uniform(model, config, base)
+    placement = uniform(model, config, base) if entry is None else \
+        base_placement(entry, model, config, base)
     seen: dict[int, int] = {}
     options = []
     for layer, stage, option in zip(model.layers, placement.stage, placement.options):
@@ -402,18 +441,29 @@ def partial_full(model, config: ParallelConfig, base: Recompute, n: int) -> Laye
     return LayerPlacement(placement.stage, tuple(options))
 
 
-def fastest_fitting(model, cluster, config: ParallelConfig, options: RuntimeOptions):
+def fastest_fitting(model, cluster, config: ParallelConfig, options: RuntimeOptions,
+                    entry: dict | None = None):
     """The fastest placement that fits among a uniform policy (none, selective, full) and
     none or selective with the fewest blocks per stage fully recomputed that fits (memory
-    falls as more blocks are recomputed); None when nothing fits."""
-    best = uniform_placement(model, cluster, config, options)
+    falls as more blocks are recomputed); None when nothing fits. On the entry's published
+    pipeline layout (:func:`base_placement`) where it has one."""
+    if entry is None or layout_of(entry, model, config) is None:
+        best = uniform_placement(model, cluster, config, options)
+    else:
+        best = None
+        for policy in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
+            ev = evaluate(model, cluster, config, base_placement(entry, model, config, policy),
+                          options)
+            if ev.fits and (best is None or (ev.step_time_s, ev.peak_memory_bytes)
+                            < (best.step_time_s, best.peak_memory_bytes)):
+                best = ev
     per_stage = -(-model.num_blocks // config.pp)
     for base in (Recompute.NONE, Recompute.SELECTIVE):
         lo, hi, found = 1, per_stage, None
         while lo < hi:
             mid = (lo + hi) // 2
-            trial = evaluate(model, cluster, config, partial_full(model, config, base, mid),
-                             options)
+            trial = evaluate(model, cluster, config,
+                             partial_full(model, config, base, mid, entry), options)
             if trial.fits:
                 found, hi = trial, mid
             else:
@@ -434,10 +484,11 @@ def row_for(entry: dict) -> Row:
         recompute = recompute_of(entry)
         ev = None
         if recompute is None:  # not published: the fastest recomputation that fits
-            ev = fastest_fitting(model, cluster, config, options)
+            ev = fastest_fitting(model, cluster, config, options, entry)
         if ev is None:
             ev = evaluate(model, cluster, config,
-                          uniform(model, config, recompute or Recompute.NONE), options)
+                          base_placement(entry, model, config, recompute or Recompute.NONE),
+                          options)
     except PlannerError as error:
         return Row(entry["id"], describe(entry), published, None, source, None, None,
                    note=f"rejected: {error.message[:120]}")

@@ -43,7 +43,8 @@ _RUNTIME_KEYS = ("runtime", "attention_kernel", "dropout", "overlap_grad_reduce"
                  "profile", "allocator_overhead", "comm_slowdown", "micro_batch_overhead_s",
                  "block_overhead_s", "elementwise_factor", "fp8_gemm_factor", "fp8_saved_inputs",
                  "matmul_efficiency", "attention_efficiency", "pool_efficiency",
-                 "recompute_modules", "cross_entropy", "fp8_attention", "fp8_bf16_gemms")
+                 "recompute_modules", "cross_entropy", "fp8_attention", "fp8_bf16_gemms",
+                 "expert_gemm_per_expert")
 
 
 @dataclass(frozen=True, eq=False)

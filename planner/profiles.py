@@ -130,6 +130,11 @@ class RuntimeProfile:
     # GEMMs the runtime leaves in 16 bits under FP8 / FP4 GEMMs (RuntimeOptions.fp8_bf16_gemms,
     # planner.cost.compute.gemm_dtype): "head" (output / LM head), "router" (MoE router)
     fp8_bf16_gemms: tuple[str, ...] = ()
+    # its grouped expert GEMMs run one GEMM per local expert (RuntimeOptions.
+    # expert_gemm_per_expert, planner.cost.compute.gemm_time_s): Transformer Engine's
+    # GroupedLinear (multi-stream cuBLASLt), DeepSpeed-MoE's loop over its experts; False where
+    # one kernel runs every expert (torch._grouped_mm)
+    expert_gemm_per_expert: bool = False
     # default pipeline stage placement (planner/placement.py): "" = Megatron's even split, or
     # DeepSpeed's PipelineModule partition_method (e.g. "type:transformer")
     pp_partition: str = ""
@@ -229,7 +234,12 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # outside Transformer Engine's FP8 autocast: GPTModel's output_layer is Megatron's own
         # tensor_parallel.ColumnParallelLinear (not a TE module), the MoE router's logits come
         # from moe_utils.router_gating_linear (torch.mm in the input or --moe-router-dtype)
-        fp8_bf16_gemms=("head", "router")),
+        fp8_bf16_gemms=("head", "router"),
+        # moe_grouped_gemm -> TEGroupedMLP -> Transformer Engine GroupedLinear, whose grouped
+        # GEMM launches one cuBLASLt GEMM per expert over 4 compute streams
+        # (common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm) and quantises each expert's
+        # slice separately (split_quantize)
+        expert_gemm_per_expert=True),
     "torchtitan": RuntimeProfile(
         name="torchtitan", title="torchtitan (FSDP2 + DTensor TP/CP/PP)",
         frameworks=("torchtitan", "FSDP2", "AutoModel"),
@@ -304,6 +314,8 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # DeepSpeed-MoE keeps experts whole or slices them like TP
         # (deepspeed.moe.layer.MoE enable_expert_tensor_parallelism)
         expert_tp="one-or-tp",
+        # deepspeed/moe/experts.py Experts.forward: one expert module per chunk, in a loop
+        expert_gemm_per_expert=True,
         notes=("pipeline engine reduces gradients after the flush (no overlap with PP)",),
         # deepspeed/runtime/pipe/engine.py: is_pipe_partitioned = is_grad_partitioned =
         # is_model_parallel (PartitionedTensor over the slice-parallel group)

@@ -165,10 +165,13 @@ def _tile_efficiency(m: int, n: int, k: int, count: int, num_sms: int) -> float:
 
 
 @lru_cache(maxsize=65536)
-def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0) -> float:
+def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0,
+                expert_s: float = 0.0) -> float:
     """Roofline time of a GEMM: max(compute at shape-dependent efficiency, HBM traffic) + launch.
     FP8 GEMMs reach ``fp8_factor`` of the 16-bit efficiency on their doubled peak (calibrated:
-    planner/calibration/defaults.yaml; scaling and casts are not free)."""
+    planner/calibration/defaults.yaml; scaling and casts are not free). ``expert_s``: what each
+    local expert beyond the first adds to a grouped GEMM the runtime runs one GEMM per expert
+    (planner.cost.moe.EXPERT_GEMM_S; 0 where one kernel runs every expert)."""
     if gemm.m <= 0 or gemm.n <= 0 or gemm.k <= 0:
         return 0.0
     eff = gpu.matmul_efficiency * _tile_efficiency(gemm.m, gemm.n, gemm.k, gemm.count, gpu.num_sms)
@@ -181,7 +184,8 @@ def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0) -> fl
     traffic = elem * (gemm.io_elements or
                       gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n))
     memory = traffic / hbm_bytes_per_s(gpu)
-    return max(compute, memory) + KERNEL_LAUNCH_S
+    per_expert = expert_s * (gemm.count - 1) if gemm.grouped else 0.0
+    return max(compute, memory) + KERNEL_LAUNCH_S + per_expert
 
 
 def gemm_dtype(gemm: Gemm, dtype: str, bf16_roles: tuple[str, ...] = ()) -> str:
@@ -400,10 +404,12 @@ def layer_compute(layer: Layer, shard: Shard, gpu: Gpu, options: RuntimeOptions)
         gpu = replace(gpu, matmul_efficiency=options.matmul_efficiency or gpu.matmul_efficiency,
                       attention_efficiency=options.attention_efficiency
                       or gpu.attention_efficiency)
+    expert_s = moe.EXPERT_GEMM_S if options.expert_gemm_per_expert \
+        and not options.moe.host_captured else 0.0
     return _layer_compute(layer, shard, gpu, options.attention_kernel, options.dropout,
                           options.elementwise_factor, options.fp8_gemm_factor,
                           options.recompute_modules, options.fp8_attention,
-                          options.fp8_bf16_gemms)
+                          options.fp8_bf16_gemms, expert_s)
 
 
 @lru_cache(maxsize=16384)
@@ -411,16 +417,18 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
                    elementwise_factor: float = 1.0, fp8_factor: float = 1.0,
                    modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES,
                    fp8_attention: bool = False,
-                   bf16_roles: tuple[str, ...] = ()) -> LayerCompute:
+                   bf16_roles: tuple[str, ...] = (), expert_s: float = 0.0) -> LayerCompute:
     """``elementwise_factor``: HBM traffic of the element-wise ops relative to fused kernels
     (eager PyTorch launches norms, activations and residual adds separately and re-reads their
     inputs; Transformer Engine / torch.compile fuse them: calibrated per runtime).
-    ``bf16_roles``: the GEMM roles the runtime keeps in 16 bits under FP8 (:func:`gemm_dtype`)."""
+    ``bf16_roles``: the GEMM roles the runtime keeps in 16 bits under FP8 (:func:`gemm_dtype`).
+    ``expert_s``: each local expert's own GEMM launch beyond the first (:func:`gemm_time_s`)."""
     options = RuntimeOptions(attention_kernel=kernel, dropout=dropout)
     gemms = layer_gemms(layer, shard)
 
     def seconds(g: Gemm) -> float:
-        return gemm_time_s(g, gpu, gemm_dtype(g, shard.dtype, bf16_roles), fp8_factor)
+        return gemm_time_s(g, gpu, gemm_dtype(g, shard.dtype, bf16_roles), fp8_factor,
+                           expert_s)
 
     fwd = sum(seconds(g) for g in gemms)
     gemm_fwd = fwd

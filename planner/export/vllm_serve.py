@@ -11,7 +11,10 @@ speculative decoding ``--speculative-config '{"method": "mtp", "num_speculative_
 (docs.vllm.ai "MTP (Multi-Token Prediction)").
 
 Data-parallel attention is vLLM's data parallelism with expert parallelism: ``-dp`` attention
-replicas whose MoE layers spread over ``tp x dp`` ranks. Independent replicas are separate
+replicas whose MoE layers spread over ``tp x dp`` ranks. Each DP rank is a separate engine core
+with its own scheduler (docs.vllm.ai "Data Parallel Deployment"), so ``--max-num-seqs`` is the
+worker's batch over ``dp`` (rounded up) and ``--max-num-batched-tokens`` the plan's per-rank
+token budget. Independent replicas are separate
 servers (one line per worker, repeated ``count`` times behind a load balancer).
 """
 from __future__ import annotations
@@ -37,7 +40,10 @@ def worker_args(spec) -> list[str]:
         args += ["--data-parallel-size", str(spec.attention_dp)]
     if spec.ep > 1:
         args.append("--enable-expert-parallel")
-    args += ["--max-num-seqs", str(spec.max_batch),
+    # each data-parallel rank is its own engine core with its own scheduler: --max-num-seqs
+    # (like --max-num-batched-tokens, the plan's per-rank budget) is a rank's; the plan's
+    # batch is the worker's, over its attention-DP ranks
+    args += ["--max-num-seqs", str(-(-spec.max_batch // spec.attention_dp)),
              "--max-num-batched-tokens", str(spec.max_num_tokens),
              "--max-model-len", str(spec.max_model_len),
              "--gpu-memory-utilization", f"{spec.memory_fraction:g}",

@@ -138,6 +138,13 @@ class ParallelConfig:
         if model.is_moe:
             raise invalid(f"--hpz {h}: hpZ with routed experts is not modelled")
 
+    @property
+    def micro_batches_fit_schedule(self) -> bool:
+        """Looped interleaved schedules run the micro-batches in groups of pp (Megatron-LM
+        schedules.py): their number must be a multiple of pp."""
+        return not (self.virtual_stages > 1 and self.num_micro_batches % self.pp and
+                    self.schedule_spec.placement == "loop")
+
     def validate(self, model: ModelGraph, cluster: Cluster) -> None:
         """Raise PlannerError(INVALID_INPUT) for any configuration no runtime could run."""
         for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "seq_len",
@@ -189,8 +196,7 @@ class ParallelConfig:
         if self.virtual_stages > 1 and self.pp == 1:
             raise invalid("--virtual-stages > 1 needs --pp > 1 (interleaved 1F1B)")
         self._validate_schedule()
-        if self.virtual_stages > 1 and self.num_micro_batches % self.pp and \
-                self.schedule_spec.placement == "loop":
+        if not self.micro_batches_fit_schedule:
             raise invalid(
                 f"interleaved 1F1B needs the number of micro-batches ({self.num_micro_batches}) "
                 f"to be a multiple of pp ({self.pp}) (Megatron-LM schedules.py)")
@@ -348,6 +354,13 @@ class RuntimeOptions:
     # --fp8-dot-product-attention): planner.cost.compute; needs dtype fp8 and a runtime
     # profile that offers it (RuntimeProfile.fp8_attention)
     fp8_attention: bool = False
+    # GEMMs kept in 16 bits under FP8 / FP4 GEMMs ("head", "router"; the runtime profile's
+    # RuntimeProfile.fp8_bf16_gemms, set with the calibrated constants): planner.cost.compute
+    fp8_bf16_gemms: tuple[str, ...] = ()
+    # the runtime's grouped expert GEMMs run one GEMM per local expert (the runtime profile's
+    # RuntimeProfile.expert_gemm_per_expert, set with the calibrated constants): each expert
+    # beyond the first adds planner.cost.moe.EXPERT_GEMM_S (planner.cost.compute.gemm_time_s)
+    expert_gemm_per_expert: bool = False
     # on a multi-pool cluster, each pool's generation: (pool, matmul_efficiency,
     # attention_efficiency), replacing the two above on that pool (planner/hetero/terms.py)
     pool_efficiency: tuple[tuple[str, float | None, float | None], ...] = ()

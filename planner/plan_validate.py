@@ -63,6 +63,10 @@ def structure_problems(doc: dict[str, Any], model: ModelGraph, cluster: Cluster)
         out.append(Problem("micro_batches", f"num_micro_batches is {p['num_micro_batches']} but "
                                             f"global_batch / (micro_batch x dp) = {gb} / "
                                             f"({mb} x {dp}) = {gb // (mb * dp)}"))
+    shard = p.get("dp_shard") or 0
+    if shard and (shard >= dp or dp % shard):  # HSDP: equal shard groups, replicated
+        out.append(Problem("config", f"dp_shard {shard} is not a proper divisor of dp {dp}: "
+                                     f"hybrid sharding needs dp / dp_shard equal shard groups"))
     inputs = doc["inputs"]
     for key, got, want in (("global_batch", inputs["global_batch"], gb),
                            ("dtype", inputs["dtype"], p["dtype"]),

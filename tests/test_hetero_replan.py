@@ -201,3 +201,42 @@ def test_slowdown_from_measured_step_times(tmp_path, capsys):
     times.write_text(json.dumps({"x": 1.0}))
     code, out, _ = run(capsys, "replan", str(old), "--slow-from", str(times), "--json")
     assert code == 2 and "rank: seconds" in out
+
+
+def test_interleaved_plans_keep_micro_batches_in_groups_of_pp(tmp_path):
+    """dp 4 -> 3 with --allow-batch-change rounds the batch to a multiple of dp x micro x pp
+    (interleaved 1F1B runs the micro-batches in groups of pp): 64 -> 60 crashed the pipeline
+    simulator (IndexError) at 63 = 21 micro-batches on pp 2. Without a batch change, a micro-
+    batch size that leaves a number of micro-batches pp does not divide is skipped."""
+    path = plan_file(tmp_path, nodes=8, tp=8, pp=2, dp=4, virtual_stages=2)
+    old = Plan.load(path)
+    result = replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=[3],
+                    allow_batch_change=True)
+    c = result.chosen.config
+    assert c.dp == 3 and c.global_batch == 60 and c.num_micro_batches % c.pp == 0
+    assert result.chosen.evaluation.fits
+    # dp 3 with the batch kept: 64 does not split over 3, so one more replica leaves
+    result = replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=[3])
+    c = result.chosen.config
+    assert c.dp == 2 and c.global_batch == 64 and c.num_micro_batches % c.pp == 0
+
+
+def test_no_fitting_replan_says_what_each_option_needs(tmp_path):
+    """Without a churn budget the refusal names no budget (it said "within the churn budget"
+    and "raise --max-moved-layers" whatever the budget); it gives each option's need."""
+    path = plan_file(tmp_path, model="llama-3.1-70b", nodes=6, tp=8, pp=1, dp=6, global_batch=6)
+    old = Plan.load(path)
+    assert old.document["predicted"]["fits"]
+    with pytest.raises(PlannerError) as err:  # ZeRO-1 over 3 ranks instead of 6
+        replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=[0])
+    message, hints = err.value.message, err.value.hints
+    assert "churn budget" not in message, message
+    assert "drop-replicas (dp 3, global batch 6, 24 GPUs) needs " in message
+    assert "GiB per GPU" in message and "GiB over" in message
+    assert not any("--max-moved-layers" in h for h in hints)
+    assert any("--allow-batch-change" in h for h in hints)
+    with pytest.raises(PlannerError) as err:
+        replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=[0],
+               max_moved_layers=2)
+    assert "within the churn budget of 2 moved layers" in err.value.message
+    assert any("--max-moved-layers" in h for h in err.value.hints)

@@ -177,3 +177,39 @@ def test_cli_dp_shard_on_evaluate_and_plan(capsys):
     code, out, _ = run_cli(["plan", "-m", "tiny", "-c", "tiny", "--global-batch", "16",
                             "--runtime", "torchtitan", "--dp-shard", "2", "--json"], capsys)
     assert code == 0 and json.loads(out)["parallelism"]["dp_shard"] == 2
+
+
+def test_a_plan_whose_shard_group_does_not_divide_dp_is_not_exported(hsdp_plan):
+    """The exporters refuse a malformed plan (planner/plan_validate.py); dp 32 with shard groups
+    of 12 was written as replicate 2 x shard 12 = 24 ranks before."""
+    from planner.plan_validate import plan_problems
+
+    bad = json.loads(json.dumps(hsdp_plan))
+    bad["parallelism"]["dp_shard"] = 12
+    problems = plan_problems(Plan.from_dict(bad))
+    assert [p.code for p in problems] == ["config"]
+    assert "dp_shard 12 is not a proper divisor of dp 32" in problems[0].message
+    with pytest.raises(PlannerError):
+        export_plan(Plan.from_dict(bad), "torchtitan")
+    assert plan_problems(Plan.from_dict(hsdp_plan)) == []
+
+
+def test_replan_of_an_hsdp_plan_keeps_equal_shard_groups():
+    """A failure takes a node (8 replicas) of dp 32 in shard groups of 16: the new plan shards
+    over the largest divisor of dp no larger than the group (dp 24, batch rounded: 12), or over
+    all of dp where that is no larger (dp 16, batch kept: plain sharding); never a group that
+    does not divide dp (the re-plan wrote dp_shard 16 on dp 24 and on dp 16 before: plans
+    that `check` refused and the torchtitan export wrote as replicate 1 x shard 16)."""
+    from planner.hetero.replan import replan
+    from planner.plan_validate import plan_problems
+
+    ev = evaluate(LLAMA, H100, _config(dp_shard=16),
+                  options=RuntimeOptions(runtime="zero-paper", profile="torchtitan"))
+    doc = make_plan(ev, model_spec="llama-3.1-8b", cluster_spec="dgx-h100", nodes=4)
+    old = Plan.from_dict(validate_plan(json.loads(dumps(doc))))
+    for allow, want in ((False, (16, 0)), (True, (24, 12))):
+        result = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
+                        failed=[5], allow_batch_change=allow)
+        c = result.chosen.config
+        assert (c.dp, c.dp_shard) == want
+        c.validate(old.model, result.chosen.cluster)

@@ -96,6 +96,10 @@ def test_disaggregated_exports_name_both_pools(disaggregated):
     assert decode.kv_transfer_config["kv_role"] == "kv_consumer"
     assert (decode.tensor_parallel_size, decode.data_parallel_size) == (1, 16)
     assert decode.enable_expert_parallel
+    # each of vLLM's 16 DP engine cores schedules its own requests: the worker's batch of 64
+    # is 4 a rank (it was written as 64 a rank, 1,024 sequences in all)
+    assert decode.max_num_seqs * decode.data_parallel_size == \
+        disaggregated["inference"]["deployment"]["batch"] == 64
     sg = [ref.parser(ref.SGLANG, "sglang", 0).parse_args(c[3:])
           for c in _commands(export_plan(disaggregated, "sglang").text, "python -m sglang")]
     assert [a.disaggregation_mode for a in sg] == ["prefill", "decode"]

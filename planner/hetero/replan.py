@@ -216,15 +216,28 @@ class _Replanner:
         survivors = [r for r in range(c.dp) if r not in dropped]
         while survivors:
             dp = len(survivors)
+            # hybrid sharding: equal shard groups of dp_shard ranks, replicated; where the old
+            # group no longer divides dp, the largest that does and is no larger (states
+            # re-partitioned as from a checkpoint); as large as dp: plain sharding over dp
+            shard = 0
+            if c.dp_shard and c.dp_shard < dp:
+                shard = max(d for d in _divisors(dp) if d <= c.dp_shard)
+                shard = shard if shard > 1 else 0
+            base = replace(c, dp=dp, dp_shard=shard)
             for mbs in [c.micro_batch] + [b for b in _divisors(c.global_batch)
                                           if b != c.micro_batch and b <= 16]:
                 if c.global_batch % (dp * mbs) == 0:
-                    return survivors, replace(c, dp=dp, micro_batch=mbs)
+                    new = replace(base, micro_batch=mbs)
+                    if new.micro_batches_fit_schedule:  # interleaved: micro-batches x pp
+                        return survivors, new
             if self.allow_batch_change:
-                gb = c.global_batch // (dp * c.micro_batch) * dp * c.micro_batch
+                step = dp * c.micro_batch
+                if not replace(base, global_batch=step).micro_batches_fit_schedule:
+                    step *= c.pp  # interleaved: the micro-batches in groups of pp
+                gb = c.global_batch // step * step
                 if gb:
                     self.notes.append(f"global batch {c.global_batch} -> {gb} (dp {dp})")
-                    return survivors, replace(c, dp=dp, global_batch=gb)
+                    return survivors, replace(base, global_batch=gb)
             # drop more replicas (a node's worth at a time) until dp divides the batch
             survivors = survivors[:-self.group]
         return None
@@ -392,6 +405,18 @@ class _Replanner:
         return options
 
 
+def _refusal(option: ReplanOption, max_moved_layers: int | None) -> str:
+    """Why a considered re-plan was refused: the memory it needs, or the layers it moves."""
+    c, ev = option.config, option.evaluation
+    what = (f"{option.strategy} (dp {c.dp}, global batch {c.global_batch}, "
+            f"{c.num_gpus} GPUs)")
+    if not ev.fits:
+        over = min(ev.memory_headroom_bytes, 0.0)
+        return (f"{what} needs {ev.peak_memory_bytes / GIB:.1f} GiB per GPU, "
+                f"{-over / GIB:.1f} GiB over")
+    return f"{what} moves {option.moved_layers} layers, over the budget of {max_moved_layers}"
+
+
 def replan(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: ParallelConfig,
            placement: LayerPlacement, runtime: RuntimeOptions = RuntimeOptions(), *,
            failed: Sequence[int] = (), slow: Mapping[int, float] | None = None,
@@ -422,10 +447,16 @@ def replan(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: Paral
     within = [o for o in considered if o.evaluation.fits
               and (max_moved_layers is None or o.moved_layers <= max_moved_layers)]
     if not within:
+        budget = "" if max_moved_layers is None else \
+            f" within the churn budget of {max_moved_layers} moved layers"
+        why = [_refusal(o, max_moved_layers) for o in considered]
+        hints = (("raise --max-moved-layers",) if max_moved_layers is not None else ()) + \
+            (() if allow_batch_change else
+             ("allow a smaller global batch with --allow-batch-change",)) + \
+            ("re-plan from scratch with `shardplan plan`",)
         raise PlannerError(ErrorKind.DOES_NOT_FIT if considered else ErrorKind.INFEASIBLE,
-                           "no re-plan fits memory within the churn budget",
-                           ("raise --max-moved-layers", "allow a smaller global batch with "
-                            "--allow-batch-change", "re-plan from scratch with `shardplan plan`"),
+                           f"no re-plan fits memory{budget}"
+                           + (f": {'; '.join(why)}" if why else ""), hints,
                            {"considered": [o.strategy for o in considered]})
     chosen = min(within, key=lambda o: (o.step_time_s, o.moved_layers, o.moved_state_bytes,
                                         o.strategy))

@@ -32,7 +32,7 @@ from planner.solve.explain import does_not_fit
 from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.inner import solve_stages
 from planner.profiles import profile as runtime_profile
-from planner.solve.space import Pins
+from planner.solve.space import Pins, why_no_config
 from planner.solve.split_hint import best_split
 from planner.strategy import LayerOption, Layout, default_placement
 
@@ -176,12 +176,14 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                        deadline, limit)
     total = len(cands)
     if not cands:
+        reasons = why_no_config(model, cluster, global_batch, seq_len, dtype, pins,
+                                runtime_profile(options.runtime.profile))
         raise PlannerError(
             ErrorKind.INFEASIBLE,
             f"no parallel configuration of {cluster.num_gpus} GPUs is valid for {model.name} "
-            f"with global batch {global_batch}",
-            ("check that the global batch is divisible by some data-parallel degree",
-             "remove pins that contradict each other (see --pin)"),
+            f"with global batch {global_batch}" + (f": {'; '.join(reasons)}" if reasons else ""),
+            ("remove or change those pins (see --pin)",) if pins.as_dict() else
+            ("check that the global batch is divisible by some data-parallel degree",),
             {"pins": pins.as_dict()})
     # the memory bound prunes here; the finer bound over fitting placements
     # (Candidate.fit_lb_s) is read when a candidate comes up

@@ -378,3 +378,43 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                                     except PlannerError:
                                         continue
                                     yield config
+
+
+def why_no_config(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
+                  dtype: str, pins: Pins = Pins(), runtime=None) -> list[str]:
+    """Why :func:`enumerate_configs` yields nothing, one line per cause: each pin that leaves no
+    configuration on its own (with the arithmetic where it is a degree), else the pins together,
+    else the global batch."""
+    n, blocks = cluster.num_gpus, model.num_blocks
+    heads = min((b.attention.num_heads for b in model.blocks() if b.attention), default=1)
+    reasons = []
+    pinned = {f.name: getattr(pins, f.name) for f in fields(pins)
+              if getattr(pins, f.name) is not None}
+    for name, value in pinned.items():
+        alone = Pins(**{name: value})
+        if next(enumerate_configs(model, cluster, global_batch, seq_len, dtype, alone, runtime),
+                None) is not None:
+            continue
+        shown = alone.as_dict()[name]
+        why = ""
+        if name in ("tp", "pp", "cp", "dp") and n % value:
+            why = f"{value} {'exceeds' if value > n else 'does not divide'} the {n} GPUs"
+        elif name == "tp" and heads % value:
+            why = f"{value} does not divide the model's {heads} attention heads"
+        elif name == "pp" and value > blocks:
+            why = f"more stages than the model's {blocks} blocks"
+        elif name == "dp" and global_batch % value:
+            why = f"the global batch {global_batch} does not split over {value} ranks"
+        elif name == "micro_batch" and not any(global_batch % (d * value) == 0
+                                               for d in _divisors(n)):
+            why = (f"no data-parallel degree d of the {n} GPUs has d x {value} dividing the "
+                   f"global batch {global_batch}")
+        reasons.append(f"pin {name}={shown} leaves no valid configuration"
+                       + (f": {why}" if why else ""))
+    if not reasons and pinned:
+        reasons.append("the pins " + ", ".join(f"{k}={v}" for k, v in pins.as_dict().items())
+                       + " leave no valid configuration together, though each alone does")
+    if not reasons and not any(global_batch % (n // d) == 0 for d in _divisors(n)):
+        reasons.append(f"the global batch {global_batch} splits over no data-parallel degree "
+                       f"the {n} GPUs allow")
+    return reasons

@@ -8,6 +8,7 @@ and the fit verdict, then the median and max absolute errors. Run::
 
     python bench/moe_accuracy.py            # rewrites the section of docs/moe.md, prints the summary
     python bench/moe_accuracy.py --check    # also exits 1 when a target is missed
+    python bench/moe_accuracy.py --stages ID   # per-stage time of entry ID, then exit
 
 How an entry becomes inputs (no entry is special-cased; every rule reads the entry's own fields):
 
@@ -22,6 +23,8 @@ How an entry becomes inputs (no entry is special-cased; every rule reads the ent
   uniform policy -- none, selective, full -- that fits, as ``plan`` with the layout pinned would
   choose; none when nothing fits); dtype fp8 for FP8 / MXFP8 runs;
   sequence parallelism whenever tp > 1 (Megatron-Core requires it with MoE and TP);
+  Megatron-Bridge DeepSeek-V3 runs on their recipe's pipeline layout (:data:`DEEPSEEK_V3_LAYOUTS`),
+  others on Megatron's even split;
   ZeRO stage as published, else 1 (Megatron-Bridge recipes use the distributed optimizer);
 * step time: ``iteration_time_s`` when measured, else global batch x sequence / (published
   tokens/s/GPU x GPUs); entries with neither use the published model TFLOP/s with the
@@ -386,11 +389,50 @@ def published_time(entry: dict, model, config: ParallelConfig) -> tuple[float, s
     return flops / (r["tflops_per_gpu"] * 1e12 * c["num_gpus"]), "model TFLOP/s"
 
 
-def partial_full(model, config: ParallelConfig, base: Recompute, n: int) -> LayerPlacement:
+# Megatron-Bridge's DeepSeek-V3 pipeline layouts: blocks per model chunk (pp x vp chunks), the
+# embedding with chunk 0, the MTP module and the loss with the last. Recipe
+# ``recipes/deepseek/deepseek_v3.py`` ``map_pp_vp_to_layout`` (pp, vp) -> chunks: 4 -> 16, 16,
+# 16, 13; 8 -> 8 x 7, 5; 16 -> 4 x 15, 1 (as the perf configs' ``pp_layout``
+# "Et*4|(t*4|)*14tmL" for pp2 vp8 and pp8 vp2); 32 chunks: the perf configs' H100 pp8 vp4
+# ``pp_layout="Et|(tt|)*30mL"``: 1, 2 x 30, then the MTP module and the loss alone.
+DEEPSEEK_V3_LAYOUTS = {4: (16, 16, 16, 13), 8: (8,) * 7 + (5,), 16: (4,) * 15 + (1,),
+                       32: (1,) + (2,) * 30 + (0,)}
+
+
+def layout_of(entry: dict, model, config: ParallelConfig) -> tuple[int, ...] | None:
+    """Blocks per model chunk of the entry's published pipeline layout
+    (:data:`DEEPSEEK_V3_LAYOUTS`, Megatron-Bridge DeepSeek-V3 runs); None: Megatron's even
+    split."""
+    chunks = config.pp * config.virtual_stages
+    layout = DEEPSEEK_V3_LAYOUTS.get(chunks)
+    if (config.pp == 1 or layout is None or container_of(entry) is None
+            or preset_of(entry) != "deepseek-v3" or sum(layout) != model.num_blocks):
+        return None
+    return layout
+
+
+def base_placement(entry: dict, model, config: ParallelConfig,
+                   recompute: Recompute) -> LayerPlacement:
+    """``recompute`` for every block, on the entry's published pipeline layout
+    (:func:`layout_of`: chunk k on rank k mod pp) or Megatron's even split."""
+    layout = layout_of(entry, model, config)
+    placement = uniform(model, config, recompute)
+    if layout is None:
+        return placement
+    ranks = [k % config.pp for k, n in enumerate(layout) for _ in range(n)]
+    blocks = iter(ranks)
+    stage = tuple(next(blocks) if layer.kind is LayerKind.BLOCK else s
+                  for layer, s in zip(model.layers, placement.stage))
+    return LayerPlacement(stage, placement.options)
+
+
+def partial_full(model, config: ParallelConfig, base: Recompute, n: int,
+                 entry: dict | None = None) -> LayerPlacement:
     """``base`` for every block except the first ``n`` blocks of every stage (model chunk
     order), fully recomputed: Megatron's ``--recompute-method block --recompute-num-layers
     n``."""
-    placement = uniform(model, config, base)
+    placement = uniform(model, config, base) if entry is None else \
+        base_placement(entry, model, config, base)
     seen: dict[int, int] = {}
     options = []
     for layer, stage, option in zip(model.layers, placement.stage, placement.options):
@@ -402,18 +444,29 @@ def partial_full(model, config: ParallelConfig, base: Recompute, n: int) -> Laye
     return LayerPlacement(placement.stage, tuple(options))
 
 
-def fastest_fitting(model, cluster, config: ParallelConfig, options: RuntimeOptions):
+def fastest_fitting(model, cluster, config: ParallelConfig, options: RuntimeOptions,
+                    entry: dict | None = None):
     """The fastest placement that fits among a uniform policy (none, selective, full) and
     none or selective with the fewest blocks per stage fully recomputed that fits (memory
-    falls as more blocks are recomputed); None when nothing fits."""
-    best = uniform_placement(model, cluster, config, options)
+    falls as more blocks are recomputed); None when nothing fits. On the entry's published
+    pipeline layout (:func:`base_placement`) where it has one."""
+    if entry is None or layout_of(entry, model, config) is None:
+        best = uniform_placement(model, cluster, config, options)
+    else:
+        best = None
+        for policy in (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL):
+            ev = evaluate(model, cluster, config, base_placement(entry, model, config, policy),
+                          options)
+            if ev.fits and (best is None or (ev.step_time_s, ev.peak_memory_bytes)
+                            < (best.step_time_s, best.peak_memory_bytes)):
+                best = ev
     per_stage = -(-model.num_blocks // config.pp)
     for base in (Recompute.NONE, Recompute.SELECTIVE):
         lo, hi, found = 1, per_stage, None
         while lo < hi:
             mid = (lo + hi) // 2
-            trial = evaluate(model, cluster, config, partial_full(model, config, base, mid),
-                             options)
+            trial = evaluate(model, cluster, config,
+                             partial_full(model, config, base, mid, entry), options)
             if trial.fits:
                 found, hi = trial, mid
             else:
@@ -423,6 +476,21 @@ def fastest_fitting(model, cluster, config: ParallelConfig, options: RuntimeOpti
     return best
 
 
+def evaluation_of(entry: dict, model, cluster, config: ParallelConfig,
+                  options: RuntimeOptions):
+    """The evaluation the bench scores for ``entry`` (raises PlannerError when invalid)."""
+    config.validate(model, cluster)  # before the placement: it needs a valid split
+    recompute = recompute_of(entry)
+    ev = None
+    if recompute is None:  # not published: the fastest recomputation that fits
+        ev = fastest_fitting(model, cluster, config, options, entry)
+    if ev is None:
+        ev = evaluate(model, cluster, config,
+                      base_placement(entry, model, config, recompute or Recompute.NONE),
+                      options)
+    return ev
+
+
 def row_for(entry: dict) -> Row:
     model = build_model(entry)
     cluster = build_cluster(entry)
@@ -430,14 +498,7 @@ def row_for(entry: dict) -> Row:
     published, source = published_time(entry, model, config)
     options = options_of(entry)
     try:
-        config.validate(model, cluster)  # before the placement: it needs a valid split
-        recompute = recompute_of(entry)
-        ev = None
-        if recompute is None:  # not published: the fastest recomputation that fits
-            ev = fastest_fitting(model, cluster, config, options)
-        if ev is None:
-            ev = evaluate(model, cluster, config,
-                          uniform(model, config, recompute or Recompute.NONE), options)
+        ev = evaluation_of(entry, model, cluster, config, options)
     except PlannerError as error:
         return Row(entry["id"], describe(entry), published, None, source, None, None,
                    note=f"rejected: {error.message[:120]}")
@@ -587,11 +648,55 @@ def missed_targets(rows: list[Row]) -> list[str]:
     return missed
 
 
+def stage_breakdown(entry: dict) -> list[str]:
+    """Lines of the per-stage time of ``entry``'s evaluation, milliseconds per micro-batch: each
+    stage's layers grouped by kind (count x compute, exposed TP / EP / host time), the
+    stage-boundary p2p, and the step's pipeline, bubble, data-parallel and optimizer seconds."""
+    from planner.cost.terms import config_terms, layer_terms
+    from planner.cost.context import make_context
+    model, cluster, config = build_model(entry), build_cluster(entry), config_of(entry)
+    options = options_of(entry)
+    ev = evaluation_of(entry, model, cluster, config, options)
+    published, _ = published_time(entry, model, config)
+    b = ev.breakdown
+    ctx = make_context(model, cluster, config, options)
+    lines = [f"{entry['id']}: {describe(entry)}; published {published:.2f} s, predicted "
+             f"{ev.step_time_s:.2f} s ({ev.step_time_s / published - 1:+.1%}); "
+             f"{config.num_micro_batches} micro-batches, pipeline {b.pipeline_s:.2f} s "
+             f"(bubble {b.bubble_s:.2f}), data-parallel {b.dp_exposed_s:.2f} s, optimizer "
+             f"{b.optimizer_s:.3f} s; stage-boundary p2p "
+             f"{config_terms(ctx).boundary_s * 1e3:.2f} ms per micro-batch"]
+    for stage in ev.stages:
+        groups: dict[str, list[float]] = {}
+        for i in stage.layers:
+            layer, option = model.layers[i], ev.placement.options[i]
+            x = layer_terms(ctx, layer, option)
+            moe = layer.mlp is not None and layer.mlp.is_moe
+            name = layer.kind.value + (" moe" if moe else "") + (
+                f" {option.recompute.value}" if option.recompute is not Recompute.NONE else "")
+            g = groups.setdefault(name, [0, 0.0, 0.0])
+            g[0] += 1
+            g[1] += x.compute_s * 1e3
+            g[2] += x.comm_s * 1e3
+        parts = ", ".join(f"{int(n)} {name} {c:.1f} + {m:.1f}" for name, (n, c, m)
+                          in groups.items())
+        lines.append(f"  stage {stage.index}: {stage.time_s * 1e3:.1f} ms = {parts} "
+                     f"(compute + exposed comm / host, ms)")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--no-write", action="store_true", help="do not rewrite docs/moe.md")
+    parser.add_argument("--stages", metavar="ID", action="append", default=[],
+                        help="print the per-stage time breakdown of entry ID (repeatable) and exit")
     args = parser.parse_args(argv)
+    if args.stages:
+        for entry in entries():
+            if entry["id"] in args.stages:
+                print("\n".join(stage_breakdown(entry)))
+        return 0
     rows, skipped = run()
     if not args.no_write:
         write_section(render(rows, skipped))

@@ -354,6 +354,13 @@ class RuntimeOptions:
     # --fp8-dot-product-attention): planner.cost.compute; needs dtype fp8 and a runtime
     # profile that offers it (RuntimeProfile.fp8_attention)
     fp8_attention: bool = False
+    # GEMMs kept in 16 bits under FP8 / FP4 GEMMs ("head", "router"; the runtime profile's
+    # RuntimeProfile.fp8_bf16_gemms, set with the calibrated constants): planner.cost.compute
+    fp8_bf16_gemms: tuple[str, ...] = ()
+    # the runtime's grouped expert GEMMs run one GEMM per local expert (the runtime profile's
+    # RuntimeProfile.expert_gemm_per_expert, set with the calibrated constants): each expert
+    # beyond the first adds planner.cost.moe.EXPERT_GEMM_S (planner.cost.compute.gemm_time_s)
+    expert_gemm_per_expert: bool = False
     # on a multi-pool cluster, each pool's generation: (pool, matmul_efficiency,
     # attention_efficiency), replacing the two above on that pool (planner/hetero/terms.py)
     pool_efficiency: tuple[tuple[str, float | None, float | None], ...] = ()

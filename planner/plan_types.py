@@ -43,7 +43,8 @@ _RUNTIME_KEYS = ("runtime", "attention_kernel", "dropout", "overlap_grad_reduce"
                  "profile", "allocator_overhead", "comm_slowdown", "micro_batch_overhead_s",
                  "block_overhead_s", "elementwise_factor", "fp8_gemm_factor", "fp8_saved_inputs",
                  "matmul_efficiency", "attention_efficiency", "pool_efficiency",
-                 "recompute_modules", "cross_entropy", "fp8_attention")
+                 "recompute_modules", "cross_entropy", "fp8_attention", "fp8_bf16_gemms",
+                 "expert_gemm_per_expert")
 
 
 @dataclass(frozen=True, eq=False)
@@ -117,7 +118,9 @@ class Plan:
             r = doc["runtime"]
             runtime = RuntimeOptions(**{k: r[k] for k in _RUNTIME_KEYS
                                         if k in r and k not in ("pool_efficiency",
-                                                                "recompute_modules")},
+                                                                "recompute_modules",
+                                                                "fp8_bf16_gemms")},
+                                     fp8_bf16_gemms=tuple(r.get("fp8_bf16_gemms", ())),
                                      recompute_modules=validate_modules(
                                          r.get("recompute_modules", DEFAULT_RECOMPUTE_MODULES)),
                                      pool_efficiency=tuple(tuple(x) for x in
@@ -169,6 +172,9 @@ class Plan:
                     doc["runtime"][key] = value
             elif key == "recompute_modules":
                 if key in doc["runtime"] or value != DEFAULT_RECOMPUTE_MODULES:
+                    doc["runtime"][key] = list(value)
+            elif key == "fp8_bf16_gemms":
+                if key in doc["runtime"] or value:
                     doc["runtime"][key] = list(value)
             elif key in doc["runtime"] or value != getattr(RuntimeOptions(), key):
                 doc["runtime"][key] = value

@@ -127,6 +127,14 @@ class RuntimeProfile:
     # the attention core in FP8 under FP8 GEMMs (RuntimeOptions.fp8_attention): the runtime's
     # option; "" where it offers none
     fp8_attention: str = ""
+    # GEMMs the runtime leaves in 16 bits under FP8 / FP4 GEMMs (RuntimeOptions.fp8_bf16_gemms,
+    # planner.cost.compute.gemm_dtype): "head" (output / LM head), "router" (MoE router)
+    fp8_bf16_gemms: tuple[str, ...] = ()
+    # its grouped expert GEMMs run one GEMM per local expert (RuntimeOptions.
+    # expert_gemm_per_expert, planner.cost.compute.gemm_time_s): Transformer Engine's
+    # GroupedLinear (multi-stream cuBLASLt), DeepSpeed-MoE's loop over its experts; False where
+    # one kernel runs every expert (torch._grouped_mm)
+    expert_gemm_per_expert: bool = False
     # default pipeline stage placement (planner/placement.py): "" = Megatron's even split, or
     # DeepSpeed's PipelineModule partition_method (e.g. "type:transformer")
     pp_partition: str = ""
@@ -222,7 +230,16 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
                            "--cpu-offloading-num-layers N (or --fine-grained-activation-"
                            "offloading)",
         # Transformer Engine's FP8 DotProductAttention (cuDNN), Megatron-LM arguments.py
-        fp8_attention="--fp8-dot-product-attention"),
+        fp8_attention="--fp8-dot-product-attention",
+        # outside Transformer Engine's FP8 autocast: GPTModel's output_layer is Megatron's own
+        # tensor_parallel.ColumnParallelLinear (not a TE module), the MoE router's logits come
+        # from moe_utils.router_gating_linear (torch.mm in the input or --moe-router-dtype)
+        fp8_bf16_gemms=("head", "router"),
+        # moe_grouped_gemm -> TEGroupedMLP -> Transformer Engine GroupedLinear, whose grouped
+        # GEMM launches one cuBLASLt GEMM per expert over 4 compute streams
+        # (common/gemm/cublaslt_gemm.cu multi_stream_cublas_gemm) and quantises each expert's
+        # slice separately (split_quantize)
+        expert_gemm_per_expert=True),
     "torchtitan": RuntimeProfile(
         name="torchtitan", title="torchtitan (FSDP2 + DTensor TP/CP/PP)",
         frameworks=("torchtitan", "FSDP2", "AutoModel"),
@@ -259,6 +276,11 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # async TP (enable_async_tensor_parallel) raises "Async TP requires torch.compile"
         # without --compile.enable (torchtitan/distributed/tensor_parallel.py)
         tp_overlap_needs_compile=True,
+        # torchao conversion filters: Float8Converter swapped every nn.Linear but "output"
+        # (module_filter_fn=lambda mod, fqn: fqn != "output"), the MX converter's filter_fqns
+        # default to ["output"], and the MoE configs (Llama 4, DeepSeek-V3) filter
+        # ["output", "router.gate"]
+        fp8_bf16_gemms=("head", "router"),
         # 0.3's expert mesh is efsdp x ep (no ETP; experts whole on each EP rank); 0.2.2 takes
         # expert_tensor_parallel_degree 1 or tp: 1 runs on both
         expert_tp="one",
@@ -292,6 +314,8 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # DeepSpeed-MoE keeps experts whole or slices them like TP
         # (deepspeed.moe.layer.MoE enable_expert_tensor_parallelism)
         expert_tp="one-or-tp",
+        # deepspeed/moe/experts.py Experts.forward: one expert module per chunk, in a loop
+        expert_gemm_per_expert=True,
         notes=("pipeline engine reduces gradients after the flush (no overlap with PP)",),
         # deepspeed/runtime/pipe/engine.py: is_pipe_partitioned = is_grad_partitioned =
         # is_model_parallel (PartitionedTensor over the slice-parallel group)

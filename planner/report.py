@@ -117,6 +117,10 @@ def runtime_dict(o) -> dict[str, Any]:
         out["cross_entropy"] = o.cross_entropy
     if o.fp8_attention:  # the attention core in FP8 (planner.cost.compute)
         out["fp8_attention"] = True
+    if o.fp8_bf16_gemms:  # GEMMs left in 16 bits under FP8 (planner.cost.compute.gemm_dtype)
+        out["fp8_bf16_gemms"] = list(o.fp8_bf16_gemms)
+    if o.expert_gemm_per_expert:  # one GEMM per local expert (planner.cost.compute.gemm_time_s)
+        out["expert_gemm_per_expert"] = True
     return out
 
 

@@ -176,6 +176,11 @@ CASES = [
                                           zero_stage=0, micro_batch=1)),
     Case("moe-zero3", MOE, ParallelConfig(tp=1, pp=2, dp=4, ep=2, global_batch=16, seq_len=128,
                                           zero_stage=3, micro_batch=1)),
+    # one GEMM per local expert (Transformer Engine's GroupedLinear): 2 local experts each
+    # grouped GEMM (planner.cost.moe.EXPERT_GEMM_S), in every pass the solver prices
+    Case("moe-per-expert-gemms", MOE, ParallelConfig(tp=1, pp=2, dp=4, ep=2, global_batch=16,
+                                                     seq_len=128, zero_stage=1, micro_batch=1),
+         runtime=RuntimeOptions(expert_gemm_per_expert=True)),
     # calibrated runtime behaviour: NCCL slowing overlapped compute, a fixed per-micro-batch
     # overhead (planner/calibration), per-phase FSDP exposure with gradient-reduce overlap
     Case("zero3-slowdown", DENSE, ParallelConfig(tp=1, pp=2, dp=4, global_batch=16, seq_len=128,

@@ -38,6 +38,8 @@ def calibrated_options(options: RuntimeOptions, constants: Constants, gpu_name: 
                                          if f"fp8_relative_efficiency.{name}" in PARAM_NAMES
                                          else "fp8_relative_efficiency"),
         "fp8_saved_inputs": prof.fp8_saved_inputs,
+        "fp8_bf16_gemms": prof.fp8_bf16_gemms,
+        "expert_gemm_per_expert": prof.expert_gemm_per_expert,
     })
     key = f"unfused_elementwise.{name}"
     changes["elementwise_factor"] = constants.get("compiled_elementwise") if compiled else \

@@ -90,6 +90,9 @@ class Gemm:
     # HBM elements moved when they are not the operands' (an implicit-GEMM convolution reads
     # its input once, not the im2col matrix): 0 = count x (m k + k n + m n)
     io_elements: float = 0.0
+    # what the GEMM is, where a runtime runs it in another precision than the rest
+    # (RuntimeOptions.fp8_bf16_gemms): "head" (the output / LM head), "router" (the MoE router)
+    role: str = ""
 
     @property
     def flops(self) -> float:
@@ -162,10 +165,13 @@ def _tile_efficiency(m: int, n: int, k: int, count: int, num_sms: int) -> float:
 
 
 @lru_cache(maxsize=65536)
-def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0) -> float:
+def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0,
+                expert_s: float = 0.0) -> float:
     """Roofline time of a GEMM: max(compute at shape-dependent efficiency, HBM traffic) + launch.
     FP8 GEMMs reach ``fp8_factor`` of the 16-bit efficiency on their doubled peak (calibrated:
-    planner/calibration/defaults.yaml; scaling and casts are not free)."""
+    planner/calibration/defaults.yaml; scaling and casts are not free). ``expert_s``: what each
+    local expert beyond the first adds to a grouped GEMM the runtime runs one GEMM per expert
+    (planner.cost.moe.EXPERT_GEMM_S; 0 where one kernel runs every expert)."""
     if gemm.m <= 0 or gemm.n <= 0 or gemm.k <= 0:
         return 0.0
     eff = gpu.matmul_efficiency * _tile_efficiency(gemm.m, gemm.n, gemm.k, gemm.count, gpu.num_sms)
@@ -178,14 +184,24 @@ def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0) -> fl
     traffic = elem * (gemm.io_elements or
                       gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n))
     memory = traffic / hbm_bytes_per_s(gpu)
-    return max(compute, memory) + KERNEL_LAUNCH_S
+    per_expert = expert_s * (gemm.count - 1) if gemm.grouped else 0.0
+    return max(compute, memory) + KERNEL_LAUNCH_S + per_expert
+
+
+def gemm_dtype(gemm: Gemm, dtype: str, bf16_roles: tuple[str, ...] = ()) -> str:
+    """The precision ``gemm`` runs in when the layer's GEMMs run in ``dtype``: 16 bits under FP8
+    / FP4 for the roles the runtime leaves outside its low-precision conversion (``bf16_roles``,
+    RuntimeOptions.fp8_bf16_gemms from RuntimeProfile.fp8_bf16_gemms), ``dtype`` otherwise."""
+    if gemm.role and dtype in ("fp8", "fp4") and gemm.role in bf16_roles:
+        return "bf16"
+    return dtype
 
 
 def backward_gemms(g: Gemm) -> tuple[Gemm, Gemm]:
     """Data gradient (M x N -> M x K) and weight gradient (K x M -> K x N); a convolution's
     move the same tensors (output gradient, weights, input) as its forward."""
-    return (Gemm(g.m, g.k, g.n, g.count, g.grouped, g.io_elements),
-            Gemm(g.k, g.n, g.m, g.count, g.grouped, g.io_elements))
+    return (Gemm(g.m, g.k, g.n, g.count, g.grouped, g.io_elements, g.role),
+            Gemm(g.k, g.n, g.m, g.count, g.grouped, g.io_elements, g.role))
 
 
 def conv_gemms(layer: Layer, shard: Shard) -> list[Gemm]:
@@ -245,7 +261,7 @@ def _mlp_gemms(mlp: Mlp, h: int, tokens: int, shard: Shard) -> list[Gemm]:
                                                     shard.expert_load)))
     width = max(mlp.ffn_hidden // shard.expert_tp, 1)
     router_tokens = tokens // tp if shard.sp else tokens  # each rank routes its sequence shard
-    gemms += [Gemm(max(router_tokens, 1), mlp.num_experts, h),  # router
+    gemms += [Gemm(max(router_tokens, 1), mlp.num_experts, h, role="router"),
               Gemm(per_expert, up * width, h, local, True),
               Gemm(per_expert, h, width, local, True)]
     if mlp.shared_ffn_hidden:  # shared experts run like a dense MLP on the attention mesh
@@ -263,8 +279,9 @@ def layer_gemms(layer: Layer, shard: Shard) -> list[Gemm]:
         return []
     if layer.kind is LayerKind.HEAD:
         if not layer.vocab:
-            return [Gemm(t, layer.hidden, layer.hidden)] if layer.params > layer.hidden * 4 else []
-        return [Gemm(t, max(layer.vocab // shard.tp, 1), layer.hidden)]
+            return [Gemm(t, layer.hidden, layer.hidden, role="head")] \
+                if layer.params > layer.hidden * 4 else []
+        return [Gemm(t, max(layer.vocab // shard.tp, 1), layer.hidden, role="head")]
     gemms: list[Gemm] = []
     if layer.kind is LayerKind.MTP:  # eh_proj: [norm(h); norm(embedding)] (2h) -> h
         gemms.append(Gemm(t, max(layer.hidden // shard.tp, 1), 2 * layer.hidden))
@@ -387,26 +404,36 @@ def layer_compute(layer: Layer, shard: Shard, gpu: Gpu, options: RuntimeOptions)
         gpu = replace(gpu, matmul_efficiency=options.matmul_efficiency or gpu.matmul_efficiency,
                       attention_efficiency=options.attention_efficiency
                       or gpu.attention_efficiency)
+    expert_s = moe.EXPERT_GEMM_S if options.expert_gemm_per_expert \
+        and not options.moe.host_captured else 0.0
     return _layer_compute(layer, shard, gpu, options.attention_kernel, options.dropout,
                           options.elementwise_factor, options.fp8_gemm_factor,
-                          options.recompute_modules, options.fp8_attention)
+                          options.recompute_modules, options.fp8_attention,
+                          options.fp8_bf16_gemms, expert_s)
 
 
 @lru_cache(maxsize=16384)
 def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: bool,
                    elementwise_factor: float = 1.0, fp8_factor: float = 1.0,
                    modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES,
-                   fp8_attention: bool = False) -> LayerCompute:
+                   fp8_attention: bool = False,
+                   bf16_roles: tuple[str, ...] = (), expert_s: float = 0.0) -> LayerCompute:
     """``elementwise_factor``: HBM traffic of the element-wise ops relative to fused kernels
     (eager PyTorch launches norms, activations and residual adds separately and re-reads their
-    inputs; Transformer Engine / torch.compile fuse them: calibrated per runtime)."""
+    inputs; Transformer Engine / torch.compile fuse them: calibrated per runtime).
+    ``bf16_roles``: the GEMM roles the runtime keeps in 16 bits under FP8 (:func:`gemm_dtype`).
+    ``expert_s``: each local expert's own GEMM launch beyond the first (:func:`gemm_time_s`)."""
     options = RuntimeOptions(attention_kernel=kernel, dropout=dropout)
     gemms = layer_gemms(layer, shard)
-    fwd = sum(gemm_time_s(g, gpu, shard.dtype, fp8_factor) for g in gemms)
+
+    def seconds(g: Gemm) -> float:
+        return gemm_time_s(g, gpu, gemm_dtype(g, shard.dtype, bf16_roles), fp8_factor,
+                           expert_s)
+
+    fwd = sum(seconds(g) for g in gemms)
     gemm_fwd = fwd
-    bwd = sum(gemm_time_s(b, gpu, shard.dtype, fp8_factor) for g in gemms
-              for b in backward_gemms(g))
-    wgrad = sum(gemm_time_s(backward_gemms(g)[1], gpu, shard.dtype, fp8_factor) for g in gemms)
+    bwd = sum(seconds(b) for g in gemms for b in backward_gemms(g))
+    wgrad = sum(seconds(backward_gemms(g)[1]) for g in gemms)
     flops = sum(g.flops for g in gemms)
     gemm_flops = flops
     hbm = hbm_bytes_per_s(gpu)

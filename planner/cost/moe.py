@@ -71,6 +71,20 @@ DROPLESS_SYNC_S = 2.0e-3
 GROUPED_GEMM_EFFICIENCY = 1.0
 
 
+# Seconds each local expert beyond the first adds to a grouped GEMM where the runtime runs one
+# GEMM per expert (RuntimeProfile.expert_gemm_per_expert): Transformer Engine's GroupedLinear
+# launches a cuBLASLt GEMM per expert over 4 compute streams (common/gemm/cublaslt_gemm.cu
+# multi_stream_cublas_gemm) after quantising each expert's slice (split_quantize), where one
+# grouped kernel would take every expert in one launch. Measured on SM100 (Transformer Engine
+# #3134, benchmarks/linear/benchmark_grouped_linear.py, kernel against kernel): 8 experts of
+# 128 tokens x 2048 x 2048 take 0.267 ms through the per-expert cuBLASLt loop and 0.069 ms in
+# one CUTLASS grouped launch, (0.267 - 0.069) / 8 = 25 us per expert. Absent where a CUDA graph
+# replays the MoE layer (the per-expert launches and their setup are recorded once; the
+# Megatron-Bridge recipes that capture the whole iteration also fuse the grouped MLP into one
+# kernel, Megatron-Bridge #2885) and where one kernel runs every expert (torch._grouped_mm).
+EXPERT_GEMM_S = 25e-6
+
+
 # Host time per MoE layer pass when the runtime issues the layer from Python without CUDA
 # graphs: the router, the token permutation and its all-to-all splits (read back to the host for
 # dropless routing), the grouped expert GEMMs with their FP8 quantisation, the unpermutation --

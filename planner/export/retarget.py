@@ -34,7 +34,9 @@ _BEHAVIOUR = {
     "micro_batch_overhead_s": "per-micro-batch overhead s",
     "block_overhead_s": "per-block host overhead s",
     "elementwise_factor": "element-wise factor", "fp8_gemm_factor": "FP8 GEMM factor",
-    "fp8_saved_inputs": "FP8 saved inputs", "matmul_efficiency": "GEMM efficiency",
+    "fp8_saved_inputs": "FP8 saved inputs", "fp8_bf16_gemms": "GEMMs left in 16 bits under FP8",
+    "expert_gemm_per_expert": "one GEMM per local expert",
+    "matmul_efficiency": "GEMM efficiency",
     "attention_efficiency": "attention efficiency", "pool_efficiency": "pools' efficiencies",
 }
 

@@ -175,6 +175,8 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
         from cli.render import print_evaluation
 
         print_evaluation(result)
+    if not ev.fits:  # the prediction is printed; the exit code says it does not fit
+        click.get_current_context().exit(1)
 
 
 @click.command()

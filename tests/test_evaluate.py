@@ -134,6 +134,19 @@ def test_evaluate_tables_on_stderr(capsys):
     assert "Memory per GPU" in err and "Step time" in err
 
 
+def test_a_configuration_that_does_not_fit_exits_1_with_its_prediction(capsys):
+    """README / docs/reliability.md: exit 1 = does not fit, as `evaluate --workload serve` and
+    `check` answer; the prediction is still printed (one JSON document). It exited 0."""
+    base = ("evaluate", "-m", "llama-3.1-70b", "-c", "dgx-h100", "--global-batch", "8",
+            "--tp", "8", "--json")
+    code, out, _ = run(capsys, *base, "--pp", "1")
+    doc = json.loads(out)
+    assert code == 1 and doc["predicted"]["fits"] is False
+    assert doc["predicted"]["peak_memory_gib"] > 80
+    code, out, _ = run(capsys, *base, "--nodes", "2", "--pp", "2", "--recompute", "full")
+    assert code == 0 and json.loads(out)["predicted"]["fits"] is True
+
+
 def test_headline_names_chunks_per_rank_and_hybrid_sharding(capsys):
     """The one line an engineer reads first says everything the runtime is configured with:
     the interleaved schedule's chunks per rank (Megatron --num-virtual-stages-per-pipeline-rank)

@@ -84,3 +84,27 @@ def parser(reference: dict, prog: str, positional: int) -> argparse.ArgumentPars
         else:
             p.add_argument(name, type=kind, choices=choices)
     return p
+
+
+def rank_caps(runtime: str, args: argparse.Namespace) -> tuple[int, int]:
+    """(sequences, tokens per iteration) each attention-DP rank of a worker admits, by the
+    runtime's own rule applied to its parsed arguments (read from the sources; no code copied):
+
+    * vLLM: one engine core with its own scheduler per data-parallel rank
+      (``vllm/v1/engine/core.py`` ``DPEngineCoreProc``), capped by ``max_num_seqs`` and
+      ``max_num_batched_tokens`` as given (``vllm/v1/core/sched/scheduler.py``).
+    * SGLang with ``--enable-dp-attention``: ``--max-running-requests // --dp-size``
+      (``sglang/srt/managers/tp_worker.py``) and ``--chunked-prefill-size // --dp-size``
+      (``sglang/srt/server_args.py`` ``_handle_data_parallelism``).
+    * TensorRT-LLM (PyTorch backend): ``max_batch_size`` (x ``pp_size`` in flight,
+      ``get_max_num_sequences``) and ``max_num_tokens`` per rank under ``enable_attention_dp``
+      (``tensorrt_llm/_torch/pyexecutor``: ``tp_size x max_num_active_requests`` in all).
+    """
+    if runtime == "vllm":
+        return args.max_num_seqs, args.max_num_batched_tokens
+    if runtime == "sglang":
+        dp = args.dp_size if args.enable_dp_attention and args.dp_size else 1
+        return args.max_running_requests // dp, args.chunked_prefill_size // dp
+    if runtime == "trtllm":
+        return args.max_batch_size * (args.pp_size or 1), args.max_num_tokens
+    raise ValueError(runtime)

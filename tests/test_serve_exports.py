@@ -198,3 +198,79 @@ def test_plans_without_capture_export_no_torch_compile_config(aggregated):
     (worker,) = yaml.safe_load(export_plan(aggregated, "trtllm").text)["trtllm_workers"]
     assert "torch_compile_config" not in worker["extra_llm_api_options"]
     assert not any("piecewise" in w for w in export_plan(aggregated, "vllm").warnings)
+
+
+def _worker_commands(doc: dict) -> dict[str, list]:
+    """Each runtime's parsed arguments of every worker of ``doc``, in the plan's order."""
+    vllm = [ref.parser(ref.VLLM, "vllm", 3).parse_args(c)
+            for c in _commands(export_plan(doc, "vllm").text, "vllm serve")]
+    sglang = [ref.parser(ref.SGLANG, "sglang", 0).parse_args(c[3:])
+              for c in _commands(export_plan(doc, "sglang").text, "python -m sglang")]
+    workers = yaml.safe_load(export_plan(doc, "trtllm").text)["trtllm_workers"]
+    trtllm = [ref.parser(ref.TRTLLM, "trtllm-serve", 2).parse_args(shlex.split(w["command"]))
+              for w in workers]
+    for w, args in zip(workers, trtllm):  # CUDA graphs up to each rank's batch
+        assert w["extra_llm_api_options"]["cuda_graph_config"]["max_batch_size"] == \
+            args.max_batch_size
+    return {"vllm": vllm, "sglang": sglang, "trtllm": trtllm}
+
+
+@pytest.fixture(scope="module")
+def attention_dp_plans():
+    """An aggregated attention-DP worker whose batch cap (29) is no multiple of its 4 ranks,
+    and a disaggregated deployment whose prefill and decode workers both run attention DP (a
+    prompt per prefill rank; a decode cap of 100 over 16 ranks)."""
+    agg = _plan("deepseek-v3", "dgx-h200",
+                ServingWorkload(isl=1024, osl=1024, concurrency=40, dtype="fp8", kv_dtype="fp8"),
+                ServingConfig("aggregated", worker=WorkerConfig(tp=2, ep=8, attention_dp=4),
+                              batch=29, max_num_tokens=2048))
+    dis = _plan("deepseek-v3", "dgx-h200",
+                ServingWorkload(isl=1024, osl=1024, concurrency=128, mode="disaggregated",
+                                dtype="fp8", kv_dtype="fp8"),
+                ServingConfig("disaggregated", prefill=WorkerConfig(tp=1, ep=8, attention_dp=8),
+                              decode=WorkerConfig(tp=1, ep=16, attention_dp=16),
+                              prefill_workers=2, decode_workers=1, batch=100,
+                              max_num_tokens=4096), nodes=4)
+    return agg, dis
+
+
+def test_attention_dp_caps_are_each_ranks_in_every_export(attention_dp_plans):
+    """With data-parallel attention every runtime schedules each rank's requests under its own
+    caps (vLLM: an engine core per DP rank; TensorRT-LLM: max_batch_size / max_num_tokens per
+    rank; SGLang: --max-running-requests and --chunked-prefill-size divided by --dp-size), so
+    each export writes the values whose per-rank reading is the plan's: ceil(batch / ranks)
+    sequences (WorkerConfig.rank_batch, the model's own reading), the rank's token budget, a
+    prefill worker's prompts per rank. Before, the exports wrote the worker's batch: vLLM and
+    TensorRT-LLM let each of the 4 ranks hold 29 (116 in all), SGLang left each rank 29 // 4 = 7
+    (28 < 29), and an attention-DP prefill worker's one prompt a rank became 1 // 8 = 0."""
+    agg, dis = attention_dp_plans
+    for doc, expected in ((agg, [(8, 2048)]), (dis, [(1, 4096), (7, 4096)])):
+        for runtime, workers in _worker_commands(doc).items():
+            assert [ref.rank_caps(runtime, a) for a in workers] == expected, runtime
+    vllm = _worker_commands(agg)["vllm"][0]
+    assert (vllm.tensor_parallel_size, vllm.data_parallel_size, vllm.enable_expert_parallel) \
+        == (2, 4, True)  # vLLM's exporter writes DP attention for the MoE worker
+    sglang = _worker_commands(dis)["sglang"]
+    assert [(a.dp_size, a.max_running_requests) for a in sglang] == [(8, 8), (16, 112)]
+
+
+def test_runtime_worker_cap_is_the_models(attention_dp_plans):
+    """The sequences a worker holds under the exported caps (ranks x each rank's) are the
+    serving model's largest batch (one rule: WorkerConfig.rank_batch): the plan's 29 over 4
+    ranks is 8 a rank, 32 in all, and 40 requests run 32 at once, not 29; a decode cap of 100
+    over 16 ranks is 7 a rank, 112 in all."""
+    from planner.serve.evaluate import evaluate_serving
+    from planner.serve.plan import config_from_dict, workload_from_dict
+    agg, dis = attention_dp_plans
+    for doc, nodes in ((agg, None), (dis, 4)):
+        inf = doc["inference"]
+        ev = evaluate_serving(load_model("deepseek-v3"), load_cluster("dgx-h200", nodes=nodes),
+                              workload_from_dict(inf["workload"]),
+                              config_from_dict(inf["deployment"]), inf["runtime"])
+        pool = ev.pools[-1]
+        for runtime, workers in _worker_commands(doc).items():
+            assert pool.worker.attention_dp * ref.rank_caps(runtime, workers[-1])[0] == \
+                pool.max_batch, runtime
+    assert [d["inference"]["deployment"]["batch"] for d in (agg, dis)] == [29, 100]
+    assert agg["predicted"]["max_concurrency"] == 32
+    assert dis["predicted"]["max_concurrency"] == 112

@@ -172,6 +172,18 @@ class WorkerConfig:
     def moe_tp(self) -> int:
         return self.tp * self.attention_dp // self.ep
 
+    def rank_batch(self, batch: int) -> int:
+        """Sequences each attention-DP rank admits when the worker runs at most ``batch``:
+        ``ceil(batch / attention_dp)``, the one per-rank reading of a batch cap (the serving
+        model's largest batch, :func:`planner.serve.evaluate.worker_batch`, and the exports'
+        caps, :mod:`planner.export.serving`). Every runtime schedules each attention-DP rank's
+        requests under its own cap: vLLM runs an engine core with its own scheduler per
+        data-parallel rank, each capped by ``--max-num-seqs``; TensorRT-LLM with
+        ``enable_attention_dp`` caps each rank at ``max_batch_size``; SGLang divides
+        ``--max-running-requests`` by ``--dp-size``. One cap serves every rank, so the worker
+        holds ``attention_dp x`` this (at least ``batch``)."""
+        return -(-batch // self.attention_dp)
+
     @property
     def mesh(self):
         """The worker's :class:`planner.mesh.Mesh`: attention replicas are its dp dimension,

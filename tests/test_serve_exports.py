@@ -7,6 +7,7 @@ import shlex
 import pytest
 import yaml
 
+from conftest import run_cli
 import serve_runtime_options as ref
 from clusters import load_cluster
 from models import load_model
@@ -339,3 +340,23 @@ def test_runtime_pipeline_batch_is_the_models(pipeline_plans):
     assert [d["inference"]["deployment"]["batch"] for d in (agg, dis)] == [100, 100]
     assert agg["predicted"]["max_concurrency"] == 102
     assert dis["predicted"]["max_concurrency"] == 112
+
+
+@pytest.mark.parametrize("argv", [["replan", "{plan}", "--failed", "1", "-o", "{out}"],
+                                  ["report", "{plan}", "-o", "{out}"],
+                                  ["diff", "{plan}", "{plan}"],
+                                  ["verify", "{plan}"]])
+def test_training_commands_name_a_serving_plan(aggregated, argv, tmp_path, capsys):
+    """A serving plan given to a training command: exit 2 naming it and the commands that
+    take it. It was "missing or invalid 'parallelism'" (replan, report, diff) and an internal
+    error, exit 4, KeyError (verify)."""
+    if argv[0] == "verify":
+        pytest.importorskip("torch")
+    from planner.plan import dumps
+
+    plan = tmp_path / "serve.json"
+    plan.write_text(dumps(aggregated))
+    args = [a.format(plan=plan, out=tmp_path / "out") for a in argv]
+    code, _, err = run_cli(args, capsys)
+    assert code == 2 and "Traceback" not in err
+    assert "this is a serving plan (workload serve); this command takes a training plan" in err

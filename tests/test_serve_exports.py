@@ -281,7 +281,7 @@ def test_runtime_worker_cap_is_the_models(attention_dp_plans):
 def pipeline_plans():
     """Workers with pipeline stages whose batch caps are no multiple of their micro-batches: an
     aggregated tp2pp3 worker capped at 100 (3 micro-batches), and a disaggregated deployment of
-    a tp1pp2 prefill worker (one prompt a rank) and a tp1pp2ep8adp8 decode worker capped at 100
+    a tp8pp2ep8 prefill worker (one prompt a rank) and a tp1pp2ep8adp8 decode worker capped at 100
     (13 a rank over 2 micro-batches)."""
     agg = _plan("llama-3.1-70b", "dgx-h100",
                 ServingWorkload(isl=1024, osl=1024, concurrency=128, dtype="fp8", kv_dtype="fp8"),

@@ -105,10 +105,10 @@ def _serve_lines(text: str) -> list[list[str]]:
 
 def _serving_facts(spec) -> dict[str, Any]:
     """What vLLM must derive for one worker of a serving plan (planner.export.serving
-    WorkerSpec): its sizes (vLLM's expert group is tp x dp), context, batch limits, KV role."""
+    WorkerSpec): its sizes (vLLM's expert group is tp x dp), context, batch limits (each DP
+    rank's: an engine core per rank, planner/export/vllm_serve.py), KV role."""
     return {"tp": spec.tp, "pp": spec.pp, "dp": spec.attention_dp, "ep": spec.ep,
-            "seq_len": spec.max_model_len,
-            "max_num_seqs": -(-spec.max_batch // spec.attention_dp),  # each DP engine core's
+            "seq_len": spec.max_model_len, "max_num_seqs": spec.rank_batch,
             "max_num_batched_tokens": spec.max_num_tokens,
             "kv_role": {"prefill": "kv_producer", "decode": "kv_consumer"}.get(spec.role)}
 

@@ -169,6 +169,13 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
     ev = run(graph, hw, config, placement, options=options)
     result = evaluation_dict(ev)
     result["predicted"].update(prediction_intervals(ev, setup.calibration))
+    # what the named runtime cannot run (check --runtime's rules): predicted all the same, a
+    # what-if, but said, as `plan --runtime` would never propose it
+    from planner.check_runtime import runtime_problems
+    from planner.plan_types import Plan
+
+    unrunnable = runtime_problems(Plan(graph, hw, config, placement, options, {}), setup.profile)
+    result["runtime_problems"] = [problem.message for problem in unrunnable]
     if as_json:
         emit_json(result)
     else:

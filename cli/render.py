@@ -133,6 +133,8 @@ def print_evaluation(result: dict[str, Any]) -> None:
             f"peak {band_gib[0]:.2f}-{band_gib[1]:.2f} GiB"))
     for note in pred.get("extrapolating", ()):
         print_warning(note)
+    for problem in result.get("runtime_problems", ()):
+        print_warning(f"runtime: {problem}")
 
 
 class search_progress:

@@ -55,6 +55,10 @@ def check_memory(plan_file: str, available: int | None = None) -> None:
         doc = load_plan(plan_file)
     except PlannerError:
         return  # verify_plan reports what is wrong with the file
+    if "parallelism" not in doc:  # a serving plan: the decoder names it (Plan.from_dict)
+        from planner.plan_types import Plan
+
+        Plan.from_dict(doc)
     params = int(doc["model"]["params"])
     par = doc["parallelism"]
     world = int(par["tp"]) * int(par["pp"]) * int(par["dp"]) * int(par.get("cp", 1))

@@ -37,6 +37,9 @@ def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
     if not prof.allows_zero(c.zero_stage):
         names = ", ".join(f"{z} ({prof.sharding_names[z]})" for z in prof.zero_stages)
         bad(f"ZeRO-{c.zero_stage}: it shards data-parallel state as ZeRO {names}")
+    elif not prof.allows_zero_with(c.zero_stage, c.pp):  # e.g. DeepSpeed's pipeline engine
+        bad(f"ZeRO-{c.zero_stage} with pipeline parallelism (pp {c.pp}): with a pipeline it "
+            f"runs ZeRO {', '.join(map(str, prof.pipeline_zero_stages or ()))} only")
     for name, degree, flag in (("tensor parallelism", c.tp, prof.tp),
                                ("pipeline parallelism", c.pp, prof.pp),
                                ("context parallelism", c.cp, prof.cp),

@@ -96,6 +96,11 @@ class Plan:
         raises PlannerError (INVALID_INPUT) naming what is missing or wrong."""
         from planner.serialize import cluster_from_dict, model_from_dict, pool_cluster_from_dict
 
+        if isinstance(doc, Mapping) and doc.get("workload") == "serve":
+            raise invalid("this is a serving plan (workload serve); this command takes a "
+                          "training plan",
+                          "serving plans take `check`, `show` and "
+                          "`export --format vllm|sglang|trtllm|json`")
         try:
             model = model_from_dict(doc["inputs"]["model"]["ir"], "$.inputs.model.ir")
             p = doc["parallelism"]

@@ -176,3 +176,28 @@ def test_bands_widen_for_a_recomputation_no_run_of_the_regime_used():
     old = BandTable({"step_time": Spread(4, 0.0, 0.03)},
                     {"step_time": {label: Spread(4, 0.0, 0.03)}})
     assert not band(old, "step_time", 1.0, [label], 8, 1e9, recompute=("none",)).extrapolating
+
+
+def test_mfu_above_its_regime_or_runtime_is_an_extrapolation():
+    """A predicted MFU is checked against the highest measured on its GPU generation, then in
+    its own regime, then (a regime without runs) with its runtime on any GPU: DeepSpeed ZeRO-3
+    on H100 at 42.9 % MFU passed silently under Megatron's 47.1 % hopper best."""
+    from planner.calibration.bands import BandTable, Spread, mfu_reason
+
+    def spread(mfu):
+        return Spread(5, 0.0, 0.05, max_mfu=mfu)
+
+    table = BandTable({}, {"step_time": {"generation:hopper": spread(0.471),
+                                         "regime:fsdp/hopper/fsdp": spread(0.447),
+                                         "runtime:fsdp": spread(0.617),
+                                         "runtime:deepspeed": spread(0.367)}})
+    assert "above the highest measured on hopper GPUs" in mfu_reason(
+        table, 0.50, "hopper", "fsdp/hopper/fsdp", "fsdp")
+    assert "in its regime fsdp/hopper/fsdp in the calibration data (44.7%)" in mfu_reason(
+        table, 0.453, "hopper", "fsdp/hopper/fsdp", "fsdp")
+    # its regime's best bounds it, not the runtime's best on other GPUs (61.7 % on A100)
+    assert mfu_reason(table, 0.44, "hopper", "fsdp/hopper/fsdp", "fsdp") is None
+    # no run in the regime: the runtime's best anywhere
+    assert "with deepspeed on any GPU in the calibration data (36.7%)" in mfu_reason(
+        table, 0.429, "hopper", "deepspeed/hopper/fsdp", "deepspeed")
+    assert mfu_reason(table, 0.30, "hopper", "deepspeed/hopper/fsdp", "deepspeed") is None

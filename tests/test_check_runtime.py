@@ -57,6 +57,17 @@ def test_what_each_runtime_cannot_run_is_named(megatron_plan):
         assert what in fsdp
 
 
+def test_zero_under_a_pipeline_is_checked():
+    """DeepSpeed's pipeline engine runs ZeRO 0 and 1 only (profile pipeline_zero_stages, which
+    narrows the search): a ZeRO-2 pipeline plan passed check --runtime deepspeed before."""
+    plan = Plan.from_dict(build_plan(pp=2, zero=2))
+    assert [p.message for p in runtime_problems(plan, PROFILES["deepspeed"])] == [
+        "deepspeed cannot run ZeRO-2 with pipeline parallelism (pp 2): with a pipeline it runs "
+        "ZeRO 0, 1 only"]
+    assert runtime_problems(Plan.from_dict(build_plan(pp=2, zero=1)), PROFILES["deepspeed"]) == []
+    assert runtime_problems(Plan.from_dict(build_plan(pp=1, zero=2)), PROFILES["deepspeed"]) == []
+
+
 def test_schedule_recompute_and_uneven_chunks_are_checked():
     interleaved = Plan.from_dict(build_plan(model="gpt3-1.3b", cluster="dgx-a100-80g",
                                             global_batch=64, pp=2, virtual_stages=2, zero=1,

@@ -147,6 +147,23 @@ def test_a_configuration_that_does_not_fit_exits_1_with_its_prediction(capsys):
     assert code == 0 and json.loads(out)["predicted"]["fits"] is True
 
 
+def test_evaluate_names_what_its_runtime_cannot_run(capsys):
+    """evaluate --runtime R predicts any configuration (a what-if) but says what R cannot run,
+    with check --runtime R's rules: it said nothing (fsdp at tp 2, DeepSpeed ZeRO-2 under PP,
+    Megatron with ZB-V were predicted silently)."""
+    base = ("evaluate", "-m", "llama-3.1-8b", "-c", "dgx-h100", "--global-batch", "64")
+    code, out, _ = run(capsys, *base, "--tp", "2", "--pp", "1", "--runtime", "fsdp", "--json")
+    problems = json.loads(out)["runtime_problems"]
+    assert code == 0 and "fsdp cannot run tensor parallelism (degree 2): it has none" in problems
+    code, _, err = run(capsys, *base, "--tp", "1", "--pp", "2", "--zero", "2", "--runtime",
+                       "deepspeed")
+    assert "warning: runtime: deepspeed cannot run ZeRO-2 with pipeline parallelism" in \
+        " ".join(err.split())
+    code, out, _ = run(capsys, *base, "--tp", "1", "--pp", "2", "--zero", "1", "--runtime",
+                       "deepspeed", "--json")
+    assert json.loads(out)["runtime_problems"] == []
+
+
 def test_headline_names_chunks_per_rank_and_hybrid_sharding(capsys):
     """The one line an engineer reads first says everything the runtime is configured with:
     the interleaved schedule's chunks per rank (Megatron --num-virtual-stages-per-pipeline-rank)

@@ -160,6 +160,11 @@ def test_vllm_serving_facts_are_the_plans_workers():
     assert (prefill["tp"], prefill["ep"], prefill["kv_role"]) == (8, 8, "kv_producer")
     assert (decode["dp"], decode["ep"], decode["kv_role"]) == (16, 16, "kv_consumer")
     assert "--data-parallel-size" in lines[1] and "--enable-expert-parallel" in lines[1]
+    # each of vLLM's 16 DP engine cores schedules under its own --max-num-seqs: the plan's
+    # decode cap of 64 is 4 a rank (before: 64 each, 1024 in all)
+    assert doc["inference"]["deployment"]["batch"] == 64
+    assert decode["max_num_seqs"] == 4
+    assert lines[1][lines[1].index("--max-num-seqs") + 1] == "4"
 
 
 @pytest.mark.skipif(not os.environ.get(VLLM_PYTHON), reason=f"{VLLM_PYTHON} names no Python "

@@ -279,3 +279,26 @@ def test_steady_iteration_schedules_whole_prompts(llama70, h100):
                                          (1 - f) * step(b, 0).total_s, rel=1e-12)
     # a prompt or more per iteration: every iteration carries b x isl / steps prompt tokens
     assert mean_iteration(step, b, 1000, 100, 8192 - b).total_s == step(b, 2000).total_s
+
+
+def test_attention_dp_batch_caps_are_per_rank():
+    """With data-parallel attention each rank admits its own requests under its own caps (the
+    rule the exports write, WorkerConfig.rank_batch): the worker holds ranks x min(ceil(batch /
+    ranks), a rank's KV capacity, the sequences a rank's token budget keeps fed). A cap of 29
+    over 4 ranks holds 32 (8 a rank; before, 29, which no per-rank cap reproduces); a budget of
+    15 tokens keeps floor(15 / (1 + isl/osl)) = 7 sequences fed on a rank, 28 in all (before,
+    int(4 x 7.5) = 30: one rank with 8)."""
+    ds, h200 = load_model("deepseek-v3"), load_cluster("dgx-h200")
+    w = WorkerConfig(tp=2, ep=8, attention_dp=4)
+    wl = ServingWorkload(isl=1024, osl=1024, concurrency=40, dtype="fp8", kv_dtype="fp8")
+
+    def pool(batch, tokens):
+        ev = evaluate_serving(ds, h200, wl, ServingConfig("aggregated", worker=w, batch=batch,
+                                                          max_num_tokens=tokens), "sglang")
+        return ev.pools[0]
+
+    capped = pool(29, 2048)
+    assert capped.max_batch == 32 and capped.batch == 32  # 40 requests, 32 run at once
+    assert pool(256, 15).max_batch == 28
+    assert [w.rank_batch(b) for b in (1, 4, 5, 29, 32)] == [1, 1, 2, 8, 8]
+    assert WorkerConfig(tp=8).rank_batch(29) == 29

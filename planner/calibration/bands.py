@@ -137,14 +137,29 @@ def widened(table: BandTable, between: Mapping[str, float]) -> BandTable:
     return BandTable(pooled, labels)
 
 
-def mfu_reason(table: BandTable, mfu: float, generation: str) -> str | None:
+def mfu_reason(table: BandTable, mfu: float, generation: str,
+               regime: str = "", runtime: str = "") -> str | None:
     """An extrapolation note when a predicted MFU exceeds every MFU measured on that GPU
-    generation in the calibration data."""
-    s = table.labels.get("step_time", {}).get(f"generation:{generation}")
-    if s is None or not s.max_mfu or mfu <= s.max_mfu:
+    generation in the calibration data; short of that, every MFU measured in the prediction's
+    regime (runtime / generation / parallelism), or with its runtime on any GPU where the
+    regime has no run: a ZeRO-3 plan at an MFU no ZeRO-3 run reached is no safer for being
+    below the best Megatron run of its GPUs."""
+    labels = table.labels.get("step_time", {})
+    s = labels.get(f"generation:{generation}")
+    if s is not None and s.max_mfu and mfu > s.max_mfu:
+        return (f"predicted MFU {mfu:.1%} is above the highest measured on {generation} GPUs "
+                f"in the calibration data ({s.max_mfu:.1%})")
+    own = labels.get(f"regime:{regime}") if regime else None
+    if own is not None and own.max_mfu:
+        if mfu > own.max_mfu:
+            return (f"predicted MFU {mfu:.1%} is above the highest measured in its regime "
+                    f"{regime} in the calibration data ({own.max_mfu:.1%})")
         return None
-    return (f"predicted MFU {mfu:.1%} is above the highest measured on {generation} GPUs in "
-            f"the calibration data ({s.max_mfu:.1%})")
+    anywhere = labels.get(f"runtime:{runtime}") if runtime else None
+    if anywhere is not None and anywhere.max_mfu and mfu > anywhere.max_mfu:
+        return (f"predicted MFU {mfu:.1%} is above the highest measured with {runtime} on any "
+                f"GPU in the calibration data ({anywhere.max_mfu:.1%})")
+    return None
 
 
 def chosen_label(table: BandTable, quantity: str, labels: Sequence[str]

@@ -86,7 +86,7 @@ def prediction_intervals(ev, calibration: CalibrationProfile | None,
     # memory bands (only some sources publish memory)
     reasons = {f"step time: {r}" for r in t.extrapolating} | \
         {f"peak memory: {r}" for r in m.extrapolating}
-    high = mfu_reason(calibration.bands, ev.mfu, regime.generation)
+    high = mfu_reason(calibration.bands, ev.mfu, regime.generation, regime.key, regime.runtime)
     if high:
         reasons.add(high)
     reasons = sorted(reasons)

@@ -22,8 +22,11 @@ class WorkerSpec:
     pp: int
     ep: int
     attention_dp: int
-    max_batch: int  # sequences at once (--max-num-seqs / --max-running-requests / max_batch_size)
-    max_num_tokens: int  # tokens per iteration
+    # sequences each attention-DP rank admits (planner.serve.workload.WorkerConfig.rank_batch:
+    # the serving model's reading of the plan's batch cap; a prefill worker's prompts per rank),
+    # pp micro-batches of micro_batch
+    rank_batch: int
+    max_num_tokens: int  # tokens per iteration of each attention-DP rank
     max_model_len: int  # isl + osl
     memory_fraction: float
     dtype: str  # bf16 | fp8 | fp4 (weights)
@@ -38,11 +41,20 @@ class WorkerSpec:
     def gpus(self) -> int:
         return self.tp * self.pp * self.attention_dp
 
+    @property
+    def micro_batch(self) -> int:
+        """Sequences in each of a rank's ``pp`` micro-batches
+        (:meth:`planner.serve.workload.WorkerConfig.micro_batch`; ``rank_batch`` is ``pp`` of
+        them)."""
+        assert self.rank_batch % self.pp == 0, (self.rank_batch, self.pp)
+        return self.rank_batch // self.pp
+
 
 def worker_specs(doc: dict[str, Any], fmt: str) -> list[WorkerSpec]:
     if doc.get("workload") != "serve":
         raise invalid(f"the {fmt} export needs a serving plan; this is a training plan",
                       "make one with `shardplan plan --workload serve ... -o PLAN`")
+    from planner.serve.plan import config_from_dict
     from planner.serve.runtime import runtime
 
     inf = doc["inference"]
@@ -55,16 +67,22 @@ def worker_specs(doc: dict[str, Any], fmt: str) -> list[WorkerSpec]:
     draft = (wl.get("speculative") or {}).get("draft_tokens", 0)
     capture = tuple(dep.get("prefill_capture_num_tokens") or ())
 
-    def spec(role: str, w: dict, count: int, batch: int) -> WorkerSpec:
-        return WorkerSpec(role, count, w["tp"], w["pp"], w["ep"], w["attention_dp"], batch,
+    def spec(role: str, w: dict, count: int, rank_batch: int) -> WorkerSpec:
+        return WorkerSpec(role, count, w["tp"], w["pp"], w["ep"], w["attention_dp"], rank_batch,
                           **common, draft_tokens=0 if role == "prefill" else draft,
                           capture_num_tokens=() if role == "decode" else capture)
 
-    if dep["mode"] == "aggregated":
-        return [spec("aggregated", dep["worker"], dep["replicas"], dep["batch"])]
+    config = config_from_dict(dep)
+    if config.mode == "aggregated":
+        return [spec("aggregated", dep["worker"], config.replicas,
+                     config.worker.rank_batch(config.batch))]
     prefill, decode = dep["prefill"], dep["decode"]
-    return [spec("prefill", prefill, prefill["workers"], max(prefill["batch"], 1)),
-            spec("decode", decode, decode["workers"], dep["batch"])]
+    # a prefill worker batches `prefill_batch` prompts on each of its attention-DP ranks (with
+    # pp stages, pp micro-batches of ceil(prefill_batch / pp): the same rule)
+    return [spec("prefill", prefill, config.prefill_workers,
+                 config.prefill.rank_batch(config.prefill_batch * config.prefill.attention_dp)),
+            spec("decode", decode, config.decode_workers,
+                 config.decode.rank_batch(config.batch))]
 
 
 def header(spec: WorkerSpec, total: int) -> str:

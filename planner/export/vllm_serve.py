@@ -11,11 +11,27 @@ speculative decoding ``--speculative-config '{"method": "mtp", "num_speculative_
 (docs.vllm.ai "MTP (Multi-Token Prediction)").
 
 Data-parallel attention is vLLM's data parallelism with expert parallelism: ``-dp`` attention
-replicas whose MoE layers spread over ``tp x dp`` ranks. Each DP rank is a separate engine core
-with its own scheduler (docs.vllm.ai "Data Parallel Deployment"), so ``--max-num-seqs`` is the
-worker's batch over ``dp`` (rounded up) and ``--max-num-batched-tokens`` the plan's per-rank
-token budget. Independent replicas are separate
+replicas whose MoE layers spread over ``tp x dp`` ranks. Independent replicas are separate
 servers (one line per worker, repeated ``count`` times behind a load balancer).
+
+Caps per data-parallel rank: vLLM runs each DP rank of an MoE model as its own engine core
+(``vllm/v1/engine/core.py``: ``DPEngineCoreProc``, an ``EngineCore`` that builds its own
+``Scheduler`` from the shared ``scheduler_config``; docs.vllm.ai "Data Parallel Deployment":
+"each DP rank is deployed as a separate core engine process"), and the scheduler caps its own
+requests at ``max_num_seqs`` and its own iteration at ``max_num_batched_tokens``
+(``vllm/v1/core/sched/scheduler.py``: ``max_num_running_reqs``, ``max_num_scheduled_tokens``;
+nothing divides them by the DP size). So ``--max-num-seqs`` is the plan's per-rank cap
+(``WorkerSpec.rank_batch``) and ``--max-num-batched-tokens`` its per-rank token budget, not
+the worker's totals.
+
+With pipeline parallelism (``--pipeline-parallel-size``) the engine core keeps ``pp`` scheduled
+batches in flight (its batch queue, ``max_concurrent_batches`` = the pipeline size,
+``EngineCore.step_with_batch_queue``), and one scheduler fills them: a request in flight has no
+new token to schedule until its batch returns (``scheduler.py``: "PP>1 and we have already
+scheduled all prompt tokens but they are not finished yet"), so the micro-batches share the
+running requests, at most ``max_num_seqs`` in all. ``--max-num-seqs`` is therefore the rank's
+whole batch (``pp`` micro-batches of ``WorkerSpec.micro_batch``, as the serving model runs
+it), not one micro-batch's.
 """
 from __future__ import annotations
 
@@ -40,10 +56,8 @@ def worker_args(spec) -> list[str]:
         args += ["--data-parallel-size", str(spec.attention_dp)]
     if spec.ep > 1:
         args.append("--enable-expert-parallel")
-    # each data-parallel rank is its own engine core with its own scheduler: --max-num-seqs
-    # (like --max-num-batched-tokens, the plan's per-rank budget) is a rank's; the plan's
-    # batch is the worker's, over its attention-DP ranks
-    args += ["--max-num-seqs", str(-(-spec.max_batch // spec.attention_dp)),
+    # per DP rank (each rank's engine core schedules under its own caps; module docstring)
+    args += ["--max-num-seqs", str(spec.rank_batch),
              "--max-num-batched-tokens", str(spec.max_num_tokens),
              "--max-model-len", str(spec.max_model_len),
              "--gpu-memory-utilization", f"{spec.memory_fraction:g}",

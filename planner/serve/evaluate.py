@@ -5,10 +5,11 @@ Consumes a ModelGraph, a Cluster, a :class:`ServingWorkload` and a :class:`Servi
 produces a :class:`ServingEvaluation`. Steady state of continuous (in-flight) batching:
 
 * **Aggregated**: a worker runs ``b = min(concurrency per replica, batch cap, KV capacity)``
-  sequences. Each finishes after ``osl`` steps and is replaced by a request with ``isl`` prompt
-  tokens, so the iterations carry on average ``b x isl / osl`` prefill tokens next to their
-  ``b`` decode tokens, as whole prompts or chunks (:func:`mean_iteration`; the iteration token
-  budget ``max_num_tokens`` caps it: at most ``max_num_tokens / (1 + isl/osl)`` sequences can
+  sequences (the caps each attention-DP rank's, :func:`worker_batch`). Each finishes after
+  ``osl`` steps and is replaced by a request with ``isl`` prompt tokens, so the iterations
+  carry on average ``b x isl / osl`` prefill tokens next to their ``b`` decode tokens, as
+  whole prompts or chunks (:func:`mean_iteration`; the iteration token budget
+  ``max_num_tokens`` caps it: at most ``max_num_tokens / (1 + isl/osl)`` sequences can
   be kept decoding). TPOT is the mean iteration's time, throughput ``b / TPOT`` per worker. TTFT is the request's own prefill
   (``ceil(isl / chunk)`` iterations), plus the marginal prefill time of the requests ahead of it
   (a calibrated fraction of the other concurrent requests: fixed-length closed-loop clients
@@ -172,10 +173,11 @@ def _validate_worker(model: ModelGraph, worker: WorkerConfig, what: str = "worke
         raise invalid(f"pp={worker.pp} is more than the {num_blocks} blocks")
 
 
-def _pool_memory(model, cluster, workload, worker, rt, config, max_batch, decode=True):
+def _pool_memory(model, cluster, workload, worker, rt, config, rank_batch, decode=True):
+    """``rank_batch``: the sequences one attention-DP rank holds (its logits buffer)."""
     context = workload.isl + workload.osl / 2
     return serving_memory(model, cluster.gpu, worker, workload.dtype, workload.kv_cache_dtype, rt,
-                          config.max_num_tokens, max_batch, context,
+                          config.max_num_tokens, rank_batch, context,
                           draft_layers=_draft_layers(model, workload) if decode else 0)
 
 
@@ -193,6 +195,14 @@ def mtp_layers(model: ModelGraph) -> int:
 def _capacity(memory: ServingMemory, worker: WorkerConfig, tokens_per_seq: int,
               rt: ServingRuntime) -> int:
     return memory.max_sequences(tokens_per_seq, rt.kv_block_tokens) * worker.attention_dp
+
+
+def worker_batch(worker: WorkerConfig, batch: int, *rank_caps: int) -> int:
+    """The most sequences a worker holds at a batch cap of ``batch``: each attention-DP rank
+    admits ``worker.rank_batch(batch)`` (the cap the exports write per rank) and at most each
+    of ``rank_caps`` (one rank's KV capacity, the sequences its own token budget keeps fed);
+    the worker, ``attention_dp`` times that. One attention-DP rank: ``min(batch, caps)``."""
+    return worker.attention_dp * min(worker.rank_batch(batch), *rank_caps)
 
 
 def evaluate_serving(model: ModelGraph, cluster: Cluster, workload: ServingWorkload,
@@ -221,13 +231,13 @@ def _aggregated(model, cluster, workload, config, rt, calib) -> ServingEvaluatio
     w, isl, osl = config.worker, workload.isl, workload.osl
     tps, width = workload.tokens_per_step, 1 + workload.draft_tokens
     steps = osl / tps  # decode iterations per request
-    memory = _pool_memory(model, cluster, workload, w, rt, config, config.batch)
+    memory = _pool_memory(model, cluster, workload, w, rt, config, w.rank_batch(config.batch))
     held = isl + osl if rt.reserve_full_sequence else isl + math.ceil(osl / 2)
     capacity = _capacity(memory, w, held, rt)
     # the iteration token budget (each attention-DP rank's own) bounds how many sequences
-    # prefill can keep fed
-    budget = max(1, int(w.attention_dp * config.max_num_tokens / (width + isl / steps)))
-    max_batch = min(config.batch, capacity, budget)
+    # prefill can keep fed on a rank
+    budget = max(1, int(config.max_num_tokens / (width + isl / steps)))
+    max_batch = worker_batch(w, config.batch, capacity // w.attention_dp, budget)
     problems = []
     if capacity < 1:
         problems.append("the weights leave no room for one sequence's KV cache"
@@ -535,7 +545,8 @@ def pool_capacities(model, cluster, workload: ServingWorkload, worker: WorkerCon
     isl, osl = workload.isl, workload.osl
     prefill = _capacity(_pool_memory(model, cluster, workload, worker, rt, config, 1,
                                      decode=False), worker, isl, rt)
-    decode = _capacity(_pool_memory(model, cluster, workload, worker, rt, config, batch),
+    decode = _capacity(_pool_memory(model, cluster, workload, worker, rt, config,
+                                    worker.rank_batch(batch)),
                        worker, isl + osl if rt.reserve_full_sequence else
                        isl + math.ceil(osl / 2), rt)
     return prefill, decode
@@ -558,7 +569,7 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
     n_p, n_d, k = config.prefill_workers, config.decode_workers, config.prefill_batch
     tps = workload.tokens_per_step
     mem_p = _pool_memory(model, cluster, workload, P, rt, config, k, decode=False)
-    mem_d = _pool_memory(model, cluster, workload, D, rt, config, config.batch)
+    mem_d = _pool_memory(model, cluster, workload, D, rt, config, D.rank_batch(config.batch))
     cap_p = _capacity(mem_p, P, isl, rt)
     cap_d = _capacity(mem_d, D, isl + osl if rt.reserve_full_sequence else
                       isl + math.ceil(osl / 2), rt)
@@ -571,7 +582,7 @@ def _disaggregated(model, cluster, workload, config, rt, calib) -> ServingEvalua
         problems.append("a decode worker has no room for one sequence's KV cache")
     if problems:
         return _not_fitting(model, cluster, workload, config, rt, mem_d, cap_d, problems)
-    max_batch = min(config.batch, cap_d)
+    max_batch = worker_batch(D, config.batch, cap_d // D.attention_dp)
     t_prefill, it_p = prefill_pass(model, cluster, workload, P, rt.name, calib,
                                    config.max_num_tokens, k, config.prefill_capture_num_tokens)
     t_kv = kv_transfer_s(model, cluster, workload, P, k, config.num_gpus)

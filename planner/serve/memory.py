@@ -16,7 +16,8 @@ Sources and rules:
   MLA backends); sliding-window layers keep at most ``window`` tokens. Blocks are paged:
   a sequence holds ``ceil(tokens / block) * block`` token slots.
 * Activation workspace: one iteration of ``max_num_tokens`` tokens (hidden states, the QKV and
-  gated-MLP intermediates of one layer, 16-bit) and fp32 logits of the sequences sampled.
+  gated-MLP intermediates of one layer, 16-bit) and fp32 logits of the sequences sampled
+  (``max_batch``: one attention-DP rank's, ``WorkerConfig.rank_batch``).
 * Reserve: the GPU's runtime reserve (CUDA context, cuBLAS, NCCL: ``Gpu.reserve_gib``) plus the
   runtime's CUDA-graph pools.
 """

@@ -188,10 +188,8 @@ def check_serve_plan(doc: dict, *, model: ModelGraph | None = None,
             for problem in ev.problems:
                 problems.append({"code": "memory", "message": problem})
         else:
-            held = mem.kv_bytes_for(workload.max_seq_len, math.ceil(min(planned, pool.batch or
-                                                                        planned) /
-                                                                    pool.worker.attention_dp),
-                                    1) / GIB
+            held = mem.kv_bytes_for(workload.max_seq_len, pool.worker.rank_batch(
+                min(planned, pool.batch or planned)), 1) / GIB
             peak += held
             if pool.max_batch < min(planned, math.ceil(ev.concurrency / max(pool.workers, 1))):
                 problems.append({"code": "memory", "message": f"the KV cache holds "

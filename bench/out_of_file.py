@@ -241,16 +241,20 @@ def run_all(readings=READINGS) -> dict[str, list[Result]]:
     return out
 
 
-def rank_pairs(results: list[Result]) -> tuple[int, int]:
+def rank_pairs(results: list[Result], predicted_s: list[float] | None = None
+               ) -> tuple[int, int]:
     """Pairs of rows whose measured per-GPU throughput (Eq. 3 FLOP/s) differs by RANK_TIE or
-    more, and of those, how many the prediction orders as measured."""
+    more, and of those, how many the prediction (or ``predicted_s``, one per row) orders as
+    measured."""
+    times = predicted_s or [x.predicted_s for x in results]
+    tflops = [eq3_flops(x.row) / t / x.row.gpus for x, t in zip(results, times)]
     agree = total = 0
-    for a, b in itertools.combinations(results, 2):
-        ma, mb = a.row.achieved_tflops, b.row.achieved_tflops
+    for i, j in itertools.combinations(range(len(results)), 2):
+        ma, mb = results[i].row.achieved_tflops, results[j].row.achieved_tflops
         if abs(ma / mb - 1) < RANK_TIE:
             continue
         total += 1
-        agree += (ma > mb) == (a.predicted_tflops > b.predicted_tflops)
+        agree += (ma > mb) == (tflops[i] > tflops[j])
     return agree, total
 
 
@@ -318,6 +322,19 @@ def diagnostics(all_results: dict[str, list[Result]]) -> dict[str, list[float]]:
             with_options(x.ev, block_overhead_s=block) / x.row.measured_step_time_s - 1
             for x in all_results["deepspeed"]]
     return out
+
+
+def summary_line(all_results: dict[str, list[Result]] | None = None) -> str:
+    """One line for docs/accuracy.md's summary."""
+    all_results = all_results or run_all()
+    parts = []
+    for label, results in all_results.items():
+        s = summary(results)
+        parts.append(f"{label} {s['median_abs']:.1%} (max {s['max_abs']:.1%}, signed "
+                     f"{s['bias']:+.1%}, ranks {s['rank_agree']}/{s['rank_pairs']})")
+    return ("- out of file (not a target; \"Out of file\"): Megatron-LM 2021 weak scaling, "
+            f"{len(ROWS)} runs in no calibration file, step-time median |error| by reading: "
+            + "; ".join(parts))
 
 
 def _errs_summary(errs: list[float]) -> str:
@@ -388,7 +405,9 @@ def section(all_results: dict[str, list[Result]] | None = None) -> list[str]:
               f"on the score matrix ({ATTENTION_DROPOUT_BYTES:g} B per score element: forward, "
               "backward and the recomputed forward; not in the cost model) the eager reading "
               f"becomes {_errs_summary(dd)} (per row "
-              + ", ".join(f"{e:+.1%}" for e in dd) + f"): {first.row.name} "
+              + ", ".join(f"{e:+.1%}" for e in dd) + "; ranks {}/{}".format(*rank_pairs(
+                  eager, [x.row.measured_step_time_s * (1 + e) for x, e in zip(eager, dd)]))
+              + f"): {first.row.name} "
               f"{first.error:+.1%} -> {dd[0]:+.1%}; the rest of the small models' gap is not "
               "explained here."]
     ds = diag.get(DS_BLOCK)

@@ -63,6 +63,7 @@ def test_configurations_are_whole():
         if r.virtual_stages > 1:  # Megatron's interleaved schedule: micro-batches % pp == 0
             assert m % r.pp == 0
     assert [r.virtual_stages for r in oof.ROWS] == [1, 1, 1, 1, 1, 3, 2, 2, 3, 1]
+    assert [r.ddp for r in oof.ROWS] == ["torch"] * 4 + ["local"] * 6
 
 
 def _runs(node):
@@ -116,6 +117,12 @@ def test_readings_and_report(results):
         assert flash.predicted_s < eager.predicted_s
     agree, pairs = oof.rank_pairs(results["megatron-eager"])
     assert 0 < pairs <= 45 and 0 <= agree <= pairs
+    # the diagnostics only add work: dropout traffic, an exposed all-reduce
+    diag = oof.diagnostics(results)
+    for x, e, e_local in zip(results["megatron-eager"], diag["eager+dropout"],
+                             diag[oof.DROPOUT_LOCAL]):
+        assert e > x.error and e_local >= e - 1e-12
+        assert oof.attention_dropout_s(x.row, x.ev) > 0
     text = "\n".join(oof.section(results))
     for r in oof.ROWS:
         assert f"| {r.name} |" in text

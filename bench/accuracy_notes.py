@@ -28,6 +28,29 @@ SESSION_BEFORE = {"time median": "3.2%", "time max": "29.2%", "time bias": "+0.9
 SESSION_BEFORE_COMMIT = "3b267eb"
 
 CAUSES = """\
+* **Held-out estimate refreshed, between-source spread measured about the band centre
+  (session 10; held out: median 4.2 -> 3.9 %, max 30.9 -> 29.3 %, rank 341/388 unchanged;
+  held-out band coverage 71 -> 69 % step time, 75 -> 80 % memory; in-sample 85 -> 89 %).**
+  bench/data/holdout.json and the shipped bands had been left from before the FP8 coverage
+  commits (output head and MoE router in BF16 under FP8, 81f9620 .. 7e1a096), so no script
+  reproduced them. Re-run (bench/holdout.py, then bench/calibrate_defaults.py, which
+  reproduces the shipped constants and rebuilds the bands): the session-7 construction's
+  coverage of a source the bands were built without fell to 65 % (between-source spread
+  0.037 -> 0.034). Of the 10 runs it lost (net) the BLOOM chronicles lost 9 (41 -> 32 of
+  58), Megatron-Bridge 2, llm-foundry 1 (long-sequence NeMo gained 2). Without the BLOOM
+  chronicles no DeepSpeed run is left, so 40 of their 58 runs take the band of the
+  ``parallelism:deep-pp`` label, whose in-sample centre is set by the Megatron-Bridge Llama 3
+  70B FP8 runs (8 of its 13), predicted too slow, and slower still with the BF16 head: the
+  label's median error +5.8 -> +8.8 %, the band centre (shrunk toward the pooled one) +6.7 %,
+  where BLOOM's held-out runs sit at -1.3 %. The construction measured each held-out source's
+  offset from zero error, where its band is centred at its label's median: ``tau`` must
+  describe the residuals about the centre the band puts them at (``d = log(measured /
+  held-out prediction) - mu``, planner/calibration/bands.py ``centre``, which ``band`` itself
+  uses). Measured that way ``tau`` is 0.045 (offsets 0.031, scatter 0.053 about the source
+  medians against 0.042 in-sample) and the bands cover 69 % of held-out runs (BLOOM 35/58,
+  Megatron-Bridge 19/30, llm-foundry 14/23; on the previous folds the same construction
+  gives 82 %): still under the 70 % target, reported as missed ("Why the misses"). No
+  constant moved; no factor added.
 * **BF16_Optimizer all-reduces the whole gradient (session 9; time median 3.0 -> 2.9 %, held
   out 4.6 -> 4.2 %, held-out max 31.0 -> 30.9 %; ranks unchanged).** The bf16 runs of the
   BLOOM chronicles (23 of the prequel sweep, the 176B main run) use DeepSpeed's
@@ -173,6 +196,18 @@ CAUSES = """\
   of HBM (MPT-7B at mbs 6 on 80 GB) are not left a fraction of a percent over capacity."""
 
 MISSES = """\
+* Held-out band coverage (69 % step time, target 70-90 %; session 10): the shipped bands
+  cover 89 % of the calibration runs but 69 % of the runs of a source they were built without
+  (bench/holdout.py ``nested_coverage``). The misses are whole sources whose runs sit off
+  their band's centre together: 23 of BLOOM's 58 held-out runs (their bands borrow the
+  Megatron FP8 deep-pp runs' centre, +6.7 %, no DeepSpeed run being left), 11 of
+  Megatron-Bridge's 30 (8 Llama 3 H100 FP8 runs at +11 .. +14 %, 3 GB200 runs at -7 .. +9 %),
+  9 of llm-foundry's 23 (8 A100 runs at +7 .. +15 %, MPT-70B on 64 A100-40GB at -23 %), 4 of
+  NeMo's 10 performance-summary runs, the Megatron-Core 32B run. A band from runs pooled over
+  sources cannot follow a source's offset. tests/test_accuracy.py pins today's level (floor
+  68 %, 69 % measured) below the 70 % target, which stays the target; no widening factor was
+  added. Next step: shrink the label centres per source (counting sources, not runs), so
+  that one source's bias is not lent to another runtime's runs.
 * BLOOM-prequel out-of-memory run (1): the 206B l82 run is predicted at 64.1 GiB, as the
   203B l94 run with the same degrees that ran (62.4 GiB measured, 64.4 predicted). Their
   states, activations and DeepSpeed's buffers differ by under 1 GiB: BF16_Optimizer keeps one
@@ -265,29 +300,30 @@ MISSES = """\
   mechanism found that shortens that stage; host time is modelled additive) gives a step-time
   median of 2.7 % but orders 338/388 (no re-fit). No sourced term for the gap was found
   (bench/deepspeed_lockstep.py prints these numbers).
-* Step-time max (in-sample 27 %, held out 31 %, target 30 %: missed by 0.9 point, one
-  run): the Megatron-Core weak-scaling 32B run (tp 8, dp 48 over 48 nodes, 4 sequences per
-  data-parallel rank). The README gives no micro-batch size; the bench evaluates it at 1 and
-  says so. There the model exposes 0.30 s of the fp32 gradient reduce-scatter and parameter
-  all-gather (16 GB per GPU over one 50 GB/s NIC, one GPU per node in each data-parallel
-  group), because Megatron's ``--overlap-grad-reduce`` overlaps it with the last micro-batch's
-  backward only (0.14 s at micro-batch 1). Over the micro-batches it could have used (1, 2, 4:
-  all fit without recomputation) the error spans -19 % .. +27 % in-sample and -15 % .. +32 %
-  held out ("Runs without a published micro-batch size"). The headline keeps the assumption:
-  picking the size that fits best would score the search against a guess. Over the runs that
-  publish their micro-batch size the held-out max is 23 % (MPT-70B on 64 A100-40GB). The same
-  0.3-0.5 s of exposed data-parallel traffic is why the weak-scaling table is predicted 5 % slow
-  held out. Session 9 checked each fact this reads against Megatron-LM at the README's commit
-  937571cf: ``--bf16`` forces ``accumulate_allreduce_grads_in_fp32`` (training/arguments.py),
-  so the DDP grad buffer and its reduce-scatter are fp32 (``grad_reduce_in_fp32``,
-  core/distributed/distributed_data_parallel.py; ``--grad-reduce-in-bf16`` did not exist);
-  the schedules disable grad sync for every micro-batch but the last
+* Step-time max (in-sample 26 %, held out 29 % since session 10's refresh, target 30 %: met, by
+  0.7 point; 31 % before, one run): the Megatron-Core weak-scaling 32B run (tp 8, dp 48 over 48
+  nodes, 4 sequences per data-parallel rank). The README gives no micro-batch size; the bench
+  evaluates it at 1 and says so. There the model exposes 0.30 s of the fp32 gradient
+  reduce-scatter and parameter all-gather (16 GB per GPU over one 50 GB/s NIC, one GPU per node
+  in each data-parallel group), because Megatron's ``--overlap-grad-reduce`` overlaps it with
+  the last micro-batch's backward only (0.14 s at micro-batch 1). Over the micro-batches it
+  could have used (1, 2, 4: all fit without recomputation) the error spans -20 % .. +26 %
+  in-sample and -16 % .. +29 % held out ("Runs without a published micro-batch size"). The
+  headline keeps the assumption: picking the size that fits best would score the search against
+  a guess. Over the runs that publish their micro-batch size the held-out max is 23 % (MPT-70B
+  on 64 A100-40GB). The same 0.3-0.5 s of exposed data-parallel traffic is why the weak-scaling
+  table is predicted 3 % slow held out (median). Session 9 checked each fact this reads against
+  Megatron-LM at the README's commit 937571cf: ``--bf16`` forces
+  ``accumulate_allreduce_grads_in_fp32`` (training/arguments.py), so the DDP grad buffer and
+  its reduce-scatter are fp32 (``grad_reduce_in_fp32``,
+  core/distributed/distributed_data_parallel.py; ``--grad-reduce-in-bf16`` did not exist); the
+  schedules disable grad sync for every micro-batch but the last
   (pipeline_parallel/schedules.py ``enable_grad_sync``); ``--overlap-param-gather`` launches
   the first bucket's all-gather in ``zero_grad`` and each next one from the forward pre-hook
   that waits on the previous (core/optimizer/distrib_optimizer.py), so it hides behind the
   first micro-batch's forward only. The model's terms are those; the table
-  (images/model_table.png) gives the batch size, not the micro-batch size, so the miss rests
-  on the assumed micro-batch 1.
+  (images/model_table.png) gives the batch size, not the micro-batch size, so how near the max
+  comes to 30 % rests on the assumed micro-batch 1.
 * Held out, torchtitan Llama 3.1 405B (tp8 pp8 FSDP 8, 512 H100, Float8, async TP; Table 5 of
   the torchtitan benchmark, not in the calibration files): memory 58.3 GiB predicted for 1F1B
   (82.5 measured), 60.4 for interleaved 1F1B (72.7); throughput 142 and 156 tokens/s/GPU

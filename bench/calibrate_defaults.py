@@ -16,8 +16,9 @@ Error bands. A band is meant for a run the fit has not seen, and a source's runs
 source (docs/accuracy.md, held-out section). With ``bench/data/holdout.json`` present (written
 by ``python bench/holdout.py``), each regime's spread is the combination of the in-sample
 spread and the spread between sources: ``sigma^2 = s_in^2 + tau^2`` with ``tau`` the held-out
-sources' offsets and excess scatter (bench/holdout.py ``between_source_sigma``;
-planner/calibration/bands.py ``widened``).
+sources' offsets and excess scatter about their bands' centres (bench/holdout.py
+``between_source_sigma``; planner/calibration/bands.py ``widened``). Order: bench/holdout.py
+first (its folds fit from the preset constants, not from defaults.yaml), then this script.
 """
 from __future__ import annotations
 

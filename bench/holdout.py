@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 from bench.accuracy import (Row, evaluate_rows, labels_of, load_all,  # noqa: E402
                             rank_agreement, stats)
 from planner.calibration.bands import (MAD_TO_SIGMA, BandTable, band,  # noqa: E402
-                                       build_table, widened)
+                                       build_table, centre, widened)
 from planner.calibration.constants import PARAMS, Constants  # noqa: E402
 from planner.calibration.fit import fit  # noqa: E402
 
@@ -104,20 +104,29 @@ KEYS = (("step_time", "time_log_ratio"), ("memory", "memory_log_ratio"))
 
 def between_source_sigma(folds: list[dict]) -> dict[str, float]:
     """Per quantity: the spread a new source adds beyond the in-sample residuals, in two parts
-    (robust spreads: 1.4826 x median absolute value), ``tau^2 = o^2 + max(w^2 - s_in^2, 0)``:
-    ``o``, the spread of the held-out sources' median errors log(measured / held-out
-    prediction) (the offset a source's own setup carries), and the excess of ``w``, the spread
-    of the held-out residuals about their source's median, over ``s_in``, the folds' median
-    pooled in-sample spread (the fit without the source also moves the constants, so its runs
-    scatter more than fitted ones). Session 6 counted the offsets only, which left the bands
-    of new sources at 65 % coverage. A source with fewer than 3 runs of the quantity does not
-    count (its median is mostly its noise), and fewer than 3 such sources measure no spread
-    (memory: only the BLOOM chronicles and torchtitan publish it; their bands stay
-    in-sample)."""
+    (robust spreads: 1.4826 x median absolute value), ``tau^2 = o^2 + max(w^2 - s_in^2, 0)``,
+    both measured on the held-out residuals about the centre of the band each run gets from
+    its fold (``d = log(measured / held-out prediction) - mu``, planner/calibration/bands.py
+    ``centre``: the band of a new run sits at its label's in-sample median, not at zero):
+    ``o``, the spread of the held-out sources' median ``d`` (the offset a source's own setup
+    carries), and the excess of ``w``, the spread of ``d`` about their source's median, over
+    ``s_in``, the folds' median pooled in-sample spread (the fit without the source also moves
+    the constants, so its runs scatter more than fitted ones). Session 6 counted the offsets
+    only, which left the bands of new sources at 65 % coverage; sessions 7-9 measured the
+    offsets about zero, which the band centres are not (session 10: a run whose regime no
+    other source has takes a coarser label's centre, e.g. the BLOOM runs take the Megatron FP8
+    deep-pp runs' -8 %). A source with fewer than 3 runs of the quantity does not count (its
+    median is mostly its noise), and fewer than 3 such sources measure no spread (memory: only
+    the BLOOM chronicles and torchtitan publish it; their bands stay in-sample)."""
     out = {}
     for quantity, key in KEYS:
-        sources = [v for f in folds
-                   if len(v := [r[key] for r in f["rows"] if r.get(key) is not None]) >= 3]
+        sources = []
+        for f in folds:
+            table = BandTable.from_plain(f["bands"])
+            v = [r[key] - centre(table, quantity, r["labels"]) for r in f["rows"]
+                 if r.get(key) is not None and quantity in table.pooled]
+            if len(v) >= 3:
+                sources.append(v)
         inside = [BandTable.from_plain(f["bands"]).pooled[quantity].sigma for f in folds
                   if quantity in f.get("bands", {})]
         if len(sources) >= 3 and inside:

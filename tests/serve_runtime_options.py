@@ -17,7 +17,7 @@ argument definitions (names checked by hand against the sources below; no code c
   ``--kv-cache-dtype {auto,fp8_e5m2,fp8_e4m3}``, ``--quantization``,
   ``--disaggregation-mode {null,prefill,decode}``, ``--speculative-algorithm``,
   ``--speculative-num-steps``, ``--speculative-eagle-topk``, ``--speculative-num-draft-tokens``
-  (docs.sglang.io "Speculative Decoding").
+  (docs.sglang.io "Speculative Decoding"), ``--pp-max-micro-batch-size`` (``ServerArgs``).
 * TensorRT-LLM: nvidia.github.io/TensorRT-LLM "trtllm-serve" (``--tp_size``, ``--pp_size``,
   ``--ep_size``, ``--max_batch_size``, ``--max_num_tokens``, ``--max_seq_len``,
   ``--kv_cache_free_gpu_memory_fraction``, ``--extra_llm_api_options``, ``--backend``) and the
@@ -56,7 +56,7 @@ SGLANG = {
     "--disaggregation-mode": (str, ("null", "prefill", "decode")),
     "--speculative-algorithm": (str, ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")),
     "--speculative-num-steps": (int, None), "--speculative-eagle-topk": (int, None),
-    "--speculative-num-draft-tokens": (int, None),
+    "--speculative-num-draft-tokens": (int, None), "--pp-max-micro-batch-size": (int, None),
 }
 TRTLLM = {
     "--backend": (str, ("pytorch", "tensorrt", "_autodeploy")), "--tp_size": (int, None),
@@ -86,16 +86,48 @@ def parser(reference: dict, prog: str, positional: int) -> argparse.ArgumentPars
     return p
 
 
+def micro_caps(runtime: str, args: argparse.Namespace) -> tuple[int, int]:
+    """(micro-batches in flight, sequences in each) of one attention-DP rank of a worker whose
+    caps are full, by the runtime's own rule (read from the sources; no code copied). With
+    pipeline parallelism every runtime keeps ``pp`` micro-batches in flight:
+
+    * TensorRT-LLM (PyTorch backend): each micro-batch scheduled under ``max_batch_size``, the
+      capacity scheduler at ``get_max_num_sequences()`` = ``pp_size x max_batch_size``
+      (``tensorrt_llm/_torch/pyexecutor/_util.py`` ``create_py_executor_instance``,
+      ``model_engine.py``).
+    * SGLang: each of ``pp_size`` micro-batches (``scheduler_pp_mixin.py`` ``event_loop_pp``,
+      ``pp_async_batch_depth`` 0) admits ``--pp-max-micro-batch-size`` requests, by default
+      ``max(max_running_requests // pp_size, 1)`` of the rank's ``max_running_requests``
+      (``scheduler.py`` ``get_num_allocatable_reqs``).
+    * vLLM: ``pp`` scheduled batches in flight (``EngineCore.step_with_batch_queue``) share the
+      scheduler's ``max_num_seqs`` running requests (a request in flight is not scheduled
+      again until its batch returns), so a full rank runs ``max_num_seqs / pp`` a batch.
+    """
+    if runtime == "vllm":
+        pp = args.pipeline_parallel_size or 1
+        return pp, -(-args.max_num_seqs // pp)
+    if runtime == "sglang":
+        pp = args.pp_size or 1
+        dp = args.dp_size if args.enable_dp_attention and args.dp_size else 1
+        running = args.max_running_requests // dp
+        return pp, args.pp_max_micro_batch_size or max(running // pp, 1)
+    if runtime == "trtllm":
+        return args.pp_size or 1, args.max_batch_size
+    raise ValueError(runtime)
+
+
 def rank_caps(runtime: str, args: argparse.Namespace) -> tuple[int, int]:
     """(sequences, tokens per iteration) each attention-DP rank of a worker admits, by the
     runtime's own rule applied to its parsed arguments (read from the sources; no code copied):
 
     * vLLM: one engine core with its own scheduler per data-parallel rank
       (``vllm/v1/engine/core.py`` ``DPEngineCoreProc``), capped by ``max_num_seqs`` and
-      ``max_num_batched_tokens`` as given (``vllm/v1/core/sched/scheduler.py``).
+      ``max_num_batched_tokens`` as given (``vllm/v1/core/sched/scheduler.py``), over all its
+      in-flight pipeline micro-batches.
     * SGLang with ``--enable-dp-attention``: ``--max-running-requests // --dp-size``
       (``sglang/srt/managers/tp_worker.py``) and ``--chunked-prefill-size // --dp-size``
-      (``sglang/srt/server_args.py`` ``_handle_data_parallelism``).
+      (``sglang/srt/server_args.py`` ``_handle_data_parallelism``); with ``--pp-size``, at most
+      ``pp`` micro-batches of :func:`micro_caps` of them.
     * TensorRT-LLM (PyTorch backend): ``max_batch_size`` (x ``pp_size`` in flight,
       ``get_max_num_sequences``) and ``max_num_tokens`` per rank under ``enable_attention_dp``
       (``tensorrt_llm/_torch/pyexecutor``: ``tp_size x max_num_active_requests`` in all).
@@ -104,7 +136,10 @@ def rank_caps(runtime: str, args: argparse.Namespace) -> tuple[int, int]:
         return args.max_num_seqs, args.max_num_batched_tokens
     if runtime == "sglang":
         dp = args.dp_size if args.enable_dp_attention and args.dp_size else 1
-        return args.max_running_requests // dp, args.chunked_prefill_size // dp
+        pp, micro = micro_caps(runtime, args)
+        return (min(args.max_running_requests // dp, pp * micro),
+                args.chunked_prefill_size // dp)
     if runtime == "trtllm":
-        return args.max_batch_size * (args.pp_size or 1), args.max_num_tokens
+        pp, micro = micro_caps(runtime, args)
+        return pp * micro, args.max_num_tokens
     raise ValueError(runtime)

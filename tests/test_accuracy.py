@@ -218,21 +218,64 @@ def test_held_out_estimate_is_current(rows):
         assert fold["rows"] and fold["bands"]["step_time"]["pooled"]["n"] > 0
     summary = data["summary"]
     assert summary["time_n"] == stats(rows)["time_n"]
-    assert summary["time_median"] <= 0.05  # 4.6 % (issue 10's held-out target: 10 %)
-    assert summary["time_max"] <= 0.33  # 31.0 % (target 30 %: Megatron-Core weak scaling 32B)
-    assert summary["agree"] / summary["pairs"] >= 0.86  # 341/388 (88 %; target 90 %)
+    assert summary["time_median"] <= 0.042  # 3.9 % (issue 10's held-out target: 10 %)
+    assert summary["time_max"] <= 0.30  # 29.3 % (target 30 %: Megatron-Core weak scaling 32B)
+    assert summary["agree"] / summary["pairs"] >= 0.87  # 341/388 (88 %; target 90 %)
     from bench.accuracy import held_out_rows
     noisy = rank_agreement(held_out_rows(rows, data), above_noise=True)
     pairs = sum(g["pairs"] for g in noisy)
     assert pairs >= 300 and sum(g["agree"] for g in noisy) / pairs >= 0.90  # 286/310 (92 %)
     # the shipped band construction's coverage of runs of a source it was built without
-    # (nominal 80 %, target 70-90 %): 71 % step time since session 7's between-source spread
-    # (offsets and the excess scatter of held-out runs; 65 % with the offsets only), 75 % memory
+    # (nominal 80 %, target 70-90 %): 69 % step time since session 10 (the between-source
+    # spread measured about each band's centre; the session-7 construction, offsets about
+    # zero, gives 65 % on today's folds), 80 % memory. The step-time floor pins today's 69 %,
+    # a missed target (docs/accuracy.md "Targets missed", "Why the misses": whole sources sit
+    # off their band's centre), not the 70 % target, which stays in bench/accuracy_runs.py
     nested = summary["nested_coverage"]["widened"]
-    assert 0.70 <= nested["step_time"] <= 0.90 and 0.70 <= nested["memory"] <= 0.90
+    assert 0.68 <= nested["step_time"] <= 0.90 and 0.75 <= nested["memory"] <= 0.90
+    assert summary["time_coverage"] >= 0.50  # 54 %: the fold's in-sample bands, not widened
     from bench.holdout import between_source_sigma, nested_coverage
     assert between_source_sigma(data["folds"]) == summary["between_source_sigma"]
     assert nested_coverage(data["folds"])["widened"] == summary["nested_coverage"]["widened"]
+
+
+def test_between_source_spread_is_measured_about_the_band_centre():
+    """bench/holdout.py ``between_source_sigma`` measures a held-out source's offset from the
+    centre of the band its runs get (the label's in-sample median, shrunk toward the pooled
+    one: planner/calibration/bands.py ``centre``), not from zero: runs that sit at their band's
+    centre carry no offset, runs at zero under a band centred at -8 % carry 8 %."""
+    import math
+
+    from bench.holdout import between_source_sigma
+    from planner.calibration.bands import (MAD_TO_SIGMA, MIN_SIGMA, NOMINAL_COVERAGE,
+                                           PRIOR_RUNS, band, build_table, centre, z_of)
+    labels = ["regime:x/y/deep-pp", "parallelism:deep-pp"]
+    # the fold's in-sample residuals: 13 deep-pp runs at -0.08 and 20 others at 0
+    samples = ([("step_time", -0.08 + 0.01 * (i % 3 - 1), labels, 8, 1e9) for i in range(13)]
+               + [("step_time", 0.01 * (i % 3 - 1), ["regime:a/b/pp"], 8, 1e9)
+                  for i in range(20)])
+    table = build_table(samples)
+    mu = centre(table, "step_time", labels)
+    pooled = table.pooled["step_time"]
+    assert mu == pytest.approx((13 * -0.08 + PRIOR_RUNS * pooled.mu) / (13 + PRIOR_RUNS))
+    assert mu < -0.06
+    b = band(table, "step_time", 1.0, labels, 8, 1e9)  # the band is centred there
+    s = table.labels["step_time"][labels[0]]
+    sigma = max(math.sqrt((s.n * s.sigma ** 2 + PRIOR_RUNS * max(pooled.sigma, MIN_SIGMA) ** 2)
+                          / (s.n + PRIOR_RUNS)), MIN_SIGMA)
+    assert math.log(b.low) == pytest.approx(mu - z_of(NOMINAL_COVERAGE) * sigma)
+    plain = table.to_plain()
+
+    def fold(offsets):
+        return {"bands": plain, "rows": [{"time_log_ratio": x, "memory_log_ratio": None,
+                                          "labels": labels} for x in offsets]}
+    # each source's runs scatter by 0.001 about their median: less than the in-sample spread,
+    # so no excess scatter, and tau is the offsets' spread alone
+    assert pooled.sigma > MAD_TO_SIGMA * 0.001
+    at_centre = [fold([mu + d for d in (-0.001, 0.0, 0.001)]) for _ in range(3)]
+    at_zero = [fold([d for d in (-0.001, 0.0, 0.001)]) for _ in range(3)]
+    assert between_source_sigma(at_centre)["step_time"] == pytest.approx(0.0, abs=1e-12)
+    assert between_source_sigma(at_zero)["step_time"] == pytest.approx(MAD_TO_SIGMA * -mu)
 
 
 def test_shipped_bands_carry_the_between_source_spread(rows):
@@ -274,10 +317,10 @@ def test_an_unknown_micro_batch_keeps_its_assumption_and_reports_the_plausible_o
 
 
 def test_held_out_max_is_also_judged_over_the_plausible_micro_batches(rows):
-    """The held-out max stays judged at the assumed micro-batch (the 32B run's miss is listed),
-    and its line says what the max is over the band: the upper bound is the 32B run at 1, the
-    lower bound is set by a run that publishes its micro-batch (MPT-70B on 64 A100-40GB), and
-    the miss is named as one the unpublished micro-batch decides."""
+    """The held-out max stays judged at the assumed micro-batch, and is judged over the band
+    too: the upper bound is the 32B run at 1, the lower bound is set by a run that publishes its
+    micro-batch (MPT-70B on 64 A100-40GB). Since session 10's refresh both are under 30 %, so
+    no held-out max miss is listed; a stricter target names the 32B run's sizes above it."""
     import json
     from bench.accuracy_holdout import HELD_OUT_MAX_TARGET, held_out_targets_missed
     from bench.unknown_fields import HOLDOUT, held_out_max_range, micro_batch_bands
@@ -286,25 +329,29 @@ def test_held_out_max_is_also_judged_over_the_plausible_micro_batches(rows):
     bands = micro_batch_bands([r for r in rows if r.id == "mcore-h100-weak-32B"],
                               shipped().constants)
     span = held_out_max_range(bands, data, HELD_OUT_MAX_TARGET)
-    assert span["high_id"] == "mcore-h100-weak-32B" and span["high"] > HELD_OUT_MAX_TARGET
-    assert span["high"] == pytest.approx(abs(bands[0]["held_out"][1]))  # 31.8 % at 1
-    assert span["low_id"] == "mpt-70b-seq2048-64xa100_40"  # 23.4 %: published micro-batch
-    assert span["low"] < HELD_OUT_MAX_TARGET < span["high"]
-    bad, ok = span["above"]["mcore-h100-weak-32B"]
+    assert span["high_id"] == "mcore-h100-weak-32B"
+    assert span["high"] == pytest.approx(abs(bands[0]["held_out"][1]))  # 28.7 % at 1
+    assert span["low_id"] == "mpt-70b-seq2048-64xa100_40"  # 23.3 %: published micro-batch
+    assert span["low"] < span["high"] <= HELD_OUT_MAX_TARGET and not span["above"]
+    assert data["summary"]["time_max"] <= HELD_OUT_MAX_TARGET  # 29.3 % at the assumption
+    assert not [m for m in held_out_targets_missed(rows, bands)
+                if m.startswith("held out: step-time max")]
+    strict = held_out_max_range(bands, data, 0.25)
+    bad, ok = strict["above"]["mcore-h100-weak-32B"]
     assert sorted(bad) == [1] and sorted(ok) == [2, 4]
-    line = next(m for m in held_out_targets_missed(rows, bands)
-                if m.startswith("held out: step-time max"))
-    assert "30.9% > 30% at the assumed micro-batch" in line
-    assert "missed only if mcore-h100-weak-32B ran at micro-batch 1" in line
 
 
 def test_held_out_misses_are_listed_with_the_in_sample_ones(rows):
     """docs/accuracy.md's "Targets missed" also lists the targets on runs not in the files
-    (held out): a wrong verdict counts there only for a run that ran (the target is "no run
-    that ran predicted not to fit"), not for the out-of-memory runs."""
+    (held out), the band coverage of a new source among them: a wrong verdict counts there
+    only for a run that ran (the target is "no run that ran predicted not to fit"), not for
+    the out-of-memory runs."""
     from bench.accuracy import held_out_targets_missed
     missed = held_out_targets_missed(rows)
-    assert any(m.startswith("held out: step-time max 30.9%") for m in missed)  # target 30 %
+    assert not any(m.startswith("held out: step-time max") for m in missed)  # 29.3 % <= 30 %
+    # the held-out band coverage (69 %, target 70-90 %) is listed as missed
+    assert ("held out: step time band coverage of a source the bands were built without 69% "
+            "outside 70%-90%") in missed
     ran = next(m for m in missed if "ran predicted not to fit" in m)
     assert "mpt-7b-seq2048-8xh100" in ran and "bloom" not in ran
 

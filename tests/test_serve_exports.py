@@ -277,6 +277,71 @@ def test_runtime_worker_cap_is_the_models(attention_dp_plans):
     assert dis["predicted"]["max_concurrency"] == 112
 
 
+@pytest.fixture(scope="module")
+def pipeline_plans():
+    """Workers with pipeline stages whose batch caps are no multiple of their micro-batches: an
+    aggregated tp2pp3 worker capped at 100 (3 micro-batches), and a disaggregated deployment of
+    a tp8pp2ep8 prefill worker (one prompt a rank) and a tp1pp2ep8adp8 decode worker capped at 100
+    (13 a rank over 2 micro-batches)."""
+    agg = _plan("llama-3.1-70b", "dgx-h100",
+                ServingWorkload(isl=1024, osl=1024, concurrency=128, dtype="fp8", kv_dtype="fp8"),
+                ServingConfig("aggregated", worker=WorkerConfig(tp=2, pp=3), batch=100,
+                              max_num_tokens=4096))
+    dis = _plan("deepseek-v3", "dgx-h200",
+                ServingWorkload(isl=1024, osl=1024, concurrency=128, mode="disaggregated",
+                                dtype="fp8", kv_dtype="fp8"),
+                ServingConfig("disaggregated", prefill=WorkerConfig(tp=8, pp=2, ep=8),
+                              decode=WorkerConfig(tp=1, pp=2, ep=8, attention_dp=8),
+                              prefill_workers=1, decode_workers=1, batch=100,
+                              max_num_tokens=4096), nodes=4)
+    return agg, dis
+
+
+def test_pipeline_caps_are_each_micro_batchs_in_every_export(pipeline_plans):
+    """With pipeline parallelism every runtime keeps pp micro-batches in flight: TensorRT-LLM
+    caps each at max_batch_size (pp x that in flight), SGLang at --pp-max-micro-batch-size
+    (default --max-running-requests // pp), vLLM's pp in-flight batches share --max-num-seqs.
+    So each export writes the values whose reading is the plan's pp micro-batches of
+    WorkerConfig.micro_batch = ceil(ceil(batch / ranks) / pp) a rank (the serving model's own:
+    pp micro-batches of b / pp). Before, TensorRT-LLM got the whole batch a micro-batch (100
+    over 3 stages: 300 in flight; the decode worker's 13 a rank: 26), and SGLang's default
+    100 // 3 = 33 a micro-batch ran 99 < 100."""
+    agg, dis = pipeline_plans
+    for doc, expected in ((agg, [(3, 34)]), (dis, [(2, 1), (2, 7)])):
+        for runtime, workers in _worker_commands(doc).items():
+            assert [ref.micro_caps(runtime, a) for a in workers] == expected, runtime
+            assert [ref.rank_caps(runtime, a)[0] for a in workers] == \
+                [pp * micro for pp, micro in expected], runtime
+    (trtllm,) = _worker_commands(agg)["trtllm"]
+    assert (trtllm.pp_size, trtllm.max_batch_size) == (3, 34)
+    (sglang,) = _worker_commands(agg)["sglang"]
+    assert (sglang.max_running_requests, sglang.pp_max_micro_batch_size) == (102, 34)
+    (vllm,) = _worker_commands(agg)["vllm"]
+    assert (vllm.pipeline_parallel_size, vllm.max_num_seqs) == (3, 102)
+
+
+def test_runtime_pipeline_batch_is_the_models(pipeline_plans):
+    """The sequences a worker with pipeline stages holds under the exported caps (ranks x pp
+    micro-batches) are the serving model's largest batch, its micro-batches the runtime's: a
+    cap of 100 over 3 stages is 3 x 34 = 102 (128 requests run 102 at once, not 100); a decode
+    cap of 100 over 8 ranks and 2 stages 8 x 2 x 7 = 112."""
+    from planner.serve.plan import config_from_dict, workload_from_dict
+    agg, dis = pipeline_plans
+    for doc, model, cluster, nodes in ((agg, "llama-3.1-70b", "dgx-h100", None),
+                                       (dis, "deepseek-v3", "dgx-h200", 4)):
+        inf = doc["inference"]
+        ev = evaluate_serving(load_model(model), load_cluster(cluster, nodes=nodes),
+                              workload_from_dict(inf["workload"]),
+                              config_from_dict(inf["deployment"]), inf["runtime"])
+        pool = ev.pools[-1]
+        for runtime, workers in _worker_commands(doc).items():
+            pp, micro = ref.micro_caps(runtime, workers[-1])
+            assert pool.worker.attention_dp * pp * micro == pool.max_batch, runtime
+    assert [d["inference"]["deployment"]["batch"] for d in (agg, dis)] == [100, 100]
+    assert agg["predicted"]["max_concurrency"] == 102
+    assert dis["predicted"]["max_concurrency"] == 112
+
+
 @pytest.mark.parametrize("argv", [["replan", "{plan}", "--failed", "1", "-o", "{out}"],
                                   ["report", "{plan}", "-o", "{out}"],
                                   ["diff", "{plan}", "{plan}"],

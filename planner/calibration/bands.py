@@ -162,6 +162,28 @@ def mfu_reason(table: BandTable, mfu: float, generation: str,
     return None
 
 
+def chosen_label(table: BandTable, quantity: str, labels: Sequence[str]
+                 ) -> tuple[str, Spread] | None:
+    """The most specific of ``labels`` with at least ``MIN_RUNS`` calibration runs (None:
+    none has, the band falls back to the pooled spread)."""
+    for label in labels:
+        s = table.labels.get(quantity, {}).get(label)
+        if s is not None and s.n >= MIN_RUNS:
+            return label, s
+    return None
+
+
+def centre(table: BandTable, quantity: str, labels: Sequence[str]) -> float:
+    """The log-ratio centre ``mu`` of a band: the chosen label's median residual shrunk toward
+    the pooled one (the pooled one where no label has enough runs)."""
+    pooled = table.pooled[quantity]
+    chosen = chosen_label(table, quantity, labels)
+    if chosen is None:
+        return pooled.mu
+    s = chosen[1]
+    return (s.n * s.mu + PRIOR_RUNS * pooled.mu) / (s.n + PRIOR_RUNS)
+
+
 @dataclass(frozen=True)
 class Band:
     low: float
@@ -187,12 +209,7 @@ def band(table: BandTable, quantity: str, predicted: float, labels: Sequence[str
     z = z_of(coverage)
     pooled_sigma = max(pooled.sigma, MIN_SIGMA)
     reasons: list[str] = []
-    chosen = None
-    for label in labels:
-        s = table.labels.get(quantity, {}).get(label)
-        if s is not None and s.n >= MIN_RUNS:
-            chosen = (label, s)
-            break
+    chosen = chosen_label(table, quantity, labels)
     widen = 1.0
     if chosen is None:
         mu, sigma = pooled.mu, pooled_sigma
@@ -206,7 +223,7 @@ def band(table: BandTable, quantity: str, predicted: float, labels: Sequence[str
             reasons.append(f"{few.n if few else 0} calibration runs of regime "
                            f"{labels[0].split(':', 1)[1]}: band from all {label.split(':', 1)[1]}"
                            f" runs")
-        mu = (s.n * s.mu + PRIOR_RUNS * pooled.mu) / (s.n + PRIOR_RUNS)
+        mu = centre(table, quantity, labels)
         sigma = math.sqrt((s.n * s.sigma ** 2 + PRIOR_RUNS * pooled_sigma ** 2)
                           / (s.n + PRIOR_RUNS))
         name = label.split(":", 1)[-1]

@@ -23,7 +23,8 @@ class WorkerSpec:
     ep: int
     attention_dp: int
     # sequences each attention-DP rank admits (planner.serve.workload.WorkerConfig.rank_batch:
-    # the serving model's reading of the plan's batch cap; a prefill worker's prompts per rank)
+    # the serving model's reading of the plan's batch cap; a prefill worker's prompts per rank),
+    # pp micro-batches of micro_batch
     rank_batch: int
     max_num_tokens: int  # tokens per iteration of each attention-DP rank
     max_model_len: int  # isl + osl
@@ -39,6 +40,14 @@ class WorkerSpec:
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.attention_dp
+
+    @property
+    def micro_batch(self) -> int:
+        """Sequences in each of a rank's ``pp`` micro-batches
+        (:meth:`planner.serve.workload.WorkerConfig.micro_batch`; ``rank_batch`` is ``pp`` of
+        them)."""
+        assert self.rank_batch % self.pp == 0, (self.rank_batch, self.pp)
+        return self.rank_batch // self.pp
 
 
 def worker_specs(doc: dict[str, Any], fmt: str) -> list[WorkerSpec]:
@@ -68,8 +77,10 @@ def worker_specs(doc: dict[str, Any], fmt: str) -> list[WorkerSpec]:
         return [spec("aggregated", dep["worker"], config.replicas,
                      config.worker.rank_batch(config.batch))]
     prefill, decode = dep["prefill"], dep["decode"]
-    # a prefill worker batches `prefill_batch` prompts on each of its attention-DP ranks
-    return [spec("prefill", prefill, config.prefill_workers, config.prefill_batch),
+    # a prefill worker batches `prefill_batch` prompts on each of its attention-DP ranks (with
+    # pp stages, pp micro-batches of ceil(prefill_batch / pp): the same rule)
+    return [spec("prefill", prefill, config.prefill_workers,
+                 config.prefill.rank_batch(config.prefill_batch * config.prefill.attention_dp)),
             spec("decode", decode, config.decode_workers,
                  config.decode.rank_batch(config.batch))]
 

@@ -22,6 +22,15 @@ attention-DP rank's scheduler likewise admits ``--max-running-requests // --dp-s
 (``WorkerSpec.rank_batch``) times ``--dp-size``: a worker total would leave each rank
 ``1/dp`` of its planned sequences, and a prefill worker's one prompt per rank would leave 0
 (SGLang refuses to start: "max_running_request is zero").
+
+With pipeline parallelism (``--pp-size``) SGLang's scheduler loops over ``pp`` micro-batches,
+each with its own running batch (``scheduler_pp_mixin.py`` ``event_loop_pp``: ``running_mbs``),
+and admits into one at most ``--pp-max-micro-batch-size`` requests (``scheduler.py``
+``get_num_allocatable_reqs``; by default ``max(max_running_requests // pp_size, 1)`` of the
+rank's ``max_running_requests``, whose request pool also bounds all micro-batches together).
+The export writes the rank's whole batch as above (``pp`` micro-batches of
+``WorkerSpec.micro_batch``, as the serving model runs it) and, with ``pp > 1``, the micro-batch
+cap explicitly: ``rank_batch // pp`` = the default.
 """
 from __future__ import annotations
 
@@ -49,6 +58,8 @@ def worker_args(spec) -> list[str]:
              "--context-length", str(spec.max_model_len),
              "--mem-fraction-static", f"{spec.memory_fraction:g}",
              "--kv-cache-dtype", KV[spec.kv_dtype]]
+    if spec.pp > 1:  # each of a rank's pp micro-batches (module docstring)
+        args += ["--pp-max-micro-batch-size", str(spec.micro_batch)]
     if spec.dtype in QUANTIZATION:
         args += ["--quantization", QUANTIZATION[spec.dtype]]
     if spec.role in ("prefill", "decode"):

@@ -21,8 +21,16 @@ x max_num_active_requests`` and balances them over the ranks, each at most
 max_num_active_requests`` under ``enable_attention_dp``, that from the model engine's
 ``get_max_num_sequences()``, ``max_batch_size``), and each rank schedules its own batch
 under ``max_num_tokens``; the CUDA graphs (``cuda_graph_config.max_batch_size``) run each
-rank's batch. So all three are the plan's per-rank values (``WorkerSpec.rank_batch``, the
-rank's token budget), not the worker's totals. The document is one YAML
+rank's batch. So all three are the plan's per-rank values, not the worker's totals. With
+pipeline parallelism ``max_batch_size`` caps one micro-batch: the executor keeps ``pp_size``
+micro-batches in flight, each scheduled under ``max_batch_size`` (``_util.py``
+``create_py_executor_instance``: the micro-batch scheduler gets ``max_batch_size``, the
+capacity scheduler ``get_max_num_sequences()`` = ``pp_size x max_batch_size``,
+``model_engine.py``), so the export writes the plan's micro-batch
+(``WorkerSpec.micro_batch``: a rank's ``rank_batch`` is ``pp`` of them, as the serving model
+runs it) for ``max_batch_size`` and the CUDA graphs (each replays one micro-batch), and the
+rank's token budget for ``max_num_tokens``; the whole batch there would let ``pp x`` the
+plan's sequences run. The document is one YAML
 stream: per worker a mapping with its ``command`` (the shell line, shlex-quoted) and its
 ``extra_llm_api_options`` (the file the command names).
 """
@@ -44,7 +52,7 @@ def options(spec) -> dict:
            "enable_chunked_prefill": True,
            "kv_cache_config": {"dtype": KV[spec.kv_dtype],
                                "free_gpu_memory_fraction": spec.memory_fraction},
-           "cuda_graph_config": {"max_batch_size": spec.rank_batch, "enable_padding": True}}
+           "cuda_graph_config": {"max_batch_size": spec.micro_batch, "enable_padding": True}}
     if spec.draft_tokens:
         doc["speculative_config"] = {"decoding_type": "MTP",
                                      "num_nextn_predict_layers": spec.draft_tokens}
@@ -60,8 +68,8 @@ def command(spec, options_file: str) -> list[str]:
             "--pp_size", str(spec.pp)]
     if spec.ep > 1:
         args += ["--ep_size", str(spec.ep)]
-    # per attention-DP rank (module docstring)
-    args += ["--max_batch_size", str(spec.rank_batch), "--max_num_tokens",
+    # per attention-DP rank and micro-batch (module docstring)
+    args += ["--max_batch_size", str(spec.micro_batch), "--max_num_tokens",
              str(spec.max_num_tokens), "--max_seq_len", str(spec.max_model_len),
              "--kv_cache_free_gpu_memory_fraction", f"{spec.memory_fraction:g}",
              "--extra_llm_api_options", options_file]

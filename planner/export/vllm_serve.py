@@ -23,6 +23,15 @@ requests at ``max_num_seqs`` and its own iteration at ``max_num_batched_tokens``
 nothing divides them by the DP size). So ``--max-num-seqs`` is the plan's per-rank cap
 (``WorkerSpec.rank_batch``) and ``--max-num-batched-tokens`` its per-rank token budget, not
 the worker's totals.
+
+With pipeline parallelism (``--pipeline-parallel-size``) the engine core keeps ``pp`` scheduled
+batches in flight (its batch queue, ``max_concurrent_batches`` = the pipeline size,
+``EngineCore.step_with_batch_queue``), and one scheduler fills them: a request in flight has no
+new token to schedule until its batch returns (``scheduler.py``: "PP>1 and we have already
+scheduled all prompt tokens but they are not finished yet"), so the micro-batches share the
+running requests, at most ``max_num_seqs`` in all. ``--max-num-seqs`` is therefore the rank's
+whole batch (``pp`` micro-batches of ``WorkerSpec.micro_batch``, as the serving model runs
+it), not one micro-batch's.
 """
 from __future__ import annotations
 

@@ -172,17 +172,31 @@ class WorkerConfig:
     def moe_tp(self) -> int:
         return self.tp * self.attention_dp // self.ep
 
+    def micro_batch(self, batch: int) -> int:
+        """Sequences in each of an attention-DP rank's ``pp`` micro-batches when the worker
+        runs at most ``batch``: ``ceil(ceil(batch / attention_dp) / pp)``, the cap the runtimes
+        apply to one micro-batch. With pipeline parallelism every runtime keeps ``pp``
+        micro-batches in flight (the serving model's too: :mod:`planner.serve.phases`, ``pp``
+        micro-batches of ``seqs / pp``): TensorRT-LLM's PyTorch executor schedules each
+        micro-batch under ``max_batch_size`` and admits ``pp x max_batch_size`` requests
+        (``get_max_num_sequences``), SGLang each micro-batch under ``--pp-max-micro-batch-size``
+        (by default ``--max-running-requests // pp``, per DP rank), vLLM runs ``pp`` scheduled
+        batches at once (its engine core's batch queue) whose requests together stay under
+        ``--max-num-seqs``."""
+        return -(-(-(-batch // self.attention_dp)) // self.pp)
+
     def rank_batch(self, batch: int) -> int:
         """Sequences each attention-DP rank admits when the worker runs at most ``batch``:
-        ``ceil(batch / attention_dp)``, the one per-rank reading of a batch cap (the serving
-        model's largest batch, :func:`planner.serve.evaluate.worker_batch`, and the exports'
-        caps, :mod:`planner.export.serving`). Every runtime schedules each attention-DP rank's
+        ``pp`` micro-batches of :meth:`micro_batch` (``ceil(batch / attention_dp)`` rounded up
+        to a multiple of ``pp``), the one per-rank reading of a batch cap (the serving model's
+        largest batch, :func:`planner.serve.evaluate.worker_batch`, and the exports' caps,
+        :mod:`planner.export.serving`). Every runtime schedules each attention-DP rank's
         requests under its own cap: vLLM runs an engine core with its own scheduler per
         data-parallel rank, each capped by ``--max-num-seqs``; TensorRT-LLM with
-        ``enable_attention_dp`` caps each rank at ``max_batch_size``; SGLang divides
-        ``--max-running-requests`` by ``--dp-size``. One cap serves every rank, so the worker
-        holds ``attention_dp x`` this (at least ``batch``)."""
-        return -(-batch // self.attention_dp)
+        ``enable_attention_dp`` caps each rank at ``max_batch_size`` (a micro-batch); SGLang
+        divides ``--max-running-requests`` by ``--dp-size``. One cap serves every rank, so the
+        worker holds ``attention_dp x`` this (at least ``batch``)."""
+        return self.pp * self.micro_batch(batch)
 
     @property
     def mesh(self):

@@ -23,13 +23,15 @@ MULTI_REQUIRED = ("shardplan_cluster", "name", "pools")
 MULTI_OPTIONAL = ("inter_pool", "description", "source")
 # A pool written out: the one-pool cluster keys minus the document-level ones.
 POOL_REQUIRED = ("gpu", "gpus_per_node", "num_nodes", "tiers")
-POOL_OPTIONAL = ("name",) + CLUSTER_OPTIONAL
+# gpus_per_host (launch lines) is one-pool only: a Pool does not carry it.
+POOL_OPTIONAL = ("name",) + tuple(k for k in CLUSTER_OPTIONAL if k != "gpus_per_host")
 PRESET_POOL_REQUIRED = ("preset", "num_nodes")
 PRESET_POOL_OPTIONAL = ("name", "description")
 INTER_REQUIRED = ("bandwidth_gbytes_per_s", "latency_us")
 INTER_OPTIONAL = ("efficiency", "name")
 # Keys of a one-pool document that make no sense next to ``pools``.
 ONE_POOL_ONLY = ("gpu", "gpu_overrides", "gpus_per_node", "num_nodes", "nics_per_node",
+                 "gpus_per_host",
                  "scalable_unit_nodes", "spine_oversubscription", "spine_latency_us",
                  "intra_node_topology", "tiers")
 

@@ -54,7 +54,7 @@ GPU_OPTIONAL = ("vendor", "matmul_efficiency", "attention_efficiency", "reserve_
 PEAK_TFLOPS_KEYS = ("bf16", "fp16", "fp8", "fp4", "tf32", "fp32")
 
 CLUSTER_REQUIRED = ("shardplan_cluster", "name", "gpu", "gpus_per_node", "num_nodes", "tiers")
-CLUSTER_OPTIONAL = ("gpu_overrides", "nics_per_node", "scalable_unit_nodes",
+CLUSTER_OPTIONAL = ("gpu_overrides", "nics_per_node", "gpus_per_host", "scalable_unit_nodes",
                     "spine_oversubscription", "spine_latency_us", "intra_node_topology",
                     "host", "description", "source")
 HOST_REQUIRED = ("memory_gib_per_gpu", "link_gbytes_per_s", "memory_bandwidth_gbytes_per_s_per_gpu",
@@ -217,9 +217,27 @@ def cluster_from_mapping(data: Any, where: str, gpu_presets: Mapping[str, dict[s
     check_version(data, where)
     name = text(data["name"], where, "name")
     cluster = fabric_from_mapping(data, where, gpu_presets, name)
+    cluster = replace(cluster, gpus_per_host=_gpus_per_host(data, where, cluster.gpus_per_node))
     num_nodes = cluster.num_nodes
     return with_nodes(cluster, num_nodes if nodes is None else nodes, where,
                       "nodes" if nodes is not None else "num_nodes")
+
+
+def _gpus_per_host(data: dict[str, Any], where: str, gpus_per_node: int) -> int:
+    """``gpus_per_host``: the GPUs one host (one OS, one launcher) holds, a divisor of the
+    node's; stored as 0 when it is the whole node (the default: the content hash leaves it out)."""
+    if "gpus_per_host" not in data:
+        return 0
+    per_host = int(number(data["gpus_per_host"], where, "gpus_per_host", minimum=0,
+                          maximum=MAX_GPUS_PER_NODE, integer=True))
+    if gpus_per_node % per_host:
+        divisors = [d for d in range(1, gpus_per_node + 1) if gpus_per_node % d == 0]
+        raise _fail(where, "gpus_per_host",
+                    f"{per_host} GPUs per host do not divide the {gpus_per_node} GPUs of a node: "
+                    f"a node (NVLink domain) must be a whole number of hosts",
+                    f"Use one of {', '.join(map(str, divisors))} (e.g. 4 for a GB200 NVL72 "
+                    f"compute tray), or leave it out when a node is one host.")
+    return 0 if per_host == gpus_per_node else per_host
 
 
 def check_version(data: dict[str, Any], where: str) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Mapping
+from typing import ClassVar, Mapping
 
 from planner.hashing import cached_hash, state_without_hash
 
@@ -148,6 +148,14 @@ class Cluster:
     # The host memory, link and cores of each GPU (the cluster file's host: section; None:
     # not described, no offload options). Named for its memory: "host" reads as a machine name.
     cpu_memory: HostMemory | None = None
+    # GPUs per host (one OS running one launcher; 0: the node is one host). Launch lines only
+    # (planner/export): a GB200/GB300 NVL72 rack is one node (one NVLink domain, what the cost
+    # model reads) of 18 compute trays of 4 GPUs, each tray its own host. Divides gpus_per_node.
+    gpus_per_host: int = 0
+
+    # Fields left out of the plain form (content hash, plan file) while at their default, so a
+    # cluster that does not use them keeps the hash it had before they existed.
+    PLAIN_OMIT_DEFAULT: ClassVar[tuple[str, ...]] = ("gpus_per_host",)
 
     def __hash__(self) -> int:  # computed once (cost caches key on clusters)
         return cached_hash(self, lambda c: (c.name, c.gpu, c.gpus_per_node, c.num_nodes,
@@ -158,6 +166,15 @@ class Cluster:
     @property
     def num_gpus(self) -> int:
         return self.gpus_per_node * self.num_nodes
+
+    @property
+    def host_gpus(self) -> int:
+        """GPUs per host: the processes one launcher starts (``gpus_per_host``, else the node's)."""
+        return self.gpus_per_host or self.gpus_per_node
+
+    @property
+    def num_hosts(self) -> int:
+        return self.num_gpus // self.host_gpus
 
     @property
     def memory_bytes_per_gpu(self) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import fields, is_dataclass
+from dataclasses import is_dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from planner.cost.model import Evaluation
 from planner.hardware import Cluster
 from planner.ir import ModelGraph
 from planner.report import evaluation_dict, rounded
+from planner.serialize import plain_fields
 
 SCHEMA_VERSION = 1
 POOL_SCHEMA_VERSION = 2  # a plan across pools (planner/hetero/plan_file.py)
@@ -31,7 +32,7 @@ KIND = "shardplan-plan"
 
 def _plain(value: Any) -> Any:
     if is_dataclass(value):  # not asdict(): it deep-copies, and mappingproxy cannot be copied
-        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+        return {f.name: _plain(getattr(value, f.name)) for f in plain_fields(value)}
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, dict):

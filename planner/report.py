@@ -34,9 +34,12 @@ def model_dict(ev: Evaluation) -> dict[str, Any]:
 
 def cluster_dict(ev: Evaluation) -> dict[str, Any]:
     c = ev.cluster
-    return {"name": c.name, "gpu": c.gpu.name, "num_gpus": c.num_gpus,
-            "num_nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node,
-            "gpu_memory_gib": c.gpu.memory_gib}
+    out = {"name": c.name, "gpu": c.gpu.name, "num_gpus": c.num_gpus,
+           "num_nodes": c.num_nodes, "gpus_per_node": c.gpus_per_node,
+           "gpu_memory_gib": c.gpu.memory_gib}
+    if c.gpus_per_host:  # hosts smaller than a node (NVL72 trays): written only then
+        out["gpus_per_host"] = c.gpus_per_host
+    return out
 
 
 def parallelism_dict(ev: Evaluation) -> dict[str, Any]:

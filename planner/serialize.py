@@ -44,10 +44,18 @@ _POSITIVE = {
 MAX_MAGNITUDE = 10**18
 
 
+def plain_fields(value: Any) -> list:
+    """The fields of dataclass ``value`` its plain form holds: all but those the class lists in
+    ``PLAIN_OMIT_DEFAULT`` while they hold their default (decoding restores the default)."""
+    omit = getattr(value, "PLAIN_OMIT_DEFAULT", ())
+    return [f for f in fields(value)
+            if not (f.name in omit and getattr(value, f.name) == f.default)]
+
+
 def to_plain(value: Any) -> Any:
     """Dataclasses, enums, tuples and mappings as plain JSON values (same as the hash input)."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in fields(value)}
+        return {f.name: to_plain(getattr(value, f.name)) for f in plain_fields(value)}
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, (list, tuple)):
@@ -72,7 +80,13 @@ def model_from_dict(data: Any, where: str = "$") -> ModelGraph:
 
 def cluster_from_dict(data: Any, where: str = "$") -> Cluster:
     """The Cluster ``data`` describes (the inverse of :func:`cluster_to_dict`)."""
-    return _decode(Cluster, data, where)
+    cluster = _decode(Cluster, data, where)
+    if cluster.gpus_per_host and (cluster.gpus_per_host == cluster.gpus_per_node
+                                  or cluster.gpus_per_node % cluster.gpus_per_host):
+        raise invalid(f"{where}.gpus_per_host: {cluster.gpus_per_host} must divide "
+                      f"gpus_per_node {cluster.gpus_per_node} and differ from it (0: the node "
+                      f"is one host)")
+    return cluster
 
 
 def pool_cluster_from_dict(data: Any, where: str = "$") -> MultiPoolCluster:

@@ -150,12 +150,14 @@ def world(doc: dict[str, Any]) -> str:
 
 
 def launch_size(doc: dict[str, Any]) -> tuple[int, int]:
-    """(processes per node, nodes) of the job's torchrun launch. Across pools: the nodes the
-    plan uses, with the first stage's pool's GPUs per node (planner/hetero/launch.py warns
-    when the pools differ)."""
+    """(processes per host, hosts) of the job's torchrun launch: one launcher per host, which
+    is the node unless the cluster sets ``gpus_per_host`` (a GB200 NVL72 rack is one node of
+    18 hosts of 4 GPUs). Across pools: the nodes the plan uses, with the first stage's pool's
+    GPUs per node (planner/hetero/launch.py warns when the pools differ)."""
     c = doc["cluster"]
     if "pools" not in c:
-        return c["gpus_per_node"], c["num_nodes"]
+        per_host = c.get("gpus_per_host", c["gpus_per_node"])
+        return per_host, c["num_nodes"] * c["gpus_per_node"] // per_host
     from planner.hetero.layout import stage_shares
 
     p = doc["parallelism"]
@@ -172,4 +174,7 @@ def headline(doc: dict[str, Any]) -> str:
                               for x in c["pools"])
     else:
         hardware = f"{c['num_nodes']} x {c['gpus_per_node']} {c['gpu']}"
+        if "gpus_per_host" in c:
+            hosts = c["num_nodes"] * c["gpus_per_node"] // c["gpus_per_host"]
+            hardware += f", {hosts} hosts of {c['gpus_per_host']}"
     return f"{doc['model']['name']} on {c['name']} ({hardware}): {world(doc)}"

@@ -62,6 +62,12 @@ dtype_option = click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp8"]
 attention_option = click.option("--attention", "attention_kernel",
                                 type=click.Choice(["flash", "eager"]), default="flash",
                                 show_default=True, help="Attention kernel of the runtime.")
+dropout_option = click.option(
+    "--dropout/--no-dropout", default=False, show_default=True,
+    help="The run trains with attention and hidden dropout (GPT-3-era recipes; Megatron-LM's "
+         "default 0.1): costs the 1-byte masks and their traffic, and the eager attention "
+         "core's dropout on the scores. Recorded in the plan; the Megatron export then keeps "
+         "Megatron's default rate.")
 RUNTIME_CHOICES = ("megatron", "torchtitan", "deepspeed", "fsdp", "deepspeed-bf16", "torch-fp32",
                    "zero-paper")
 runtime_option = click.option(
@@ -134,13 +140,14 @@ def time_limit_slack_s(limit_s: float) -> float:
 @hpz_option
 @dtype_option
 @attention_option
+@dropout_option
 @runtime_option
 @calibration_option
 @moe_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
              zero_stage, recompute, sp, virtual_stages, schedule, pp_partition, dp_shard, hpz,
-             dtype, attention_kernel, runtime, calibration, as_json, **moe):
+             dtype, attention_kernel, dropout, runtime, calibration, as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
     from planner.calibration.session import prediction_intervals, runtime_setup
     from planner.cost.model import evaluate as run
@@ -152,7 +159,7 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
                           moe=moe_options_from(moe),
                           recompute_modules=recompute_modules_from(moe),
                           cross_entropy=cross_entropy_from(moe),
-                          fp8_attention=fp8_attention_from(moe))
+                          fp8_attention=fp8_attention_from(moe), dropout=dropout)
     hw = setup.cluster
     if dp is None:
         dp = resolve_dp(hw.num_gpus, tp, pp, cp)
@@ -271,6 +278,7 @@ def clusters_command(as_json):
               help="GPU memory the search keeps free of the plan: a fraction (0.05 or 5%) or "
                    "an amount (4GiB); 0 plans to the last byte. Recorded in the plan.")
 @attention_option
+@dropout_option
 @runtime_option
 @calibration_option
 @moe_option
@@ -286,8 +294,8 @@ def clusters_command(as_json):
               help="Churn budget of the fallbacks: layers that may change stage (default any).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
-         top_k, pins, dp_shard, memory_headroom, attention_kernel, runtime, calibration, output,
-         force, timings, fallbacks, fallback_max_moved_layers, as_json, **moe):
+         top_k, pins, dp_shard, memory_headroom, attention_kernel, dropout, runtime, calibration,
+         output, force, timings, fallbacks, fallback_max_moved_layers, as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.plan import make_plan
     from planner.report import rounded
@@ -320,7 +328,7 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
                               attention_kernel, calibration, moe=moe_options_from(moe),
                               recompute_modules=recompute_modules_from(moe),
                               cross_entropy=cross_entropy_from(moe),
-                              fp8_attention=fp8_attention_from(moe))
+                              fp8_attention=fp8_attention_from(moe), dropout=dropout)
         hw = setup.cluster if pools is None else pools
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options,

@@ -176,3 +176,39 @@ def test_tree_latency_wins_for_large_groups():
     ring_latency = 2 * (n - 1) * 5e-6
     assert comm.all_reduce_s(1.0, n, LINK) < ring_latency
     assert comm.all_reduce_s(1.0, n, LINK) >= 2 * math.log2(n) * 5e-6
+
+
+def test_eager_attention_dropout_bytes_per_score():
+    # Megatron-LM's attention core runs FusedScaleMaskSoftmax, then attention_dropout (an
+    # unfused torch.nn.Dropout) on the b x a/t x s x s probabilities. Per 16-bit score element:
+    # forward reads the probabilities (2 B), writes the dropped ones (2 B) and a bool mask
+    # (1 B); backward reads the mask (1 B) and the gradient (2 B), writes the gradient (2 B).
+    from clusters.loader import gpu_preset
+    from planner.cost.compute import EAGER_DROPOUT_BYTES, Shard, hbm_bytes_per_s, layer_compute
+
+    assert EAGER_DROPOUT_BYTES == (2 + 2 + 1, 1 + 2 + 2)
+    layer = gpt_block(2048, 16)
+    shard = Shard(micro_batch=2, seq_len=1024, tp=2, dtype="bf16")
+    gpu = gpu_preset("a100-sxm4-80gb")
+    hbm = hbm_bytes_per_s(gpu)
+    scores = 2 * (16 // 2) * 1024 * 1024
+    assert scores == 16_777_216
+    core_bytes = 83_886_080  # 5 B x 16,777,216 scores, forward and backward each
+    hidden_bytes = 25_165_824  # the hidden dropouts' 6 B x h per token: 6 x 2048 x 2048 tokens
+
+    def run(kernel, dropout):
+        return layer_compute(layer, shard, gpu, RuntimeOptions(attention_kernel=kernel,
+                                                               dropout=dropout))
+
+    off, on = run("eager", False), run("eager", True)
+    assert on.attn_core_fwd_s - off.attn_core_fwd_s == pytest.approx(core_bytes / hbm, rel=1e-9)
+    assert on.attn_core_bwd_s - off.attn_core_bwd_s == pytest.approx(core_bytes / hbm, rel=1e-9)
+    assert on.fwd_s - off.fwd_s == pytest.approx((core_bytes + hidden_bytes) / hbm, rel=1e-9)
+    assert on.bwd_s - off.bwd_s == pytest.approx((core_bytes + 2 * hidden_bytes) / hbm, rel=1e-9)
+    # selective recomputation repeats the attention core, dropout included
+    assert on.recompute_s(Recompute.SELECTIVE) - off.recompute_s(Recompute.SELECTIVE) \
+        == pytest.approx(core_bytes / hbm, rel=1e-9)
+    # flash kernels apply the dropout inside the kernel: no traffic on the core
+    off, on = run("flash", False), run("flash", True)
+    assert on.attn_core_fwd_s == off.attn_core_fwd_s and on.attn_core_bwd_s == off.attn_core_bwd_s
+    assert on.fwd_s - off.fwd_s == pytest.approx(hidden_bytes / hbm, rel=1e-9)

@@ -95,7 +95,9 @@ def instances(draw):
     cluster = replace(TINY, num_nodes=nodes)
     runtime = RuntimeOptions(overlap_grad_reduce=draw(st.booleans()),
                              overlap_param_gather=draw(st.booleans()),
-                             runtime=draw(st.sampled_from(["megatron", "deepspeed-bf16"])))
+                             runtime=draw(st.sampled_from(["megatron", "deepspeed-bf16"])),
+                             attention_kernel=draw(st.sampled_from(["flash", "eager"])),
+                             dropout=draw(st.booleans()))
     configs = list(enumerate_configs(model, cluster, 8 * nodes, model.default_seq_len, "bf16"))
     config = draw(st.sampled_from(configs))
     if config.pp > 1:  # a pipeline schedule the configuration can run (planner.cost.pipeline)
@@ -141,6 +143,12 @@ CASES = [
     # pipeline, tensor parallel with SP, tied embeddings, ZeRO-1 over an inter-node group
     Case("pp2-tp2-zero1", DENSE, ParallelConfig(tp=2, pp=2, dp=2, global_batch=16, seq_len=128,
                                                 sp=True, zero_stage=1, micro_batch=1)),
+    # eager attention with dropout: the masks' memory and the attention dropout's traffic on
+    # the scores (planner.cost.compute.EAGER_DROPOUT_BYTES), in every pass and recomputation
+    Case("eager-dropout-tp2", DENSE, ParallelConfig(tp=2, pp=2, dp=2, global_batch=16,
+                                                    seq_len=128, sp=True, zero_stage=1,
+                                                    micro_batch=2),
+         runtime=RuntimeOptions(attention_kernel="eager", dropout=True)),
     Case("pp2-v2-zero0", DENSE, ParallelConfig(tp=1, pp=2, dp=4, global_batch=16, seq_len=128,
                                                zero_stage=0, micro_batch=2, virtual_stages=2)),
     # zero-bubble schedules: ZB-H1's W credit; DualPipeV's V placement (head on rank 0), its

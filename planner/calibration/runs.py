@@ -31,6 +31,8 @@ unpublished field with the runtime's documented default (listed in ``assumptions
 * precision: fp8 for FP8 / MXFP8 / Float8 runs, fp16 for fp16-only runs, else bf16; FP4 runs
   are not evaluated (no FP4 in the cost model);
 * attention: eager for the 2022 stacks (Megatron-DeepSpeed, GPT-NeoX, metaseq), flash otherwise;
+* dropout: off unless the entry states ``training.dropout: true`` (RuntimeOptions.dropout: the
+  run trained with attention / hidden dropout, e.g. Megatron-LM's pre-2023 default 0.1);
 * measured step time: ``iteration_time_s``; else global batch x sequence / (tokens per second
   per GPU x GPUs); else the published TFLOP/s under the source's convention:
   Narayanan Eq. 3 (full-recompute hardware FLOPs) for the Megatron-DeepSpeed era, Megatron's
@@ -277,7 +279,8 @@ def run_of(entry: Mapping[str, Any], model: ModelGraph, cluster: Cluster) -> Cal
     overlap = prof.name != "deepspeed"
     options = RuntimeOptions(runtime=prof.state_layout_for(dtype), profile=prof.name,
                              attention_kernel="eager" if eager else "flash",
-                             overlap_grad_reduce=overlap, overlap_param_gather=overlap)
+                             overlap_grad_reduce=overlap, overlap_param_gather=overlap,
+                             dropout=bool(t.get("dropout")))
     shape = (m["layers"], m["hidden"], m.get("heads"), m.get("ffn_hidden"), m["vocab"],
              m["seq_len"])
     source = _text((entry.get("source") or {}).get("title")) or entry["id"]

@@ -33,13 +33,15 @@ class Setup:
 def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf16",
                   attention_kernel: str = "flash", calibration: str | Path | None = None,
                   compiled: bool = False, moe=None, recompute_modules=None,
-                  cross_entropy: str | None = None, fp8_attention: bool = False) -> Setup:
+                  cross_entropy: str | None = None, fp8_attention: bool = False,
+                  dropout: bool = False) -> Setup:
     """``moe``: MoE routing / dispatch options (planner.moe.MoeOptions) of the runtime;
     ``recompute_modules``: what selective recomputation repeats (Megatron
     ``--recompute-modules``; planner/cost/recompute_modules.py); ``cross_entropy``: the loss's
     logit precision (planner.cost.memory.LOGIT_BYTES); ``fp8_attention``: the attention core in
     FP8 (RuntimeOptions.fp8_attention), refused unless the dtype is fp8 and the runtime has
-    it."""
+    it; ``dropout``: the run trains with attention and hidden dropout (RuntimeOptions.dropout:
+    the 1-byte masks, their element-wise traffic, and the eager attention core's dropout)."""
     prof, layout = resolve_runtime(runtime, dtype)
     if fp8_attention and dtype != "fp8":
         raise invalid(f"--fp8-attention needs FP8 GEMMs (--dtype fp8), not --dtype {dtype}")
@@ -63,6 +65,8 @@ def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf1
         options = replace(options, cross_entropy=cross_entropy)
     if fp8_attention:
         options = replace(options, fp8_attention=True)
+    if dropout:
+        options = replace(options, dropout=True)
     cluster, options = calibrate(cluster, options, cal.constants if cal else None, compiled)
     return Setup(cluster, options, prof, cal)
 

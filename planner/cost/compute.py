@@ -317,8 +317,35 @@ def attention_core_dtype(dtype: str, fp8_attention: bool) -> str:
     return "bf16" if dtype in ("fp8", "fp4") else dtype
 
 
+# HBM bytes per score element of the eager attention core's memory-bound kernels (16-bit
+# fp16 / bf16 scores, 2 B an element): Megatron-LM's CoreAttention / ParallelAttention
+# (megatron/model/transformer.py, 2021 onwards) runs ``FusedScaleMaskSoftmax`` on the scores,
+# then ``attention_dropout`` (a torch.nn.Dropout) on the probabilities, unfused.
+# Softmax forward: read the scores, write the probabilities (2 + 2). Softmax backward: read
+# the probabilities and their gradient, write the scores' gradient (2 + 2 + 2).
+# Dropout forward (PyTorch's fused dropout kernel): read the probabilities, write the dropped
+# probabilities and a 1-byte bool / uint8 keep-mask (2 + 2 + 1). Dropout backward: read the
+# mask and the gradient, write the scaled gradient (1 + 2 + 2). A recomputed forward repeats
+# the forward's bytes. Flash kernels apply dropout inside the kernel and regenerate the mask
+# in the backward from the saved random-number-generator state (Dao et al. 2022,
+# FlashAttention, arXiv:2205.14135 §3.1 and Appendix B, Algorithm 2): no extra traffic.
+EAGER_SOFTMAX_BYTES = (4.0, 6.0)  # (forward, backward) per score element
+EAGER_DROPOUT_BYTES = (5.0, 5.0)  # (forward, backward) per score element
+
+
+def eager_core_bytes_per_score(dropout: bool) -> tuple[float, float]:
+    """(forward, backward) HBM bytes per ``s x s`` score element of the eager attention core's
+    memory-bound kernels: the softmax, and the attention dropout where the run trains with
+    dropout (:data:`EAGER_DROPOUT_BYTES`)."""
+    fwd, bwd = EAGER_SOFTMAX_BYTES
+    if dropout:
+        fwd, bwd = fwd + EAGER_DROPOUT_BYTES[0], bwd + EAGER_DROPOUT_BYTES[1]
+    return fwd, bwd
+
+
 def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str,
-                          fp8_attention: bool = False) -> tuple[float, float]:
+                          fp8_attention: bool = False, dropout: bool = False
+                          ) -> tuple[float, float]:
     heads = att.num_heads // shard.tp
     if kernel == "flash":
         flops = attention_core_flops(att, shard, kernel)
@@ -338,8 +365,9 @@ def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str,
     bwd = sum(gemm_time_s(g, gpu, dtype) for gg in (scores, context) for g in backward_gemms(gg))
     elements = float(batch) * q * keys
     hbm = hbm_bytes_per_s(gpu)
-    fwd += elements * 4 / hbm  # fused scale-mask-softmax: read 2 B, write 2 B
-    bwd += elements * 6 / hbm  # read probabilities and their gradient, write the input gradient
+    fwd_bytes, bwd_bytes = eager_core_bytes_per_score(dropout)  # softmax (+ dropout)
+    fwd += elements * fwd_bytes / hbm
+    bwd += elements * bwd_bytes / hbm
     if att.cross_attention:
         fwd, bwd = 2 * fwd, 2 * bwd
     return fwd, bwd
@@ -448,7 +476,7 @@ def _layer_compute(layer: Layer, shard: Shard, gpu: Gpu, kernel: str, dropout: b
     core_fwd = core_bwd = core_flops = 0.0
     if layer.attention is not None:
         core_fwd, core_bwd = _attention_core_times(layer.attention, shard, gpu, kernel,
-                                                   fp8_attention)
+                                                   fp8_attention, dropout)
         core_flops = attention_core_flops(layer.attention, shard, kernel)
         fwd += core_fwd
         bwd += core_bwd

@@ -311,6 +311,10 @@ def export(plan: Plan) -> ExportResult:
     if not runtime["dropout"]:
         # the cost model counts no dropout masks; Megatron's defaults are 0.1
         args += [("--attention-dropout", 0.0), ("--hidden-dropout", 0.0)]
+    else:  # the plan records that the run uses dropout, not its rate: Megatron's default
+        notes.append("megatron: the plan trains with dropout (planned: the masks and their "
+                     "traffic, not the rate); --attention-dropout / --hidden-dropout are left "
+                     "at Megatron's default 0.1")
     # --tp-comm-overlap (Transformer Engine userbuffers) splits the sequence-parallel
     # all-gather / reduce-scatter: validate_args refuses it without --sequence-parallel, and
     # the cost model hides no TP collective without SP (planner.cost.terms)

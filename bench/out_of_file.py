@@ -32,10 +32,11 @@ Sources, per field (see ROWS):
   2021-08): --fp16, --DDP-impl per row (torch for the four smallest, local above), no dropout
   override, so Megatron-LM's defaults --attention-dropout 0.1 --hidden-dropout 0.1
   (megatron/arguments.py at that commit); the attention dropout is an unfused
-  torch.nn.Dropout on the attention probabilities (megatron/model/transformer.py).
+  torch.nn.Dropout on the attention probabilities (megatron/model/transformer.py). Every
+  reading is therefore evaluated with ``--dropout`` (planner/cost/compute.py: the hidden
+  dropouts' element-wise traffic, and the eager attention core's dropout on the scores).
 * Inferred (in neither): no distributed optimizer (ZeRO 0: Megatron-LM had none in 2021), no
-  sequence parallelism (introduced 2022, Korthikanti et al.). The dropout is not an input of
-  ``shardplan evaluate``: it enters only the diagnostics below.
+  sequence parallelism (introduced 2022, Korthikanti et al.).
 
 Run: ``python bench/out_of_file.py`` (``--markdown`` prints the docs/accuracy.md section).
 """
@@ -68,6 +69,10 @@ VOCAB = 51_200  # §5.1
 SEQ_LEN = 2048  # §5.1
 PEAK_TFLOPS = 312.0  # §5: A100 16-bit peak
 RANK_TIE = 0.03  # as bench/accuracy_runs.py: measured throughputs closer than this are a tie
+# examples/sc21/CONFIG.sh (NVIDIA/Megatron-LM de7dc40f88) sets no --attention-dropout /
+# --hidden-dropout: Megatron-LM's defaults 0.1 (megatron/arguments.py), so the runs trained
+# with dropout (``shardplan evaluate --dropout``)
+DROPOUT = True
 
 
 @dataclass(frozen=True)
@@ -169,14 +174,14 @@ def cli_args(r: PaperRow, model_path: Path, runtime: str, attention: str) -> lis
             "--tp", str(r.tp), "--pp", str(r.pp), "--micro-batch", str(r.micro_batch),
             "--virtual-stages", str(r.virtual_stages), "--recompute", "full", "--zero", "0",
             "--no-sp", "--dtype", "fp16", "--attention", attention, "--runtime", runtime,
-            "--json"]
+            "--dropout" if DROPOUT else "--no-dropout", "--json"]
 
 
 def evaluate_row(r: PaperRow, model_path: Path, runtime: str, attention: str):
     """What cli/commands.py ``evaluate`` computes for :func:`cli_args` (shipped constants)."""
     graph = load_model(str(model_path), seq_len=None)
     hw = load_cluster("dgx-a100-80g", nodes=r.gpus // 8)
-    setup = runtime_setup(hw, runtime, "fp16", attention, None)
+    setup = runtime_setup(hw, runtime, "fp16", attention, None, dropout=DROPOUT)
     hw = setup.cluster
     config = ParallelConfig(tp=r.tp, pp=r.pp, dp=r.dp, cp=1, ep=1, etp=0,
                             global_batch=r.global_batch, seq_len=graph.default_seq_len, sp=False,
@@ -276,49 +281,19 @@ def worst(results: list[Result]) -> Result:
     return max(results, key=lambda r: abs(r.error))
 
 
-# Diagnostics (not in the cost model; what the worst rows' error is made of). The 2021
-# Megatron-LM trained GPT with dropout on by default (megatron/arguments.py
-# ``_add_regularization_args``: --attention-dropout 0.1, --hidden-dropout 0.1; the SC'21
-# scripts examples/sc21/CONFIG.sh do not override them). The library costs hidden dropout
-# (RuntimeOptions.dropout, planner/cost/compute.py ``elementwise_bytes``), which no CLI flag
-# sets, and not the attention dropout on the eager attention scores: each score element is
-# read (2 B) and written (2 B) with a 1-byte mask forward, the same backward, and forward again
-# under full recomputation.
-ATTENTION_DROPOUT_BYTES = 15.0
+# Diagnostics (counterfactual readings, not shipped; what the error is made of).
+NO_DROPOUT = "eager without dropout"
+DROPOUT_LOCAL = "eager, local DDP not overlapped"
 DS_BLOCK = "deepspeed, megatron's block overhead"
-DROPOUT_LOCAL = "eager+dropout, local DDP not overlapped"
 
 
-def attention_dropout_s(r: PaperRow, ev: Evaluation) -> float:
-    """Seconds per step the attention dropout adds on the critical path: the slowest stage's
-    layers, every micro-batch plus the pipeline fill and drain ((pp - 1) / v stage times)."""
-    from planner.cost.compute import hbm_bytes_per_s
-    elements = r.micro_batch * (r.heads / r.tp) * SEQ_LEN ** 2
-    per_layer_s = elements * ATTENTION_DROPOUT_BYTES / hbm_bytes_per_s(ev.cluster.gpu)
-    slow = max(ev.stages, key=lambda s: s.time_s)
-    blocks = sum(1 for i in slow.layers if ev.model.layers[i].attention is not None)
-    m = ev.config.num_micro_batches
-    return per_layer_s * blocks * (m + (r.pp - 1) / r.virtual_stages)
-
-
-def with_dropout(ev: Evaluation, r: PaperRow) -> float:
-    """Predicted step time with the 2021 defaults' dropout: the library's hidden-dropout term
-    (RuntimeOptions.dropout) plus :func:`attention_dropout_s`."""
-    from dataclasses import replace
-    ev2 = evaluate(ev.model, ev.cluster, ev.config, ev.placement,
-                   options=replace(ev.options, dropout=True))
-    return ev2.step_time_s + attention_dropout_s(r, ev2)
-
-
-def with_dropout_local_ddp(ev: Evaluation, r: PaperRow) -> float:
-    """:func:`with_dropout`, and the gradient all-reduce after the backward where the run used
-    Megatron's local DDP (2021 megatron/training.py: ``allreduce_gradients`` after
-    ``forward_backward_func``, not overlapped)."""
-    from dataclasses import replace
+def with_local_ddp(ev: Evaluation, r: PaperRow) -> float:
+    """The gradient all-reduce after the backward where the run used Megatron's local DDP
+    (2021 megatron/training.py: ``allreduce_gradients`` after ``forward_backward_func``, not
+    overlapped)."""
     if r.ddp != "local":
-        return with_dropout(ev, r)
-    options = replace(ev.options, overlap_grad_reduce=False, overlap_param_gather=False)
-    return with_dropout(replace(ev, options=options), r)
+        return ev.step_time_s
+    return with_options(ev, overlap_grad_reduce=False, overlap_param_gather=False)
 
 
 def with_options(ev: Evaluation, **changes) -> float:
@@ -329,12 +304,13 @@ def with_options(ev: Evaluation, **changes) -> float:
 
 def diagnostics(all_results: dict[str, list[Result]]) -> dict[str, list[float]]:
     """Per row, the error of counterfactual readings (not shipped; the cause of the bias):
-    ``eager+dropout``: megatron-eager with the 2021 dropout; ``deepspeed, megatron's block
-    overhead``: the deepspeed reading with megatron's per-block host time."""
+    :data:`NO_DROPOUT`: megatron-eager as if the runs had no dropout (``--no-dropout``);
+    :data:`DROPOUT_LOCAL`: megatron-eager with local DDP's all-reduce exposed;
+    :data:`DS_BLOCK`: the deepspeed reading with megatron's per-block host time."""
     eager = all_results["megatron-eager"]
-    out = {"eager+dropout": [with_dropout(x.ev, x.row) / x.row.measured_step_time_s - 1
-                             for x in eager],
-           DROPOUT_LOCAL: [with_dropout_local_ddp(x.ev, x.row) / x.row.measured_step_time_s - 1
+    out = {NO_DROPOUT: [with_options(x.ev, dropout=False) / x.row.measured_step_time_s - 1
+                        for x in eager],
+           DROPOUT_LOCAL: [with_local_ddp(x.ev, x.row) / x.row.measured_step_time_s - 1
                            for x in eager]}
     if "deepspeed" in all_results:
         block = eager[0].ev.options.block_overhead_s
@@ -373,7 +349,9 @@ def section(all_results: dict[str, list[Result]] | None = None) -> list[str]:
              f"the authors' examples/sc21/run_table_1.sh; full recomputation. Measured step time "
              f"= the paper's Eq. 3 FLOPs / achieved FLOP/s. In no calibration file; nothing is "
              f"re-fitted. Each row is evaluated as `shardplan evaluate --recompute full --zero 0 "
-             f"--no-sp --dtype fp16` with the shipped constants, in three readings:", ""]
+             f"--no-sp --dtype fp16 --dropout` (the SC'21 scripts leave Megatron-LM's default "
+             f"dropout 0.1 on: examples/sc21/CONFIG.sh at NVIDIA/Megatron-LM de7dc40f88) with "
+             f"the shipped constants, in three readings:", ""]
     what = {"megatron": "`--runtime megatron` (a user's default: flash attention)",
             "megatron-eager": "`--runtime megatron --attention eager` (the 2021 code had no "
                               "flash attention)",
@@ -399,7 +377,7 @@ def section(all_results: dict[str, list[Result]] | None = None) -> list[str]:
     w = worst(eager)
     parts = ", ".join(f"{k} {v:.2f}" for k, v in breakdown(w.ev).items())
     diag = diagnostics(all_results)
-    dd = diag["eager+dropout"]
+    nd = diag[NO_DROPOUT]
     b = breakdown(w.ev)
     compute_share = (b["forward"] + b["backward"] + b["recompute"]) / w.predicted_s
     first, wide = eager[0], [x for x in eager if x.row.hidden >= 8192]
@@ -415,21 +393,19 @@ def section(all_results: dict[str, list[Result]] | None = None) -> list[str]:
               f"h = {first.row.hidden}; {min(x.error for x in wide):+.1%} to "
               f"{max(x.error for x in wide):+.1%} from h = 8192), as the share of memory-bound "
               "work beside the GEMMs does (1 / h). Measured throughput rises with the model "
-              f"({min(tf_meas):.0f} to {max(tf_meas):.0f} Eq. 3 TFLOP/s per GPU) while the "
-              f"prediction puts the small models first ({tf_pred[0]:.0f} at {first.row.name}, "
-              f"{tf_pred[-1]:.0f} at {eager[-1].row.name}): hence the misordered pairs. "
-              "The 2021 Megatron-LM ran these with dropout on (its defaults "
-              "--attention-dropout 0.1 --hidden-dropout 0.1, not overridden by the SC'21 "
-              "scripts; the attention dropout an unfused torch.nn.Dropout on the scores); the "
-              "eager reading charges neither. With the library's hidden-dropout term "
-              "(RuntimeOptions.dropout, no CLI flag) and the attention dropout's HBM traffic "
-              f"on the score matrix ({ATTENTION_DROPOUT_BYTES:g} B per score element: forward, "
-              "backward and the recomputed forward; not in the cost model) the eager reading "
-              f"becomes {_errs_summary(dd)} (per row "
-              + ", ".join(f"{e:+.1%}" for e in dd) + "; ranks {}/{}".format(*rank_pairs(
-                  eager, [x.row.measured_step_time_s * (1 + e) for x, e in zip(eager, dd)]))
-              + f"): {first.row.name} "
-              f"{first.error:+.1%} -> {dd[0]:+.1%}; the rest of the small models' gap is not "
+              f"({min(tf_meas):.0f} to {max(tf_meas):.0f} Eq. 3 TFLOP/s per GPU); predicted: "
+              f"{tf_pred[0]:.0f} at {first.row.name}, {tf_pred[-1]:.0f} at "
+              f"{eager[-1].row.name}. "
+              "The dropout is charged (`--dropout`): the hidden dropouts' element-wise "
+              "traffic and, on the eager attention core, the unfused torch.nn.Dropout on the "
+              "s x s probabilities of Megatron-LM's attention (5 B per score element forward, "
+              "5 B backward, the forward again under recomputation; planner/cost/compute.py "
+              "EAGER_DROPOUT_BYTES). Without it (`--no-dropout`, the reading before it was "
+              f"charged) the eager reading is {_errs_summary(nd)} (per row "
+              + ", ".join(f"{e:+.1%}" for e in nd) + "; ranks {}/{}".format(*rank_pairs(
+                  eager, [x.row.measured_step_time_s * (1 + e) for x, e in zip(eager, nd)]))
+              + f"): {first.row.name} {nd[0]:+.1%} -> {first.error:+.1%} with it; the rest of "
+              "the small models' gap is not "
               "explained here. Second order: the 2021 local DDP (the rows from "
               f"{next(x.row.name for x in eager if x.row.ddp == 'local')}, "
               "run_table_1.sh --DDP-impl local) all-reduced the gradients after the backward, "

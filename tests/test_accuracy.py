@@ -349,9 +349,9 @@ def test_held_out_misses_are_listed_with_the_in_sample_ones(rows):
     from bench.accuracy import held_out_targets_missed
     missed = held_out_targets_missed(rows)
     assert not any(m.startswith("held out: step-time max") for m in missed)  # 29.3 % <= 30 %
-    # the held-out band coverage (69 %, target 70-90 %) is listed as missed
-    assert ("held out: step time band coverage of a source the bands were built without 69% "
-            "outside 70%-90%") in missed
+    # the held-out band coverage (71 % since the eager core's GEMMs carry their score
+    # traffic, 69 % before; target 70-90 %) is met: not listed
+    assert not any("band coverage" in m for m in missed)
     ran = next(m for m in missed if "ran predicted not to fit" in m)
     assert "mpt-7b-seq2048-8xh100" in ran and "bloom" not in ran
 

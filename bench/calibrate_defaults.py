@@ -17,8 +17,9 @@ source (docs/accuracy.md, held-out section). With ``bench/data/holdout.json`` pr
 by ``python bench/holdout.py``), each regime's spread is the combination of the in-sample
 spread and the spread between sources: ``sigma^2 = s_in^2 + tau^2`` with ``tau`` the held-out
 sources' offsets and excess scatter about their bands' centres (bench/holdout.py
-``between_source_sigma``; planner/calibration/bands.py ``widened``). Order: bench/holdout.py
-first (its folds fit from the preset constants, not from defaults.yaml), then this script.
+``between_source_sigma``; planner/calibration/bands.py ``widened``). Band centres are counted
+by publication (bench/holdout.py ``family``), not by run (planner/calibration/bands.py).
+Order: bench/holdout.py first (its folds fit from the preset constants, not from defaults.yaml), then this script.
 """
 from __future__ import annotations
 
@@ -41,10 +42,11 @@ HOLDOUT = DATA / "holdout.json"
 def shipped_bands(runs, constants):
     """The in-sample band table, widened by the between-source spread of the held-out
     estimate when bench/data/holdout.json is there."""
+    from bench.holdout import family
     from planner.calibration.bands import widened
     from planner.calibration.fit import residual_bands
 
-    table = residual_bands(runs, constants)
+    table = residual_bands(runs, constants, family)
     if not HOLDOUT.exists():
         return table
     import json

@@ -42,7 +42,7 @@ from bench.accuracy import (Row, evaluate_rows, labels_of, load_all,  # noqa: E4
 from planner.calibration.bands import (MAD_TO_SIGMA, BandTable, band,  # noqa: E402
                                        build_table, centre, widened)
 from planner.calibration.constants import PARAMS, Constants  # noqa: E402
-from planner.calibration.fit import fit  # noqa: E402
+from planner.calibration.fit import fit, residual_bands  # noqa: E402
 
 OUT = ROOT / "bench" / "data" / "holdout.json"
 
@@ -60,9 +60,10 @@ def _fold(args: tuple[str, int]) -> dict:
     train = [r for _, r in runs if family(r.source) != held]
     test = [(f, r) for f, r in runs if family(r.source) == held]
     result = fit(train, Constants(), max_evaluations=budget)
-    rows = evaluate_rows(test, result.constants, result.bands)
+    bands = residual_bands(train, result.constants, family)
+    rows = evaluate_rows(test, result.constants, bands)
     return {"source": held, "runs": len(test), "rows": _row_data(rows),
-            "bands": result.bands.to_plain(),
+            "bands": bands.to_plain(),
             "constants": {p.name: round(result.constants.get(p.name), 4) for p in PARAMS},
             "ranks": [{k: g[k] for k in ("pairs", "agree")} for g in rank_agreement(rows)],
             "stats": {k: v for k, v in stats(rows).items()}}
@@ -107,7 +108,8 @@ def between_source_sigma(folds: list[dict]) -> dict[str, float]:
     (robust spreads: 1.4826 x median absolute value), ``tau^2 = o^2 + max(w^2 - s_in^2, 0)``,
     both measured on the held-out residuals about the centre of the band each run gets from
     its fold (``d = log(measured / held-out prediction) - mu``, planner/calibration/bands.py
-    ``centre``: the band of a new run sits at its label's in-sample median, not at zero):
+    ``centre``: the band of a new run sits at its label's in-sample centre, not at zero;
+    since session 10 that centre is counted by sources, ``family``):
     ``o``, the spread of the held-out sources' median ``d`` (the offset a source's own setup
     carries), and the excess of ``w``, the spread of ``d`` about their source's median, over
     ``s_in``, the folds' median pooled in-sample spread (the fit without the source also moves
@@ -200,14 +202,13 @@ def resummarize() -> int:
     """The summary again from the stored folds (their rows, constants and bands)."""
     from types import MappingProxyType
 
-    from planner.calibration.fit import residual_bands
     data = json.loads(OUT.read_text())
-    runs = [r for _, r in load_all()[0]]
+    runs = load_all()[0]
     for f in data["folds"]:
         if "bands" not in f:  # older files: the fold's in-sample bands from its constants
-            train = [r for r in runs if family(r.source) != f["source"]]
-            f["bands"] = residual_bands(train, Constants(MappingProxyType(f["constants"]))
-                                        ).to_plain()
+            train = [r for _, r in runs if family(r.source) != f["source"]]
+            f["bands"] = residual_bands(train, Constants(MappingProxyType(f["constants"])),
+                                        family).to_plain()
     print(json.dumps(_write(data["folds"], data["max_evaluations"]), indent=1))
     return 0
 

@@ -6,7 +6,13 @@ calibration runs of the same runtime, GPU generation and parallelism regime has 
 spread ``sigma``; the interval is ``predicted * exp(mu -/+ z * sigma)`` with ``z`` the normal
 quantile of the nominal coverage (80 %: z = 1.2816). Small groups borrow strength from the
 wider ones: a label's sigma is shrunk toward the pooled sigma with a prior weight of
-``PRIOR_RUNS`` runs (sigma^2 = (n s^2 + k S^2) / (n + k)); the most specific label with at
+``PRIOR_RUNS`` runs (sigma^2 = (n s^2 + k S^2) / (n + k)). A centre is counted by sources
+(publications), not runs: the median of the sources' median residuals, shrunk toward the pooled
+one (itself a median of source medians) with a prior weight of ``PRIOR_SOURCES`` sources
+(mu = (J m + k M) / (J + k), J sources): a source's runs share a setup, so their errors are
+correlated, and the runs of a new user resemble a new source, not one more run of the source
+with the most runs (partial pooling: Gelman & Hill, Data Analysis Using Regression and
+Multilevel/Hierarchical Models, 2007, §12.2). The most specific label with at
 least ``MIN_RUNS`` runs is used (the full regime, then the parallelism regime, the GPU
 generation, the runtime). Outside the calibration data's coverage (a regime with no run,
 more than twice the GPUs or the parameters of any calibration run of the regime, a block
@@ -22,6 +28,9 @@ from typing import Iterable, Mapping, Sequence
 
 NOMINAL_COVERAGE = 0.80
 PRIOR_RUNS = 4
+# the prior weight of the pooled centre, in sources, when a label's centre is shrunk toward
+# it: one source's worth (a unit-information prior, Kass & Wasserman, JASA 90:928, 1995)
+PRIOR_SOURCES = 1
 EXTRAPOLATION_WIDENING = 2.0
 MIN_SIGMA = 0.02  # measurement noise floor: repeated published runs differ by ~2 %
 MIN_RUNS = 3
@@ -46,6 +55,9 @@ class Spread:
     # the block recomputation policies the label's runs used (planner.strategy.Recompute
     # values; empty: not recorded, no check)
     recompute: tuple[str, ...] = ()
+    # the number of sources (publications) among the runs; when known (> 0), ``mu`` is the
+    # median of the sources' median residuals, not of the runs'
+    sources: int = 0
 
     def to_plain(self) -> dict:
         out = {"n": self.n, "mu": round(self.mu, 5), "sigma": round(self.sigma, 5),
@@ -53,6 +65,8 @@ class Spread:
                "max_mfu": round(self.max_mfu, 4)}
         if self.recompute:
             out["recompute"] = list(self.recompute)
+        if self.sources:
+            out["sources"] = self.sources
         return out
 
     @staticmethod
@@ -60,7 +74,8 @@ class Spread:
         return Spread(int(data["n"]), float(data["mu"]), float(data["sigma"]),
                       int(data.get("max_gpus", 0)), float(data.get("max_params", 0.0)),
                       float(data.get("max_mfu", 0.0)),
-                      tuple(str(x) for x in data.get("recompute") or ()))
+                      tuple(str(x) for x in data.get("recompute") or ()),
+                      int(data.get("sources", 0)))
 
 
 @dataclass(frozen=True)
@@ -86,7 +101,7 @@ class BandTable:
 
 def spread_of(log_ratios: Sequence[float], gpus: Sequence[int] = (),
               params: Sequence[float] = (), mfus: Sequence[float] = (),
-              recompute: Iterable[Iterable[str]] = ()) -> Spread:
+              recompute: Iterable[Iterable[str]] = (), sources: Sequence[str] = ()) -> Spread:
     n = len(log_ratios)
     if n == 0:
         return Spread(0, 0.0, 0.0)
@@ -95,29 +110,41 @@ def spread_of(log_ratios: Sequence[float], gpus: Sequence[int] = (),
     # widen every band of its regime (Huber, Robust Statistics, 1981, §5.1)
     mu = statistics.median(log_ratios)
     sigma = MAD_TO_SIGMA * statistics.median(abs(x - mu) for x in log_ratios) if n > 1 else 0.0
+    count = 0
+    if sources and all(sources):
+        # the centre counted by sources, the unit a new user's runs resemble (a source's runs
+        # share a setup: their errors are correlated), not by runs: the median of the sources'
+        # medians, so that one source with many runs does not set the centre alone
+        by_source: dict[str, list[float]] = {}
+        for x, key in zip(log_ratios, sources):
+            by_source.setdefault(key, []).append(x)
+        mu = statistics.median(statistics.median(v) for v in by_source.values())
+        count = len(by_source)
     return Spread(n, mu, sigma, max(gpus, default=0), max(params, default=0.0),
-                  max(mfus, default=0.0), tuple(sorted({k for ks in recompute for k in ks})))
+                  max(mfus, default=0.0), tuple(sorted({k for ks in recompute for k in ks})),
+                  count)
 
 
 def build_table(samples: Iterable[tuple]) -> BandTable:
     """``samples``: (quantity, log(measured/predicted), labels, GPUs, parameters[, measured
-    MFU[, the run's block recomputation policies]])."""
+    MFU[, the run's block recomputation policies[, its source]]])."""
     by_q: dict[str, list] = {}
     for quantity, ratio, labels, gpus, params, *rest in samples:
         by_q.setdefault(quantity, []).append((ratio, labels, gpus, params,
                                               rest[0] if rest else 0.0,
-                                              tuple(rest[1]) if len(rest) > 1 else ()))
+                                              tuple(rest[1]) if len(rest) > 1 else (),
+                                              rest[2] if len(rest) > 2 else ""))
     pooled, per_label = {}, {}
     for q, items in by_q.items():
         pooled[q] = spread_of([x[0] for x in items], [x[2] for x in items],
                               [x[3] for x in items], [x[4] for x in items],
-                              [x[5] for x in items])
+                              [x[5] for x in items], [x[6] for x in items])
         groups: dict[str, list] = {}
         for item in items:
             for label in item[1]:
                 groups.setdefault(label, []).append(item)
         per_label[q] = {k: spread_of([x[0] for x in v], [x[2] for x in v], [x[3] for x in v],
-                                     [x[4] for x in v], [x[5] for x in v])
+                                     [x[4] for x in v], [x[5] for x in v], [x[6] for x in v])
                         for k, v in groups.items()}
     return BandTable(pooled, per_label)
 
@@ -175,12 +202,17 @@ def chosen_label(table: BandTable, quantity: str, labels: Sequence[str]
 
 def centre(table: BandTable, quantity: str, labels: Sequence[str]) -> float:
     """The log-ratio centre ``mu`` of a band: the chosen label's median residual shrunk toward
-    the pooled one (the pooled one where no label has enough runs)."""
+    the pooled one (the pooled one where no label has enough runs). With the runs' sources
+    known (``Spread.sources``) both are medians of the sources' medians and the weight is the
+    label's number of sources against ``PRIOR_SOURCES``: a label of one source lends only half
+    of that source's offset to another runtime's runs; without, runs against ``PRIOR_RUNS``."""
     pooled = table.pooled[quantity]
     chosen = chosen_label(table, quantity, labels)
     if chosen is None:
         return pooled.mu
     s = chosen[1]
+    if s.sources:
+        return (s.sources * s.mu + PRIOR_SOURCES * pooled.mu) / (s.sources + PRIOR_SOURCES)
     return (s.n * s.mu + PRIOR_RUNS * pooled.mu) / (s.n + PRIOR_RUNS)
 
 

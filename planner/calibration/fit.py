@@ -204,8 +204,19 @@ def fit(runs: Sequence[CalibrationRun], start: Constants,
                      0.5 * float(result.fun @ result.fun), calls, str(result.message))
 
 
-def residual_bands(runs: Sequence[CalibrationRun], constants: Constants) -> BandTable:
-    """Band table from the unweighted residuals log(measured / predicted) of each run."""
+def source_key(source: str) -> str:
+    """The publication a run's source title names: the title up to its parenthesis (the
+    revision or table of one publication)."""
+    return source.split("(")[0].strip()
+
+
+def residual_bands(runs: Sequence[CalibrationRun], constants: Constants,
+                   source_of: Callable[[str], str] | None = None) -> BandTable:
+    """Band table from the unweighted residuals log(measured / predicted) of each run;
+    ``source_of``: the publication of a run's source title, by which the band centres are
+    counted (planner/calibration/bands.py; default: the run's source title up to its
+    parenthesis)."""
+    source_of = source_of or source_key
     samples = []
     for run in runs:
         p: Prediction = predict(run, constants)
@@ -218,8 +229,8 @@ def residual_bands(runs: Sequence[CalibrationRun], constants: Constants) -> Band
             mfu = ev.model_flops / (m.step_time_s * run.cluster.num_gpus
                                     * run.cluster.gpu.peak_tflops[run.config.dtype] * 1e12)
             samples.append(("step_time", math.log(m.step_time_s / p.step_time_s), labels,
-                            run.cluster.num_gpus, params, mfu, kinds))
+                            run.cluster.num_gpus, params, mfu, kinds, source_of(run.source)))
         if m.memory_gib:
             samples.append(("memory", math.log(m.memory_gib / p.memory_gib), labels,
-                            run.cluster.num_gpus, params, 0.0, kinds))
+                            run.cluster.num_gpus, params, 0.0, kinds, source_of(run.source)))
     return build_table(samples)

@@ -52,13 +52,15 @@ DEFAULT_A2A_OVERLAP = 0.5
 # dispatch and combine while another's forward or backward computes (the DualPipe idea,
 # DeepSeek-V3 report §3.2.1), which hides nearly all of it where compute covers it. Fitted by
 # bench/moe_fit.py on the runs whose recipes enable it (bench/moe_accuracy.py
-# ``A2A_OVERLAP_RECIPES``; grid 0.8 / 0.9 / 1: 0.8; 1 in session 6, 0.9 in session 7, which
+# ``A2A_OVERLAP_RECIPES``; grid 0.8 / 0.9 / 1: 0.9; 1 in session 6, 0.9 in session 7, which
 # costs the device work the dropless read-back waits for, planner.cost.moe.host_floor_s; 1 again
 # once session 8 costs the GB300 DeepSeek-V3 recipe's FP8 attention; 0.8 in session 10, with
 # the FP8 head and router in 16 bits, the recipes' DeepSeek-V3 pipeline layouts and one GEMM
-# per local expert, planner.cost.moe.EXPERT_GEMM_S: mean + median 20.1 % vs 20.9 % at 1);
+# per local expert, planner.cost.moe.EXPERT_GEMM_S: mean + median 20.1 % vs 20.9 % at 1; 0.9
+# again in session 10 once each synchronised forward pass is its own host / device cycle,
+# planner.cost.moe.host_floor_s: 16.8 % vs 16.9 % at 0.8);
 # ``--moe-a2a-overlap`` takes it for such a runtime.
-EP_COMM_OVERLAP = 0.8
+EP_COMM_OVERLAP = 0.9
 
 
 @dataclass(frozen=True)

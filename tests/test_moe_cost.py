@@ -291,16 +291,37 @@ def test_host_floor_binds_small_micro_batches_only(monkeypatch):
                   MoeOptions(capacity_factor=1.0, cuda_graph="moe")):
         _, captured = block_terms(config(ep=4), RuntimeOptions(moe=graph))
         assert captured.time_s < 2 * 4e-3  # the device time alone
-    assert moe.host_floor_s(1.0, 2) == 0.0
+    assert moe.host_floor_s(1.0, 2, forward_gpu_s=0.4) == 0.0
     assert moe.host_floor_s(0.0, 3) == pytest.approx(3 * 5e-3)
     assert moe.host_floor_s(0.0, 3, options=MoeOptions(capacity_factor=1.25)) == \
         pytest.approx(3 * 4e-3)
     assert moe.host_floor_s(0.0, 3, options=MoeOptions(cuda_graph="full_iteration")) == 0.0
     # the pre-sync device time adds to the host's where the host binds, not beyond the device
     assert moe.host_floor_s(0.0, 2, pre_sync_gpu_s=2e-3) == pytest.approx(2 * 5e-3 + 2e-3)
-    assert moe.host_floor_s(20e-3, 2, pre_sync_gpu_s=2e-3) == 0.0
+    assert moe.host_floor_s(20e-3, 2, pre_sync_gpu_s=2e-3, forward_gpu_s=7e-3) == 0.0
     assert moe.host_floor_s(0.0, 2, options=MoeOptions(capacity_factor=1.0),
                             pre_sync_gpu_s=2e-3) == pytest.approx(2 * 4e-3)
+
+
+def test_synchronised_forward_is_its_own_cycle(monkeypatch):
+    """The dropless read-back drains the device queue in each forward pass, so a host-bound
+    forward cannot hide behind a device-bound backward: the forward takes max(host + pre-sync
+    device time, its device time), the backward max(host, its device time), and the two add.
+    Hand-computed: 4 + 1 ms of host per pass, 1 ms before the router, 3 ms forward and 7 ms
+    backward on the device: max(5 + 1, 3) + max(5, 7) = 13 ms, 3 ms beyond the device's 10 (the
+    joint max(2 x 5 + 1, 10) gave 1 ms)."""
+    monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 4e-3)
+    monkeypatch.setattr(moe, "DROPLESS_SYNC_S", 1e-3)
+    assert moe.host_floor_s(10e-3, 2, pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3,
+                            sync_passes=1) == pytest.approx(3e-3)
+    # full recomputation: the recomputed forward syncs again, 2 x max(6, 3) + max(5, 7) - 13
+    assert moe.host_floor_s(13e-3, 3, pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3,
+                            sync_passes=2) == pytest.approx(6e-3)
+    # a device-bound forward hides its host time: max(6, 8) + max(5, 7) - 15 = 0
+    assert moe.host_floor_s(15e-3, 2, pre_sync_gpu_s=1e-3, forward_gpu_s=8e-3) == 0.0
+    # static shapes (capacity factor): no read-back, the host runs ahead across passes
+    assert moe.host_floor_s(10e-3, 2, options=MoeOptions(capacity_factor=1.0),
+                            pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3) == 0.0
 
 
 def test_cuda_graph_options_are_checked_and_size_sync_free_buffers():

@@ -31,7 +31,9 @@ Model (Megatron-Core ``MoEAlltoAllTokenDispatcher`` / ``MoEFlexTokenDispatcher``
 * Host. Issued from Python, a MoE layer pass takes at least the host's time to issue it, and
   dropless routing reads the token counts back once per pass (Megatron-Core
   ``tokens_per_expert.cpu()``), exposing the host's issue of the rest of the layer, which
-  waits for the device's forward up to the router; a capacity factor makes the shapes static
+  waits for the device's forward up to the router; the read-back drains the device's queue, so
+  each synchronised forward pass is a host / device cycle of its own and the backward another
+  (:func:`host_floor_s`); a capacity factor makes the shapes static
   (no read-back) and a CUDA graph that captures the layer removes the issue time
   (:attr:`planner.moe.MoeOptions.cuda_graph`).
 * Overlap: ``MoeOptions.a2a_overlap`` of the all-to-all time is hidden behind independent
@@ -185,28 +187,40 @@ def dispatch_combine_s(tokens: float, h: int, mlp: Mlp, tp: int, etp: int, ep: i
 
 
 def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0,
-                 options: MoeOptions = MoeOptions(), pre_sync_gpu_s: float = 0.0) -> float:
+                 options: MoeOptions = MoeOptions(), pre_sync_gpu_s: float = 0.0,
+                 forward_gpu_s: float = 0.0, sync_passes: int = 1) -> float:
     """Seconds a MoE layer's ``passes`` (forward, backward, recomputed forward) wait on the host
     beyond their ``gpu_s`` of device work. Issued from Python, the host needs
     :data:`HOST_PER_LAYER_PASS_S` per pass, :data:`DROPLESS_SYNC_S` more where dropless routing
-    reads the token counts back, plus ``extra_host_s`` of other launches the option repeats;
-    the layer takes the longer of the host's and the GPU's time. A CUDA graph that captures the
-    layer replays it with one launch (no floor).
+    reads the token counts back, plus ``extra_host_s`` of other launches the option repeats. A
+    CUDA graph that captures the layer replays it with one launch (no floor).
 
-    The read-back also serialises: the host cannot issue the routed experts before the device
-    has run everything queued ahead of the router's counts, i.e. ``pre_sync_gpu_s``, the
-    device time of the layer's forward passes up to the router (:func:`pre_sync_passes`). So a
-    synchronised layer takes ``max(host + pre_sync, gpu)``: the host's time where it binds, and
-    partly the sum of the two where they are close (Qwen3-30B-A3B at micro-batch 4), the device
-    time alone where it dominates (DeepSeek-V3). Megatron-Core's alltoall dispatcher
-    (``tokens_per_expert`` / ``output_splits`` moved to the CPU before the permutation) and
-    DeepEP's normal-mode dispatch (the CPU waits for the received counts) both sync in the
-    forward; the backward reuses the forward's splits."""
+    Without a read-back the host runs ahead of the device across passes (kernel launches are
+    asynchronous), so the layer takes the longer of the host's and the device's whole time.
+
+    The read-back (Megatron-Core's alltoall / flex dispatcher, dropless with EP:
+    ``cuda_sync_point = "before_ep_alltoall"``, the splits moved to the CPU before the
+    all-to-all; DeepEP's normal-mode dispatch likewise waits on the CPU for the received counts)
+    drains the device's queue once per forward pass (``sync_passes``: the forward, and the
+    recomputed forward under full recomputation; the backward reuses the forward's splits). So a
+    synchronised pass is a cycle of its own: the host can neither run ahead into it nor carry
+    its slack out of it. Each takes ``max(host + pre_sync_gpu_s, forward_gpu_s)`` -- the host's
+    issue of the pass followed by the device work queued ahead of the counts
+    (``pre_sync_gpu_s``: the pass up to the router, :func:`pre_sync_passes`), or the pass's own
+    device time ``forward_gpu_s`` (the first post-sync kernel is the all-to-all, issued as soon
+    as the splits are known: no host issue is exposed ahead of it) -- and the rest (backward,
+    ``extra_host_s``) takes ``max(host, device)`` on its own. A host-bound forward no longer
+    hides a device-bound backward: at Qwen3-30B-A3B's micro-batch 4 the forward waits on the
+    host while the backward waits on the device, and the two add."""
     if options.host_captured:
         return 0.0
     per_pass = HOST_PER_LAYER_PASS_S + (DROPLESS_SYNC_S if options.host_synchronised else 0.0)
-    serial = pre_sync_gpu_s if options.host_synchronised else 0.0
-    return max(0.0, passes * per_pass + extra_host_s + serial - gpu_s)
+    if not options.host_synchronised or sync_passes <= 0:
+        return max(0.0, passes * per_pass + extra_host_s - gpu_s)
+    synced = sync_passes * max(per_pass + pre_sync_gpu_s, forward_gpu_s)
+    rest_gpu_s = max(0.0, gpu_s - sync_passes * forward_gpu_s)
+    rest = max((passes - sync_passes) * per_pass + extra_host_s, rest_gpu_s)
+    return max(0.0, synced + rest - gpu_s)
 
 
 def pre_sync_passes(recompute: str) -> int:

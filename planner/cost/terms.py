@@ -734,9 +734,10 @@ def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork
     if mlp is not None and mlp.is_moe:
         # token dispatch and combine over the expert mesh, forward and backward (planner.cost.moe)
         passes = 3 if recompute is Recompute.FULL else 2
-        other += moe.dispatch_combine_s(
+        a2a_s = moe.dispatch_combine_s(
             tokens, layer.hidden, mlp, tp, work.etp, shard.ep, ACT_BYTES, opts.moe,
             work.ep_link, work.ep_intra, work.ep_inter, work.ep_domains, work.etp_link, passes)
+        other += a2a_s
         moe_buffer = moe.dispatch_buffer_bytes(tokens, layer.hidden, mlp, tp, work.etp,
                                                ACT_BYTES, opts.moe)
     att = layer.attention
@@ -752,8 +753,12 @@ def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork
         passes, launches = moe.host_passes(recompute.value)
         # the forward up to the router: what the dropless read-back waits for (planner.cost.moe)
         pre_sync_s = layer_compute(replace(layer, mlp=None), shard, work.gpu, opts).fwd_s
+        # one synchronised forward pass's device time: its compute, its TP collectives and its
+        # dispatch + combine (one of the a2a passes); the CP ring stays with the rest
+        forward_s = compute.fwd_s + tp_fwd * ((1.0 - hidden) + hidden * opts.comm_slowdown) \
+            + a2a_s / (3 if recompute is Recompute.FULL else 2)
         other += moe.host_floor_s(gpu_s, passes, launches * KERNEL_LAUNCH_S, opts.moe,
-                                  pre_sync_s * moe.pre_sync_passes(recompute.value))
+                                  pre_sync_s, forward_s, moe.pre_sync_passes(recompute.value))
     stored, working = layer_activation_bytes(layer, shard.micro_batch, seq_len, tp, shard.cp,
                                              sp, recompute, opts.attention_kernel, opts.dropout,
                                              work.etp, opts.moe.load_factor,

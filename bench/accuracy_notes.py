@@ -28,6 +28,30 @@ SESSION_BEFORE = {"time median": "3.2%", "time max": "29.2%", "time bias": "+0.9
 SESSION_BEFORE_COMMIT = "3b267eb"
 
 CAUSES = """\
+* **Eager attention core: its GEMMs charged math plus score traffic, not the roofline's max
+  (session 10, after the source-counted band centres; calibration: time median 2.9 -> 2.6 %,
+  max 26.3 -> 26.5 %, bias +0.9 -> +0.8 %, memory 2.9 %, fit verdicts 93/94 and ranks
+  342/388 unchanged, in-sample band coverage 89 -> 81 % step time, 83 % memory; held out:
+  median 3.9 -> 3.5 %, max 29.3 % unchanged, bias +0.0 -> +0.6 %, ranks 341/388 unchanged,
+  band coverage 77 -> 72 % step time (the between-source spread 0.046 -> 0.035: the sources
+  sit closer to their centres, so the bands narrow), 80 % memory; out of file, the
+  Megatron-LM 2021 eager reading: median 3.5 -> 1.5 %, max 7.9 -> 5.6 %, signed -1.0 ->
+  +1.5 %, ranks 30 -> 32/33, gpt-1.7b -7.9 -> +1.7 %, gpt-3.6b -7.3 -> +0.0 %).** The eager
+  core's batched GEMMs (QK^T writes the fp16 b x a x s x s scores, PV and the backward GEMMs
+  stream them) already went through the GEMM roofline with their real shapes, score bytes
+  included, and at head_dim 96 already read memory-bound (gpt-1.7b's QK^T: 2.16 ms of
+  traffic, 2.15 ms of math): no bytes were missing. The max was wrong: FlashAttention-2's
+  published PyTorch standard attention (Dao 2023, arXiv:2307.08691, Fig. 4 a-b: A100 80GB,
+  fp16, no mask, no dropout, forward + backward, 16k tokens, hidden 2048) runs 36-46 TFLOP/s
+  at head_dim 64 and 53-86 at 128 where the max read 58-66 and 103-124 (61-94 % fast); math
+  plus traffic reads 43-48 and 69-83 (A100 preset; within +31 % at 512 tokens, median
+  +7 %; tests/test_cost_formulas.py). Charged so for the eager core only
+  (planner/cost/compute.py gemm_time_s ``overlap=False``: head_dim of math per score
+  element; the other GEMMs keep the max that matmul_efficiency is fitted on) and re-fitted:
+  matmul_efficiency.ampere 0.770 -> 0.781, attention_efficiency.ampere 0.698 -> 0.678,
+  block_overhead_s.deepspeed 3.17 -> 3.02 ms, unfused_elementwise.fsdp 2.37 -> 2.49 (the rest
+  within 2 %). The other out-of-file readings: `--runtime deepspeed` 13.0 -> 14.4 % (its
+  fitted per-block time), the flash default 6.7 -> 7.5 % (these runs had no flash kernels).
 * **Band centres counted by sources, not runs (session 10; held-out band coverage 69 -> 77 %
   step time, 80 -> 80 % memory; in-sample 89 -> 89 % step time (141 -> 140 of 158), 80 ->
   83 % memory; between-source spread 0.045 -> 0.046; held out: median 3.9 %, max 29.3 %, rank

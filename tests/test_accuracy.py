@@ -226,9 +226,10 @@ def test_held_out_estimate_is_current(rows):
     pairs = sum(g["pairs"] for g in noisy)
     assert pairs >= 300 and sum(g["agree"] for g in noisy) / pairs >= 0.90  # 286/310 (92 %)
     # the shipped band construction's coverage of runs of a source it was built without
-    # (nominal 80 %, target 70-90 %): 77 % step time since session 10 counts band centres by
-    # sources (69 % counted by runs: one source with many runs set the centre of every runtime
-    # sharing its label), 80 % memory
+    # (nominal 80 %, target 70-90 %): 72 % step time (77 % before the eager core's GEMMs were
+    # charged their score traffic: the between-source spread narrowed) since session 10 counts
+    # band centres by sources (69 % counted by runs: one source with many runs set the centre
+    # of every runtime sharing its label), 80 % memory
     nested = summary["nested_coverage"]["widened"]
     assert 0.70 <= nested["step_time"] <= 0.90 and 0.75 <= nested["memory"] <= 0.90
     assert summary["time_coverage"] >= 0.55  # 63 %: the fold's in-sample bands, not widened
@@ -386,7 +387,7 @@ def test_held_out_misses_are_listed_with_the_in_sample_ones(rows):
     from bench.accuracy import held_out_targets_missed
     missed = held_out_targets_missed(rows)
     assert not any(m.startswith("held out: step-time max") for m in missed)  # 29.3 % <= 30 %
-    # the held-out band coverage (77 % step time, 80 % memory) meets its 70-90 % target
+    # the held-out band coverage (72 % step time, 80 % memory) meets its 70-90 % target
     assert not any("band coverage" in m for m in missed)
     ran = next(m for m in missed if "ran predicted not to fit" in m)
     assert "mpt-7b-seq2048-8xh100" in ran and "bloom" not in ran

@@ -212,3 +212,56 @@ def test_eager_attention_dropout_bytes_per_score():
     off, on = run("flash", False), run("flash", True)
     assert on.attn_core_fwd_s == off.attn_core_fwd_s and on.attn_core_bwd_s == off.attn_core_bwd_s
     assert on.fwd_s - off.fwd_s == pytest.approx(hidden_bytes / hbm, rel=1e-9)
+
+
+def test_eager_attention_gemms_do_not_hide_their_score_traffic():
+    # The eager core's batched GEMMs are charged compute + HBM traffic, not the roofline's max.
+    # Shape: micro-batch 2 x 16 heads / tp 2 = 16 batched GEMMs, s = 1024, head_dim 128, bf16.
+    # QK^T (1024 x 1024 x 128) moves Q and K (1024 x 128 each) and writes the 1024 x 1024
+    # scores; PV (1024 x 128 x 1024) reads the probabilities and V, writes the context:
+    # 16 x (2 x 131,072 + 1,048,576) = 20,971,520 elements, 41,943,040 bytes, each.
+    from clusters.loader import gpu_preset
+    from planner.cost.compute import (EAGER_SOFTMAX_BYTES, KERNEL_LAUNCH_S, Shard,
+                                      _tile_efficiency, hbm_bytes_per_s, layer_compute)
+
+    layer = gpt_block(2048, 16)
+    shard = Shard(micro_batch=2, seq_len=1024, tp=2, dtype="bf16")
+    gpu = gpu_preset("a100-sxm4-80gb")
+    hbm = hbm_bytes_per_s(gpu)
+    flops = 2 * 1024 * 1024 * 128 * 16  # each of the two GEMMs
+    traffic_s = 41_943_040 / hbm
+    math_s = sum(flops / (gpu.peak_flops("bf16") * gpu.matmul_efficiency
+                          * _tile_efficiency(m, n, k, 16, gpu.num_sms))
+                 for m, n, k in ((1024, 1024, 128), (1024, 128, 1024)))
+    softmax_s = EAGER_SOFTMAX_BYTES[0] * 16 * 1024 * 1024 / hbm
+    got = layer_compute(layer, shard, gpu, RuntimeOptions(attention_kernel="eager"))
+    want = math_s + 2 * traffic_s + 2 * KERNEL_LAUNCH_S + softmax_s
+    assert got.attn_core_fwd_s == pytest.approx(want, rel=1e-9)
+
+
+# FlashAttention-2 (Dao 2023, arXiv:2307.08691) Fig. 4 (a) and (b), "Pytorch" bars: standard
+# attention (baddbmm, softmax, bmm; benchmarks/benchmark_flash_attention.py of
+# Dao-AILab/flash-attention: no dropout, no mask) forward + backward on an A100 80GB SXM4, fp16,
+# batch x sequence = 16k tokens, hidden 2048, in TFLOP/s of 3.5 x 4 x b s^2 a d FLOPs.
+FA2_PYTORCH_TFLOPS = {64: {512: 36, 1024: 40, 2048: 43, 4096: 45, 8192: 46},
+                      128: {512: 53, 1024: 67, 2048: 76, 4096: 79, 8192: 86}}
+
+
+def test_eager_attention_core_reads_the_published_pytorch_attention():
+    from clusters.loader import gpu_preset
+    from planner.cost.compute import Shard, layer_compute
+
+    gpu = gpu_preset("a100-sxm4-80gb")
+    errors = []
+    for head_dim, runs in FA2_PYTORCH_TFLOPS.items():
+        heads = 2048 // head_dim
+        layer = gpt_block(2048, heads)
+        for seq, measured in runs.items():
+            batch = 16_384 // seq
+            lc = layer_compute(layer, Shard(micro_batch=batch, seq_len=seq, dtype="fp16"), gpu,
+                               RuntimeOptions(attention_kernel="eager"))
+            tflops = 3.5 * 4 * batch * seq * seq * heads * head_dim / lc.attn_core_s / 1e12
+            errors.append(tflops / measured - 1)
+    # the roofline's max (math hiding the score traffic) reads these 61-94 % fast
+    assert max(abs(e) for e in errors) < 0.35
+    assert sorted(abs(e) for e in errors)[len(errors) // 2] < 0.10

@@ -125,7 +125,26 @@ def test_readings_and_report(results):
                                   diag[oof.DROPOUT_LOCAL]):
         assert x.ev.options.dropout
         assert e_none < x.error and e_local >= x.error - 1e-12
+    # the eager core's GEMMs at the roofline's max (compute hiding traffic) only remove time
+    for x, e_max in zip(results["megatron-eager"], diag[oof.MAX_ROOFLINE]):
+        assert e_max < x.error
     text = "\n".join(oof.section(results))
     for r in oof.ROWS:
         assert f"| {r.name} |" in text
     assert "median |error|" in oof.text_report(results)
+
+
+def test_counterfactual_leaves_the_cost_model_as_it_was(results):
+    """The max-roofline diagnostic patches the GEMM roofline and empties the cost caches;
+    afterwards every row evaluates to the shipped prediction again, byte for byte."""
+    eager = results["megatron-eager"]
+    before = [oof.with_options(x.ev) for x in eager]
+    overlapped = oof.with_max_roofline(eager)
+    assert [oof.with_options(x.ev) for x in eager] == before
+    assert all(e < x.error for x, e in zip(eager, overlapped))
+    # QK^T at head_dim 96 (gpt-1.7b): its s x s score traffic is in its roofline, and about
+    # as long as its math: 384 GEMMs (16 x 24 heads) of 2048 x 2048 x 96, 2 B an element
+    flops_s, bytes_s = oof.eager_gemm_times_s(eager[0])
+    traffic = 2 * 384 * (2048 * 96 * 2 + 2048 * 2048)
+    assert bytes_s == pytest.approx(traffic / (2039e9 * 0.80), rel=1e-3)
+    assert 0.9 < flops_s / bytes_s < 1.1

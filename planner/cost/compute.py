@@ -16,7 +16,8 @@ Model (pure functions, no state):
 * Attention core: FlashAttention-style kernels skip the masked half of causal attention and run
   at a fraction of the GEMM efficiency (Dao 2023, FlashAttention-2 §4: 50-73 % of peak forward,
   lower backward; backward does 2.5x the forward FLOPs because it recomputes the scores);
-  "eager" attention materialises the ``s x s`` scores (batched GEMMs plus a memory-bound softmax).
+  "eager" attention materialises the ``s x s`` scores (batched GEMMs whose math does not hide
+  their score traffic, plus a memory-bound softmax).
 * Element-wise ops (norms, residual adds, activations, rotary, dropout, cross-entropy) are
   memory-bound: bytes moved / achievable HBM bandwidth.
 """
@@ -166,12 +167,14 @@ def _tile_efficiency(m: int, n: int, k: int, count: int, num_sms: int) -> float:
 
 @lru_cache(maxsize=65536)
 def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0,
-                expert_s: float = 0.0) -> float:
+                expert_s: float = 0.0, overlap: bool = True) -> float:
     """Roofline time of a GEMM: max(compute at shape-dependent efficiency, HBM traffic) + launch.
     FP8 GEMMs reach ``fp8_factor`` of the 16-bit efficiency on their doubled peak (calibrated:
     planner/calibration/defaults.yaml; scaling and casts are not free). ``expert_s``: what each
     local expert beyond the first adds to a grouped GEMM the runtime runs one GEMM per expert
-    (planner.cost.moe.EXPERT_GEMM_S; 0 where one kernel runs every expert)."""
+    (planner.cost.moe.EXPERT_GEMM_S; 0 where one kernel runs every expert). ``overlap=False``:
+    compute + HBM traffic instead of their max, for GEMMs whose math does not hide their
+    traffic (the eager attention core's: :func:`_attention_core_times`)."""
     if gemm.m <= 0 or gemm.n <= 0 or gemm.k <= 0:
         return 0.0
     eff = gpu.matmul_efficiency * _tile_efficiency(gemm.m, gemm.n, gemm.k, gemm.count, gpu.num_sms)
@@ -185,7 +188,8 @@ def gemm_time_s(gemm: Gemm, gpu: Gpu, dtype: str, fp8_factor: float = 1.0,
                       gemm.count * (gemm.m * gemm.k + gemm.k * gemm.n + gemm.m * gemm.n))
     memory = traffic / hbm_bytes_per_s(gpu)
     per_expert = expert_s * (gemm.count - 1) if gemm.grouped else 0.0
-    return max(compute, memory) + KERNEL_LAUNCH_S + per_expert
+    busy = max(compute, memory) if overlap else compute + memory
+    return busy + KERNEL_LAUNCH_S + per_expert
 
 
 def gemm_dtype(gemm: Gemm, dtype: str, bf16_roles: tuple[str, ...] = ()) -> str:
@@ -355,14 +359,25 @@ def _attention_core_times(att: Attention, shard: Shard, gpu: Gpu, kernel: str,
         bwd = 2.5 * flops / (rate * FLASH_BWD_RATIO) + KERNEL_LAUNCH_S
         return fwd, bwd
     # Eager: batched GEMMs over (micro_batch x heads) plus a memory-bound softmax over the scores.
+    # The GEMMs write (QK^T, and dP in the backward) or stream (PV, dV, dQ, dK) the s x s scores
+    # with only head_dim of math per element, and their math does not hide that traffic: they
+    # are charged compute + traffic (``overlap=False``), not the roofline's max. Checked on the
+    # published PyTorch standard attention of FlashAttention-2 (Dao 2023, arXiv:2307.08691,
+    # Fig. 4 a-b: A100 80GB SXM4, fp16, no mask, no dropout, forward + backward; 16k tokens,
+    # hidden 2048, sequence 512 .. 8k): measured 36-46 TFLOP/s at head_dim 64 and 53-86 at 128,
+    # this formula 43-48 and 69-83, the max 58-66 and 103-124 (tests/test_cost_formulas.py).
     dtype = "bf16" if shard.dtype in ("fp8", "fp4") else shard.dtype
     q = shard.tokens // shard.micro_batch
     keys = shard.seq_len
     batch = shard.micro_batch * heads
     scores = Gemm(q, keys, att.head_dim, batch)
     context = Gemm(q, att.v_head_dim, keys, batch)
-    fwd = gemm_time_s(scores, gpu, dtype) + gemm_time_s(context, gpu, dtype)
-    bwd = sum(gemm_time_s(g, gpu, dtype) for gg in (scores, context) for g in backward_gemms(gg))
+
+    def seconds(g: Gemm) -> float:
+        return gemm_time_s(g, gpu, dtype, overlap=False)
+
+    fwd = seconds(scores) + seconds(context)
+    bwd = sum(seconds(g) for gg in (scores, context) for g in backward_gemms(gg))
     elements = float(batch) * q * keys
     hbm = hbm_bytes_per_s(gpu)
     fwd_bytes, bwd_bytes = eager_core_bytes_per_score(dropout)  # softmax (+ dropout)

@@ -111,7 +111,12 @@ def decoder_shape(graph: ModelGraph) -> DecoderShape:
                            "attention is built")
     if att.head_dim != att.v_head_dim:
         raise _unsupported(f"{graph.name}: head_dim {att.head_dim} != v_head_dim {att.v_head_dim}")
-    if mlp.is_moe or not mlp.gated:
+    moe = next((layer for layer in graph.layers if layer.mlp is not None and layer.mlp.is_moe),
+               None)
+    if moe is not None:  # a model's first blocks may be dense (DeepSeek-V3, tiny-moe)
+        raise _unsupported(f"{graph.name}: mixture-of-experts blocks ({moe.name}) are not built; "
+                           "only dense gated (SwiGLU) MLPs are")
+    if not mlp.gated:
         raise _unsupported(f"{graph.name}: only dense gated (SwiGLU) MLPs are built")
     shape = DecoderShape(graph.hidden, graph.vocab, att.num_heads, att.num_kv_heads,
                          att.head_dim, mlp.ffn_hidden, graph.tied_embeddings, kinds)

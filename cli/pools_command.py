@@ -7,8 +7,9 @@ import click
 
 from cli import signals
 from cli.app import emit_json
-from cli.commands import (MAX_TIME_LIMIT_S, dtype_option, global_batch_option, json_option,
-                          model_option, seq_len_option, time_limit_slack_s)
+from cli.commands import (MAX_TIME_LIMIT_S, calibration_option, dtype_option,
+                          global_batch_option, json_option, model_option, runtime_option,
+                          seq_len_option, time_limit_slack_s)
 from cli.params import pin_pairs
 
 
@@ -23,13 +24,19 @@ from cli.params import pin_pairs
               show_default=True, help="Seconds for the whole search.")
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: tp, pp, dp, cp, sp, zero, micro_batch, recompute.")
+@runtime_option
+@calibration_option
 @click.option("--timings", is_flag=True, help="Record the solve's wall-clock time.")
 @json_option
-def plan_pools(model, cluster, global_batch, seq_len, dtype, time_limit, pins, timings, as_json):
+def plan_pools(model, cluster, global_batch, seq_len, dtype, time_limit, pins, runtime,
+               calibration, timings, as_json):
     """Plan across the GPU pools of a cluster; print the stages, their pools and the step."""
     from clusters import load_cluster
     from models import load_model
     from planner.hetero.report import hetero_dict
+    from planner.calibration.session import runtime_setup
+    from planner.hardware import MultiPoolCluster
+    from planner.hetero.plan_file import pool_options
     from planner.hetero.search import hetero_search
     from planner.solve.search import SearchOptions
     from planner.solve.space import Pins
@@ -38,8 +45,17 @@ def plan_pools(model, cluster, global_batch, seq_len, dtype, time_limit, pins, t
     with signals.deadline(time_limit, time_limit_slack_s(time_limit)):
         graph = load_model(model, seq_len=seq_len)
         hw = load_cluster(cluster, multi_pool=True)
+        # the runtime options and calibrated per-pool efficiencies `plan` searches with
+        # (cli/commands.py, planner/hetero/planning.py): same inputs, same plan
+        pools = hw if isinstance(hw, MultiPoolCluster) else None
+        setup = runtime_setup(hw if pools is None else hw.pools[0].as_cluster(), runtime, dtype,
+                              calibration=calibration)
+        options = setup.options
+        if pools is not None:
+            options = pool_options(options, pools, setup.calibration.constants
+                                   if setup.calibration else None)
         result = hetero_search(graph, hw, global_batch, graph.default_seq_len, dtype, pinned,
-                               SearchOptions(time_limit_s=time_limit))
+                               SearchOptions(time_limit_s=time_limit, runtime=options))
     solver = dict(result.record)
     if not timings:
         del solver["solve_time_s"]

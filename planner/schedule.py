@@ -140,7 +140,28 @@ def chunk_times(plan: Any) -> list[list[ChunkTimes]]:
         cell[1] += t.bwd_s
         cell[2] += t.recompute_s
         cell[3] += t.comm_s
-    return [[ChunkTimes(*cell) for cell in row] for row in sums]
+    factors = stage_slowdowns(plan)
+    return [[ChunkTimes(*(x * factors[rank] for x in cell)) for cell in row]
+            for rank, row in enumerate(sums)]
+
+
+def stage_slowdowns(plan: Any) -> list[float]:
+    """Per pipeline stage, the straggler factor a re-plan around ``--slow`` ranks costed it
+    with (planner/hetero/evaluate.py: the stage's time per micro-batch times the factor of its
+    slowest surviving rank); 1 for a plan that is not such a re-plan."""
+    pp = plan.config.pp
+    out = [1.0] * pp
+    replan = (getattr(plan, "document", None) or {}).get("replan") or {}
+    slow = {int(rank): float(f) for rank, f in (replan.get("slow_ranks") or {}).items()}
+    if not slow:
+        return out
+    mesh = plan.config.mesh
+    rank_map = replan.get("rank_map") or range(mesh.num_gpus)
+    for new, old in enumerate(rank_map):  # new rank -> the old plan's rank; pp is kept
+        if old in slow:
+            stage = mesh.coords(new)["pp"]
+            out[stage] = max(out[stage], slow[old])
+    return out
 
 
 DRAWN_SCHEDULES = ("1f1b", "interleaved-1f1b")

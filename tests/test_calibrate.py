@@ -201,3 +201,31 @@ def test_mfu_above_its_regime_or_runtime_is_an_extrapolation():
     assert "with deepspeed on any GPU in the calibration data (36.7%)" in mfu_reason(
         table, 0.429, "hopper", "deepspeed/hopper/fsdp", "deepspeed")
     assert mfu_reason(table, 0.30, "hopper", "deepspeed/hopper/fsdp", "deepspeed") is None
+
+
+def test_a_users_runs_without_kind_are_measured(tmp_path, capsys):
+    """A runs file written by hand (no ``kind``, model given as a preset name) is calibrated:
+    ``kind`` defaults to measured; it was skipped as an 'analytic reference' (exit 2, no
+    usable run). An unknown kind is named."""
+    from cli.main import main
+    entry = {"id": "tt-8b", "model": "llama-3.1-8b",
+             "cluster": {"gpu": "NVIDIA H100-SXM5-80GB", "gpu_memory_gb": 80,
+                         "gpus_per_node": 8, "num_gpus": 8, "num_nodes": 1},
+             "training": {"global_batch": 16, "micro_batch": 2, "seq_len": 8192, "tp": 1,
+                          "pp": 1, "dp": 8, "zero_stage": 3, "recompute": "selective",
+                          "precision": "bf16", "framework": "torchtitan (FSDP)"},
+             "results": {"tokens_per_sec_per_gpu": 5762}}
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text(yaml.safe_dump({"schema_version": 1, "entries": [entry]}))
+    with pytest.raises(SystemExit) as done:
+        main(["calibrate", str(runs_file), "-o", str(tmp_path / "p.yaml"), "--runtime",
+              "torchtitan", "--no-leave-one-out", "--max-evaluations", "5", "--json"])
+    assert done.value.code == 0
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["tt-8b"]
+    runs_file.write_text(yaml.safe_dump({"schema_version": 1,
+                                         "entries": [dict(entry, kind="measurd")]}))
+    with pytest.raises(SystemExit) as done:
+        main(["calibrate", str(runs_file), "-o", str(tmp_path / "q.yaml"), "--runtime",
+              "torchtitan", "--json"])
+    assert done.value.code == 2
+    assert "'measurd' is neither measured" in json.dumps(json.loads(capsys.readouterr().out))

@@ -240,3 +240,28 @@ def test_no_fitting_replan_says_what_each_option_needs(tmp_path):
                max_moved_layers=2)
     assert "within the churn budget of 2 moved layers" in err.value.message
     assert any("--max-moved-layers" in h for h in err.value.hints)
+
+
+def test_report_timeline_of_a_straggler_replan_runs_at_the_slowed_pace(tmp_path, capsys):
+    """The report's pipeline timeline of a plan re-planned around ``--slow`` ranks lays out each
+    stage at the pace the re-plan costed it (its time per micro-batch times the slowest rank's
+    factor), so it agrees with the plan's own pipeline time as for any plan. It laid out the
+    un-slowed stages: llama-3.1-70b on h100-a100-1024 replanned with --slow 600:2 was drawn
+    7.620 s simulated against 8.611 s predicted, 14 s against 20.8 s for --slow 3:1.5 here."""
+    from planner.schedule import plan_timeline
+
+    path = plan_file(tmp_path, tp=8, pp=4, dp=1, nodes=4)
+    old = Plan.load(path)
+    base_gap = plan_timeline(old).pipeline_s / old.document["predicted"]["time_breakdown_s"][
+        "pipeline"]
+    new_path = tmp_path / "slow.json"
+    code, _, _ = run(capsys, "replan", str(path), "--slow", "8:3", "--max-moved-layers", "0",
+                     "-o", str(new_path))
+    assert code == 0
+    new = Plan.load(new_path)
+    gap = plan_timeline(new).pipeline_s / new.document["predicted"]["time_breakdown_s"][
+        "pipeline"]
+    assert gap == pytest.approx(base_gap, rel=0.02), (gap, base_gap)
+    from planner.schedule import stage_slowdowns
+
+    assert stage_slowdowns(new) == [1.0, 3.0, 1.0, 1.0]  # rank 8 is a GPU of stage 1

@@ -205,8 +205,11 @@ def measured_of(entry: Mapping[str, Any], framework: str) -> Measured:
 
 def skip_reason(entry: Mapping[str, Any]) -> str | None:
     """None when the entry can be evaluated, else why not."""
-    if entry.get("kind") != "measured":
+    kind = entry.get("kind", "measured")  # a user's own runs file need not say it
+    if kind == "analytic_reference":
         return "analytic reference (checked in the model-state section)"
+    if kind != "measured":
+        return f"kind {kind!r} is neither measured nor analytic_reference"
     if not isinstance(entry.get("training"), Mapping) or not isinstance(entry.get("cluster"),
                                                                            Mapping):
         return "no training or cluster section"

@@ -327,6 +327,18 @@ def cross_entropy_of(entry: dict) -> str:
     return "fp32"
 
 
+def fused_elementwise_of(entry: dict) -> bool:
+    """Whether the entry's runtime fuses its element-wise ops: under torch.compile, and NeMo
+    AutoModel's MoE benchmark configs (``examples/llm_benchmark/*/*_te_deepep*.yaml``), whose
+    ``BackendConfig`` runs Transformer Engine's RMSNorm (``rms_norm: te``), fused RoPE
+    (``rope_fusion: true``), TE attention and linears, and the experts' fused weighted SwiGLU
+    (``GroupedExpertsDeepEP`` -> ``weighted_bias_swiglu_impl``), not the torchtitan profile's
+    eager PyTorch element-wise kernels (``unfused_elementwise.torchtitan``); they keep the
+    torchtitan profile otherwise (FSDP2 + EP, per-block host overhead)."""
+    framework = (entry["training"].get("framework") or "").lower()
+    return "compile" in framework or ("automodel" in framework and "kernels: te" in framework)
+
+
 def state_layout_of(entry: dict, prof) -> str:
     """The optimizer-state layout of the entry's framework: NeMo AutoModel trains its bf16
     model with ``torch.optim.Adam`` (``torch-bf16``: 2-byte weights, gradients and moments, no
@@ -359,7 +371,7 @@ def options_of(entry: dict) -> RuntimeOptions:
     if profile is None:
         return options
     return calibrated_options(options, profile.constants, gpu_of(entry),
-                              "compile" in framework.lower())
+                              "compile" in framework.lower(), fused_elementwise_of(entry))
 
 
 def describe(entry: dict) -> str:

@@ -18,8 +18,12 @@ from planner.profiles import profile
 
 
 def calibrated_options(options: RuntimeOptions, constants: Constants, gpu_name: str,
-                       compiled: bool = False) -> RuntimeOptions:
-    """``compiled``: the runtime fuses element-wise ops (torch.compile); eager otherwise. The
+                       compiled: bool = False,
+                       fused_elementwise: bool | None = None) -> RuntimeOptions:
+    """``compiled``: the runtime runs under torch.compile (fused element-wise ops, and async TP
+    where the profile needs compile for it); eager otherwise. ``fused_elementwise``: the
+    runtime fuses its element-wise ops without torch.compile (Transformer Engine's fused
+    norms, RoPE and activations in place of eager PyTorch's); ``None``: as ``compiled``. The
     GPU generation's efficiencies go into the options, not the cluster: the cluster stays the
     preset the user named (its content hash is the plan's input identity)."""
     prof = profile(options.profile)
@@ -42,7 +46,8 @@ def calibrated_options(options: RuntimeOptions, constants: Constants, gpu_name: 
         "expert_gemm_per_expert": prof.expert_gemm_per_expert,
     })
     key = f"unfused_elementwise.{name}"
-    changes["elementwise_factor"] = constants.get("compiled_elementwise") if compiled else \
+    fused = compiled if fused_elementwise is None else fused_elementwise
+    changes["elementwise_factor"] = constants.get("compiled_elementwise") if fused else \
         constants.get(key) if key in PARAM_NAMES else 1.0
     key = f"tp_comm_overlap.{name}"
     if prof.tp_comm_overlap and key in PARAM_NAMES and \

@@ -168,3 +168,18 @@ def test_cli_exits_1_when_losses_differ(monkeypatch, capsys, tmp_path):
         main(["verify", str(tmp_path / "p.json")])
     assert done.value.code == 1
     assert "FAILED" in capsys.readouterr().err
+
+
+def test_a_graph_imported_model_is_refused_for_what_it_is():
+    """A model read from an operator graph (ONNX, torch.export) records positions 'graph' (the
+    importer does not name the encoding); verify says so and what to verify instead. It said
+    'graph position embeddings are not built'."""
+    from dataclasses import replace
+
+    graph = load_model("tiny")
+    imported = replace(graph, metadata=(("positions", "graph"), ("importer", "onnx")))
+    with pytest.raises(PlannerError) as error:
+        decoder_shape(imported)
+    assert error.value.kind is ErrorKind.UNSUPPORTED
+    assert "imported from an operator graph" in error.value.message
+    assert "config.json or a preset" in error.value.message

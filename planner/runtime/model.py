@@ -100,6 +100,11 @@ def decoder_shape(graph: ModelGraph) -> DecoderShape:
         raise _unsupported(f"{graph.name}: expected embedding, blocks, head; got "
                            f"{', '.join(k.value for k in kinds)}")
     positions = dict(graph.metadata).get("positions", "rope")
+    if positions == "graph":  # models/graph/group.py: the importer does not name the encoding
+        raise _unsupported(f"{graph.name}: imported from an operator graph (ONNX or "
+                           "torch.export), whose position encoding is computed in the graph and "
+                           "not rebuilt here; verify a plan of the same degrees for its "
+                           "config.json or a preset")
     if positions not in ("rope", "none"):
         raise _unsupported(f"{graph.name}: {positions} position embeddings are not built")
     first = graph.layers[1]

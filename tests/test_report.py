@@ -273,3 +273,17 @@ def test_timeline_legend_clears_its_axis_labels(pp):
     for label in [ax.xaxis.label, *ax.get_xticklabels()]:
         box = label.get_window_extent(renderer)
         assert not legend.overlaps(box), (label.get_text(), legend, box)
+
+
+@pytest.mark.parametrize("name, fmt", [("plan.svg", "png"), ("plan.html", "svg"),
+                                       ("plan.png", "html"), ("plan.htm", "png")])
+def test_format_that_contradicts_the_output_suffix_is_refused(tmp_path, capsys, name, fmt):
+    """--format png with -o plan.svg wrote PNG bytes into plan.svg, exit 0; now exit 2 and
+    nothing written. A suffix that names no format (or agrees) keeps --format."""
+    path = write(build_plan(tp=2, pp=2, global_batch=16, cluster="tiny"), tmp_path / "p.json")
+    code, _, err = run_cli(["report", path, "-o", tmp_path / name, "--format", fmt], capsys)
+    assert code == 2 and f"--format {fmt}" in err
+    assert not (tmp_path / name).exists()
+    code, _, _ = run_cli(["report", path, "-o", tmp_path / "plan.image", "--format", fmt],
+                         capsys)
+    assert code == 0 and (tmp_path / "plan.image").stat().st_size > 0

@@ -160,7 +160,8 @@ def _load_file(path: Path, nodes: int | None, multi_pool: bool = False,
     if not multi_pool:
         raise invalid(f"{shown}: describes {len(cluster.pools)} pools ({pools}); this command "
                       f"plans one homogeneous pool",
-                      "Plan across pools with a command that reads multi-pool clusters "
-                      "(docs/heterogeneous.md), or keep one entry of 'pools'.",
+                      "`shardplan plan` and `shardplan plan-pools` plan across pools (with "
+                      "--pin tp=.. --pin pp=.. they cost one configuration; "
+                      "docs/heterogeneous.md), or keep one entry of 'pools'.",
                       file=where, field="pools")
     return cluster

@@ -145,6 +145,10 @@ def test_cli_refuses_a_multi_pool_cluster_with_exit_2(tmp_path, capsys):
               "--json"])
     out, _ = capsys.readouterr()
     assert done.value.code == 2 and "2 pools" in out and "Traceback" not in out
+    # the hint names the commands that do read it (it said 'a command that reads multi-pool
+    # clusters' and left the reader to find which)
+    import json
+    assert "`shardplan plan` and `shardplan plan-pools`" in json.loads(out)["error"]["hints"][0]
 
 
 @pytest.mark.parametrize("edit, path, needle", [

@@ -45,6 +45,15 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
     gate uses (0.5: the prediction itself; 0.9: it must fit with 90 % confidence)."""
     if not 0 < memory_confidence < 1:
         raise invalid(f"--memory-confidence must be in (0, 1), got {memory_confidence!r}")
+    if calibration is not None and runtime is None:  # with --runtime, runtime_setup checks it
+        from planner.calibration.store import load
+
+        fitted = load(calibration).runtime
+        if fitted is not None and fitted != plan.runtime.profile:  # plan / evaluate's rule
+            raise invalid(f"calibration profile {calibration} was fitted for runtime {fitted}, "
+                          f"not {plan.runtime.profile} (the plan's runtime)",
+                          f"check with --runtime {fitted}, or calibrate "
+                          f"{plan.runtime.profile} runs")
     doc = plan.document
     problems: list[Problem] = []
     inputs = doc["inputs"]

@@ -267,3 +267,23 @@ def test_an_empty_runs_file_says_so(tmp_path, capsys):
         main(["calibrate", str(runs_file), "-o", str(tmp_path / "p.yaml"), "--json"])
     assert done.value.code == 2
     assert json.loads(capsys.readouterr().out)["error"]["hints"] == ["the file has no entries"]
+
+
+def test_check_refuses_a_profile_of_another_runtime(tmp_path, capsys):
+    """check --calibration with a profile fitted for another runtime than the plan's: exit 2,
+    as plan and evaluate refuse it; it exited 0, gating a megatron plan with torchtitan's
+    memory bands. The plan's own runtime passes; --runtime of the profile's runtime is the
+    capability check (runtime_setup's rule)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import build_plan, run_cli, write
+    plan = write(build_plan(model="gpt3-1.3b", cluster="dgx-a100-80g", global_batch=64),
+                 tmp_path / "plan.json")
+    profile = tmp_path / "tt.yaml"
+    profile.write_text("shardplan_calibration: 1\nruntime: torchtitan\nconstants: {}\n")
+    code, out, _ = run_cli(["check", plan, "--calibration", profile, "--json"], capsys)
+    assert code == 2
+    assert "fitted for runtime torchtitan, not megatron" in json.loads(out)["error"]["message"]
+    own = tmp_path / "mg.yaml"
+    own.write_text("shardplan_calibration: 1\nruntime: megatron\nconstants: {}\n")
+    code, _, _ = run_cli(["check", plan, "--calibration", own, "--json"], capsys)
+    assert code == 0

@@ -287,3 +287,19 @@ def test_check_refuses_a_profile_of_another_runtime(tmp_path, capsys):
     own.write_text("shardplan_calibration: 1\nruntime: megatron\nconstants: {}\n")
     code, _, _ = run_cli(["check", plan, "--calibration", own, "--json"], capsys)
     assert code == 0
+
+
+def test_a_profile_without_bands_is_named_as_such(tmp_path, capsys):
+    """evaluate --calibration with a hand-written profile (constants, no bands): the note says
+    the profile has no bands; it said 'no calibration profile', though one was given."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from conftest import run_cli
+    profile = tmp_path / "mini.yaml"
+    profile.write_text("shardplan_calibration: 1\nruntime: megatron\n"
+                       "constants: {matmul_efficiency.hopper: 0.7}\n")
+    code, out, _ = run_cli(["evaluate", "-m", "gpt3-1.3b", "-c", "dgx-h100", "--global-batch",
+                            "64", "--tp", "1", "--pp", "1", "--calibration", profile, "--json"],
+                           capsys)
+    assert code == 0
+    assert json.loads(out)["predicted"]["extrapolating"] == [
+        "the calibration profile has no bands: no error bands"]

@@ -75,8 +75,10 @@ def prediction_intervals(ev, calibration: CalibrationProfile | None,
                          coverage: float = NOMINAL_COVERAGE) -> dict:
     """``step_time_s_interval`` and ``peak_memory_gib_interval`` ([low, high]) at ``coverage``,
     and why they are wider where the configuration leaves the calibration data."""
-    if calibration is None or calibration.bands is None:
+    if calibration is None:
         return {"extrapolating": ["no calibration profile: no error bands"]}
+    if calibration.bands is None:  # a hand-written profile: constants only
+        return {"extrapolating": ["the calibration profile has no bands: no error bands"]}
     c = ev.config
     regime = regime_of(ev.options.profile, ev.cluster.gpu.name, c.tp, c.pp, c.cp, c.zero_stage)
     labels = band_labels(regime)

@@ -31,9 +31,13 @@ def report(plan_path, output, fmt, force):
 
     if output == "-":
         output = None
+    suffix = str(output).rsplit(".", 1)[-1].lower() if output and "." in str(output) else ""
+    suffix = "html" if suffix == "htm" else suffix
     if fmt is None:
-        suffix = str(output).rsplit(".", 1)[-1].lower() if output and "." in str(output) else ""
         fmt = suffix if suffix in REPORT_FORMATS else "html"
+    elif suffix in REPORT_FORMATS and suffix != fmt:  # PNG bytes in a .svg file, say
+        raise invalid(f"--format {fmt} but the output file {output} names {suffix}",
+                      f"give -o FILE.{fmt}, or drop --format (the -o suffix sets it)")
     if output is None and fmt == "png":
         raise invalid("a PNG report needs a file: give -o FILE.png")
     if output is not None:

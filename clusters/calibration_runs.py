@@ -120,7 +120,18 @@ def load_runs(entries: list[Mapping[str, Any]], base: Path | None = None
         reason = skip_reason(entry)
         if reason is None:
             try:
-                run = run_of(entry, build_model(entry, base), build_cluster(entry))
+                model = build_model(entry, base)
+            except (PlannerError, ValueError, KeyError) as exc:
+                if model_spec(entry) is None:
+                    raise
+                # a model named by reference that does not load is the runs file's error
+                # (a mistyped preset or path), not a run to skip in silence
+                why = exc.message if isinstance(exc, PlannerError) else str(exc)
+                raise invalid(f"run {entry['id']}: model {model_spec(entry)!r}: {why}",
+                              "model is a preset name (shardplan models) or a config.json / "
+                              "model file path, relative to the runs file") from None
+            try:
+                run = run_of(entry, model, build_cluster(entry))
                 run.config.validate(run.model, run.cluster)
                 runs.append(run)
                 continue
@@ -161,7 +172,8 @@ def calibrate_file(path: str | Path, runtime: str | None = None, *,
         name = names[0] if names else "megatron"
     if not runs:
         raise invalid(f"{path}: no usable run" + (f" of runtime {name}" if runtime else ""),
-                      "; ".join(f"{i}: {why}" for i, why in skipped[:5]) or None)
+                      *(["; ".join(f"{i}: {why}" for i, why in skipped[:5])] if skipped
+                        else ["the file has no entries"]))
     if start is None:
         base_profile = shipped()
         start = base_profile.constants if base_profile else Constants()

@@ -47,8 +47,14 @@ def _rc():
                                   "font.size": 9, "axes.titlesize": 10})
 
 
+# the timeline's legend hangs this far below the axes, in points, clear of the tick labels and
+# the x label at any figure height (a fraction of the axes overlapped them when pp is 1 or 2)
+LEGEND_BELOW_PT = 30
+
+
 def draw_timeline(ax, plan: Any, timeline) -> None:
     from matplotlib.patches import Patch
+    from matplotlib.transforms import ScaledTranslation
 
     if timeline is None:  # a zero-bubble schedule: costed in closed form, not laid out
         ax.set_axis_off()
@@ -85,7 +91,8 @@ def draw_timeline(ax, plan: Any, timeline) -> None:
     ax.set_yticklabels([f"rank {timeline.pp - 1 - y}" for y in range(timeline.pp)])
     ax.set_xlabel("seconds into the step")
     schedule = "interleaved 1F1B" if timeline.virtual_stages > 1 else "1F1B"
-    ax.set_title(f"Pipeline schedule ({schedule}, {timeline.num_micro_batches} micro-batches"
+    m = timeline.num_micro_batches
+    ax.set_title(f"Pipeline schedule ({schedule}, {m} micro-batch{'es' if m != 1 else ''}"
                  + (f", {timeline.virtual_stages} chunks per rank"
                     if timeline.virtual_stages > 1 else "")
                  + f"): {timeline.pipeline_s:.3f} s simulated, "
@@ -94,7 +101,9 @@ def draw_timeline(ax, plan: Any, timeline) -> None:
     ax.legend(handles=[Patch(color=COLOURS[k], label=label) for k, label in (
         ("forward", "forward"), ("recompute", "recompute"), ("backward", "backward"),
         ("comm", "exposed comm"), ("idle", "bubble / idle"), ("dp_sync", "DP sync"),
-        ("optimizer", "optimizer"))], loc="upper center", bbox_to_anchor=(0.5, -0.18),
+        ("optimizer", "optimizer"))], loc="upper center", bbox_to_anchor=(0.5, 0.0),
+        bbox_transform=ax.transAxes + ScaledTranslation(0, -LEGEND_BELOW_PT / 72,
+                                                          ax.figure.dpi_scale_trans),
         ncol=7, frameon=False)
 
 
@@ -195,6 +204,17 @@ def panel(plan: Any, name: str, timeline=None):
     return fig
 
 
+def title(doc: dict[str, Any]) -> str:
+    """What the drawn plan is: model, cluster and mesh (the exports' headline), then batch,
+    ZeRO stage and the predicted step, so that an image read on its own names its plan."""
+    from planner.export.base import headline
+
+    p, pred = doc["parallelism"], doc["predicted"]
+    return (f"{headline(doc)}\nglobal batch {doc['inputs']['global_batch']}, micro-batch "
+            f"{p['micro_batch']}, ZeRO-{p['zero_stage']}, {pred['step_time_s']:.3f} s per step "
+            f"predicted")
+
+
 def combined(plan: Any, timeline=None):
     """The three panels in one figure (``report --format png|svg``)."""
     Figure = _matplotlib()
@@ -206,7 +226,7 @@ def combined(plan: Any, timeline=None):
     draw_timeline(axes[0], plan, timeline or plan_timeline(plan))
     draw_memory(axes[1], plan)
     draw_placement(axes[2], plan)
-    fig.suptitle(f"{plan.document['model']['name']} on {plan.document['cluster']['name']}")
+    fig.suptitle(title(plan.document))
     return fig
 
 

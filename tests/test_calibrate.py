@@ -229,3 +229,41 @@ def test_a_users_runs_without_kind_are_measured(tmp_path, capsys):
               "torchtitan", "--json"])
     assert done.value.code == 2
     assert "'measurd' is neither measured" in json.dumps(json.loads(capsys.readouterr().out))
+
+
+@pytest.mark.parametrize("model, needle", [
+    ("./missing.json", "model file not found"),
+    ("llama-3.1-8bb", "Did you mean 'llama-3.1-8b'"),
+])
+def test_a_model_reference_that_does_not_load_is_bad_input(tmp_path, capsys, model, needle):
+    """A run whose model (a preset name or a config path) does not load is an error of the runs
+    file (exit 2, the run and the model named); it was skipped as an 'inconsistent published
+    configuration' and the calibration went on without it, exit 0."""
+    from cli.main import main
+    good = {"id": "good", "model": "llama-3.1-8b",
+            "cluster": {"gpu": "NVIDIA H100-SXM5-80GB", "gpu_memory_gb": 80,
+                        "gpus_per_node": 8, "num_gpus": 8, "num_nodes": 1},
+            "training": {"global_batch": 16, "micro_batch": 2, "seq_len": 8192, "tp": 1,
+                         "pp": 1, "dp": 8, "zero_stage": 3, "recompute": "selective",
+                         "precision": "bf16", "framework": "torchtitan (FSDP)"},
+            "results": {"tokens_per_sec_per_gpu": 5762}}
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text(yaml.safe_dump({"schema_version": 1, "entries": [
+        good, dict(good, id="typo", model=model)]}))
+    with pytest.raises(SystemExit) as done:
+        main(["calibrate", str(runs_file), "-o", str(tmp_path / "p.yaml"), "--runtime",
+              "torchtitan", "--max-evaluations", "5", "--json"])
+    assert done.value.code == 2
+    message = json.loads(capsys.readouterr().out)["error"]["message"]
+    assert message.startswith("run typo: model ") and needle in message
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_an_empty_runs_file_says_so(tmp_path, capsys):
+    from cli.main import main
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text("schema_version: 1\nentries: []\n")
+    with pytest.raises(SystemExit) as done:
+        main(["calibrate", str(runs_file), "-o", str(tmp_path / "p.yaml"), "--json"])
+    assert done.value.code == 2
+    assert json.loads(capsys.readouterr().out)["error"]["hints"] == ["the file has no entries"]

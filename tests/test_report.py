@@ -241,3 +241,49 @@ def test_diff_command(tmp_path, capsys):
         stage0["memory_gib"]["total"]["b"] - stage0["memory_gib"]["total"]["a"], abs=1e-5)
     code, out, err = run_cli(["diff", a, b, "--exit-code"], capsys)
     assert code == 1 and "Layer moves" in err and "block.1" in err
+
+
+def _drawn(pp):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    doc = build_plan(tp=2, pp=pp, global_batch=16, cluster="tiny")
+    fig = combined(Plan.from_dict(doc))
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return doc, fig, canvas.get_renderer()
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_png_names_its_plan(pp):
+    """The image read on its own (report --format png|svg) names the plan: the mesh, the global
+    batch and the predicted step (the title was model and cluster only)."""
+    doc, fig, _ = _drawn(pp)
+    title = fig._suptitle.get_text()
+    assert f"dp {doc['parallelism']['dp']} x tp 2 x pp {pp}" in title
+    assert "global batch 16" in title and f"{doc['predicted']['step_time_s']:.3f} s" in title
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_timeline_legend_clears_its_axis_labels(pp):
+    """The timeline's legend sits below its x label; it was placed at a fraction of the axes'
+    height, which on a one- or two-rank timeline put it on the "seconds into the step" label."""
+    _, fig, renderer = _drawn(pp)
+    ax = fig.axes[0]
+    legend = ax.get_legend().get_window_extent(renderer)
+    for label in [ax.xaxis.label, *ax.get_xticklabels()]:
+        box = label.get_window_extent(renderer)
+        assert not legend.overlaps(box), (label.get_text(), legend, box)
+
+
+@pytest.mark.parametrize("name, fmt", [("plan.svg", "png"), ("plan.html", "svg"),
+                                       ("plan.png", "html"), ("plan.htm", "png")])
+def test_format_that_contradicts_the_output_suffix_is_refused(tmp_path, capsys, name, fmt):
+    """--format png with -o plan.svg wrote PNG bytes into plan.svg, exit 0; now exit 2 and
+    nothing written. A suffix that names no format (or agrees) keeps --format."""
+    path = write(build_plan(tp=2, pp=2, global_batch=16, cluster="tiny"), tmp_path / "p.json")
+    code, _, err = run_cli(["report", path, "-o", tmp_path / name, "--format", fmt], capsys)
+    assert code == 2 and f"--format {fmt}" in err
+    assert not (tmp_path / name).exists()
+    code, _, _ = run_cli(["report", path, "-o", tmp_path / "plan.image", "--format", fmt],
+                         capsys)
+    assert code == 0 and (tmp_path / "plan.image").stat().st_size > 0

@@ -58,7 +58,10 @@ def test_tied_embeddings_count_once():
 
 
 @pytest.mark.parametrize("preset, why", [("gpt3-1.3b", "learned position"),
-                                         ("mixtral-8x7b", "dense gated"),
+                                         ("mixtral-8x7b", "mixture-of-experts"),
+                                         # a dense first block: refused for its experts, not
+                                         # as 'blocks differ in shape (block.1)'
+                                         ("tiny-moe", "mixture-of-experts blocks (block.1)"),
                                          ("deepseek-v3", "MLA"),
                                          ("qwen2.5-72b", "biases")])
 def test_graphs_the_runtime_cannot_build_are_refused(preset, why):
@@ -165,3 +168,18 @@ def test_cli_exits_1_when_losses_differ(monkeypatch, capsys, tmp_path):
         main(["verify", str(tmp_path / "p.json")])
     assert done.value.code == 1
     assert "FAILED" in capsys.readouterr().err
+
+
+def test_a_graph_imported_model_is_refused_for_what_it_is():
+    """A model read from an operator graph (ONNX, torch.export) records positions 'graph' (the
+    importer does not name the encoding); verify says so and what to verify instead. It said
+    'graph position embeddings are not built'."""
+    from dataclasses import replace
+
+    graph = load_model("tiny")
+    imported = replace(graph, metadata=(("positions", "graph"), ("importer", "onnx")))
+    with pytest.raises(PlannerError) as error:
+        decoder_shape(imported)
+    assert error.value.kind is ErrorKind.UNSUPPORTED
+    assert "imported from an operator graph" in error.value.message
+    assert "config.json or a preset" in error.value.message

@@ -100,6 +100,11 @@ def decoder_shape(graph: ModelGraph) -> DecoderShape:
         raise _unsupported(f"{graph.name}: expected embedding, blocks, head; got "
                            f"{', '.join(k.value for k in kinds)}")
     positions = dict(graph.metadata).get("positions", "rope")
+    if positions == "graph":  # models/graph/group.py: the importer does not name the encoding
+        raise _unsupported(f"{graph.name}: imported from an operator graph (ONNX or "
+                           "torch.export), whose position encoding is computed in the graph and "
+                           "not rebuilt here; verify a plan of the same degrees for its "
+                           "config.json or a preset")
     if positions not in ("rope", "none"):
         raise _unsupported(f"{graph.name}: {positions} position embeddings are not built")
     first = graph.layers[1]
@@ -111,7 +116,12 @@ def decoder_shape(graph: ModelGraph) -> DecoderShape:
                            "attention is built")
     if att.head_dim != att.v_head_dim:
         raise _unsupported(f"{graph.name}: head_dim {att.head_dim} != v_head_dim {att.v_head_dim}")
-    if mlp.is_moe or not mlp.gated:
+    moe = next((layer for layer in graph.layers if layer.mlp is not None and layer.mlp.is_moe),
+               None)
+    if moe is not None:  # a model's first blocks may be dense (DeepSeek-V3, tiny-moe)
+        raise _unsupported(f"{graph.name}: mixture-of-experts blocks ({moe.name}) are not built; "
+                           "only dense gated (SwiGLU) MLPs are")
+    if not mlp.gated:
         raise _unsupported(f"{graph.name}: only dense gated (SwiGLU) MLPs are built")
     shape = DecoderShape(graph.hidden, graph.vocab, att.num_heads, att.num_kv_heads,
                          att.head_dim, mlp.ffn_hidden, graph.tied_embeddings, kinds)

@@ -47,7 +47,7 @@ SYNCS_S = (0.0, 1.5e-3, 2.0e-3, 2.5e-3)
 GROUPED = (0.8, 1.0)
 # The host floor and the dropless sync together cannot exceed what the host-bound runs took in
 # all: the micro-batch-1 Qwen3-30B-A3B runs spent 8.8-9.6 ms per layer and micro-batch (two
-# passes), so at most 4.4 ms per pass; the token-dropping twin (no read-back) 2.4 ms.
+# passes), so 4.4-4.8 ms per pass at most; the token-dropping twin (no read-back) 2.4 ms.
 HOSTS_S = (1.5e-3, 2.0e-3, 2.5e-3, 4.4e-3)
 
 

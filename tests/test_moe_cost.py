@@ -269,9 +269,12 @@ def test_host_floor_binds_small_micro_batches_only(monkeypatch):
     leaves a layer whose device work is longer untouched. Dropless routing adds the read-back
     of the token counts to each pass; a capacity factor does not read back; a CUDA graph that
     captures the layer removes the floor. The read-back also waits for the device to run the
-    forward up to the router (the layer without its MLP), once per forward pass."""
+    forward up to the router (the layer without its MLP), once per forward pass, where that
+    takes longer than the host's issue of the same kernels (a quarter of the pass's here)."""
     monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 4e-3)
     monkeypatch.setattr(moe, "DROPLESS_SYNC_S", 1e-3)
+    monkeypatch.setattr(moe, "PRE_SYNC_LAUNCHES", 1)
+    monkeypatch.setattr(moe, "POST_SYNC_LAUNCHES", 3)
     from planner.cost import terms
     from planner.cost.compute import layer_compute
     terms._layer_terms.cache_clear()
@@ -279,10 +282,10 @@ def test_host_floor_binds_small_micro_batches_only(monkeypatch):
     ctx, small = block_terms(config(ep=4))
     attention = replace(MOE.layers[1], mlp=None)
     pre_sync_s = layer_compute(attention, ctx.shard, H100.gpu, ctx.options).fwd_s
-    assert 0 < pre_sync_s < 1e-3
-    assert small.time_s == pytest.approx(2 * 5e-3 + pre_sync_s)
+    assert 0 < pre_sync_s < 1e-3  # hidden behind the host's 1 ms issue of the same kernels
+    assert small.time_s == pytest.approx(2 * 5e-3)
     _, full = block_terms(config(ep=4), recompute=Recompute.FULL)
-    assert full.time_s == pytest.approx(3 * 5e-3 + 2 * pre_sync_s)
+    assert full.time_s == pytest.approx(3 * 5e-3)
     _, selective = block_terms(config(ep=4), recompute=Recompute.SELECTIVE)
     assert selective.time_s > small.time_s  # re-issues the attention core
     _, dropping = block_terms(config(ep=4), RuntimeOptions(moe=MoeOptions(capacity_factor=1.0)))
@@ -291,13 +294,13 @@ def test_host_floor_binds_small_micro_batches_only(monkeypatch):
                   MoeOptions(capacity_factor=1.0, cuda_graph="moe")):
         _, captured = block_terms(config(ep=4), RuntimeOptions(moe=graph))
         assert captured.time_s < 2 * 4e-3  # the device time alone
-    assert moe.host_floor_s(1.0, 2, forward_gpu_s=0.4) == 0.0
+    assert moe.host_floor_s(1.0, 2, pre_sync_gpu_s=0.1, forward_gpu_s=0.4) == 0.0
     assert moe.host_floor_s(0.0, 3) == pytest.approx(3 * 5e-3)
     assert moe.host_floor_s(0.0, 3, options=MoeOptions(capacity_factor=1.25)) == \
         pytest.approx(3 * 4e-3)
     assert moe.host_floor_s(0.0, 3, options=MoeOptions(cuda_graph="full_iteration")) == 0.0
-    # the pre-sync device time adds to the host's where the host binds, not beyond the device
-    assert moe.host_floor_s(0.0, 2, pre_sync_gpu_s=2e-3) == pytest.approx(2 * 5e-3 + 2e-3)
+    # the pre-sync device time beyond the host's pre-sync issue (1 ms) adds where the host binds
+    assert moe.host_floor_s(0.0, 2, pre_sync_gpu_s=2e-3) == pytest.approx(2 * 5e-3 + 1e-3)
     assert moe.host_floor_s(20e-3, 2, pre_sync_gpu_s=2e-3, forward_gpu_s=7e-3) == 0.0
     assert moe.host_floor_s(0.0, 2, options=MoeOptions(capacity_factor=1.0),
                             pre_sync_gpu_s=2e-3) == pytest.approx(2 * 4e-3)
@@ -305,19 +308,29 @@ def test_host_floor_binds_small_micro_batches_only(monkeypatch):
 
 def test_synchronised_forward_is_its_own_cycle(monkeypatch):
     """The dropless read-back drains the device queue in each forward pass, so a host-bound
-    forward cannot hide behind a device-bound backward: the forward takes max(host + pre-sync
-    device time, its device time), the backward max(host, its device time), and the two add.
-    Hand-computed: 4 + 1 ms of host per pass, 1 ms before the router, 3 ms forward and 7 ms
-    backward on the device: max(5 + 1, 3) + max(5, 7) = 13 ms, 3 ms beyond the device's 10 (the
-    joint max(2 x 5 + 1, 10) gave 1 ms)."""
+    forward cannot hide behind a device-bound backward; inside the forward, the host issues the
+    pre-sync kernels while the device runs them, blocks on the counts, then issues the post-sync
+    kernels while the device runs those: max(h_pre, d_pre) + max(h_post, d_post), the backward
+    max(host, its device time), and the two add. Hand-computed: 4 ms of issue per pass, a
+    quarter of its launches before the sync (h_pre 1 ms, h_post 3 + the read-back's 1 ms = 4
+    ms); 1 ms before the router, 3 ms forward and 7 ms backward on the device:
+    max(1, 1) + max(4, 2) + max(5, 7) = 12 ms, 2 ms beyond the device's 10 (the host's whole
+    issue before the pre-sync device time, max(5 + 1, 3) + 7, gave 3 ms)."""
     monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 4e-3)
     monkeypatch.setattr(moe, "DROPLESS_SYNC_S", 1e-3)
+    monkeypatch.setattr(moe, "PRE_SYNC_LAUNCHES", 1)
+    monkeypatch.setattr(moe, "POST_SYNC_LAUNCHES", 3)
     assert moe.host_floor_s(10e-3, 2, pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3,
-                            sync_passes=1) == pytest.approx(3e-3)
-    # full recomputation: the recomputed forward syncs again, 2 x max(6, 3) + max(5, 7) - 13
+                            sync_passes=1) == pytest.approx(2e-3)
+    # full recomputation: the recomputed forward syncs again, 2 x (1 + 4) + max(5, 7) - 13
     assert moe.host_floor_s(13e-3, 3, pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3,
-                            sync_passes=2) == pytest.approx(6e-3)
-    # a device-bound forward hides its host time: max(6, 8) + max(5, 7) - 15 = 0
+                            sync_passes=2) == pytest.approx(4e-3)
+    # long attention before the router (Llama 4 Scout at 8,192 tokens): 4 ms pre-sync, 6 ms
+    # forward, 12 ms backward: max(1, 4) + max(4, 2) + max(5, 12) - 18 = 2 ms (the host's whole
+    # issue ahead of the pre-sync device time, max(5 + 4, 6) + 12 - 18, gave 3 ms)
+    assert moe.host_floor_s(18e-3, 2, pre_sync_gpu_s=4e-3, forward_gpu_s=6e-3) == \
+        pytest.approx(2e-3)
+    # a device-bound forward hides its host time: max(1, 1) + max(4, 7) + max(5, 7) - 15 = 0
     assert moe.host_floor_s(15e-3, 2, pre_sync_gpu_s=1e-3, forward_gpu_s=8e-3) == 0.0
     # static shapes (capacity factor): no read-back, the host runs ahead across passes
     assert moe.host_floor_s(10e-3, 2, options=MoeOptions(capacity_factor=1.0),

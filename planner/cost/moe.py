@@ -59,8 +59,10 @@ from planner.moe import MoeOptions
 # guide, "Asynchronous concurrent execution"); with the host work around it, milliseconds in
 # Python-issued MoE layers: the token-dropping Qwen3-30B-A3B run on 8 B200 at micro-batch 1 took
 # 14.5 s per step, its dropless twins of the next releases 27-28 s. Fitted by bench/moe_fit.py
-# (2.0 ms; 2.5 until session 7 costed the device work the read-back waits for, host_floor_s).
-DROPLESS_SYNC_S = 2.0e-3
+# (2.5 ms; 2.5 until session 7 costed the device work the read-back waits for, host_floor_s,
+# 2.0 until session 10 split the host's issue at the sync point, PRE_SYNC_LAUNCHES: mean +
+# median 17.6 % vs 19.1 % at 2.0, the grid's top).
+DROPLESS_SYNC_S = 2.5e-3
 
 
 # Grouped-GEMM kernels (Transformer Engine / cuBLASLt grouped GEMM, CUTLASS grouped) run one
@@ -97,6 +99,24 @@ EXPERT_GEMM_S = 25e-6
 # micro-batch 1 take 8.8-9.6 ms per layer and micro-batch on B200 and H100 where the GPU needs
 # 3-6 ms).
 HOST_PER_LAYER_PASS_S = 2.0e-3
+
+
+# Kernel launches of one Megatron-Core MoE transformer layer forward on either side of the
+# dropless read-back (alltoall dispatcher, ``cuda_sync_point = "before_ep_alltoall"``, fused
+# permutation, Transformer Engine modules; megatron/core/transformer/moe/token_dispatcher.py,
+# router.py, moe_layer.py, transformer_layer.py). Before it: the attention block (input norm
+# fused into the QKV linear: norm + GEMM, fused RoPE, the attention kernel, the output GEMM,
+# bias-dropout-add: 6), the pre-MLP norm (1), the router (gating GEMM, the fused score / top-k,
+# the auxiliary loss's sums: 4), ``MoEAlltoAllTokenDispatcher.preprocess`` (``routing_map.sum``,
+# ``.long()``, the input splits' reshape-sum, the counts' all-gather over TP x EP, the local
+# slice's ``.contiguous()``, three sums, the two device-to-host copies: 10) and permutation 1
+# (fused: 1): 22. After it: the two all-to-alls (tokens, probs), ``sort_chunks_by_idxs`` of
+# tokens and probs (2), the grouped MLP (FP8 casts of the two GEMM inputs, FC1, the weighted
+# SwiGLU, FC2: 5), the unsort (1), the combine all-to-all (1), unpermutation 1 (1), the
+# residual add (1): 13. The host's issue time per pass (:data:`HOST_PER_LAYER_PASS_S`) splits
+# in that proportion (planner.cost.moe.host_floor_s).
+PRE_SYNC_LAUNCHES = 22
+POST_SYNC_LAUNCHES = 13
 
 
 def expert_cast_bytes(mlp: Mlp, h: int, etp: int, dtype: str) -> float:
@@ -204,12 +224,15 @@ def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0,
     drains the device's queue once per forward pass (``sync_passes``: the forward, and the
     recomputed forward under full recomputation; the backward reuses the forward's splits). So a
     synchronised pass is a cycle of its own: the host can neither run ahead into it nor carry
-    its slack out of it. Each takes ``max(host + pre_sync_gpu_s, forward_gpu_s)`` -- the host's
-    issue of the pass followed by the device work queued ahead of the counts
-    (``pre_sync_gpu_s``: the pass up to the router, :func:`pre_sync_passes`), or the pass's own
-    device time ``forward_gpu_s`` (the first post-sync kernel is the all-to-all, issued as soon
-    as the splits are known: no host issue is exposed ahead of it) -- and the rest (backward,
-    ``extra_host_s``) takes ``max(host, device)`` on its own. A host-bound forward no longer
+    its slack out of it. Inside one, the device runs the pre-sync kernels (attention, router,
+    permutation; ``pre_sync_gpu_s``, :func:`pre_sync_passes`) while the host issues them, then
+    the host blocks on the counts; after the read-back it issues the post-sync kernels
+    (all-to-all, expert GEMMs, combine) while the device runs them. So each takes
+    ``max(host_pre, pre_sync_gpu_s) + max(host_post, forward_gpu_s - pre_sync_gpu_s)``, the
+    host's issue time split by the launches before and after the sync point
+    (:data:`PRE_SYNC_LAUNCHES`, :data:`POST_SYNC_LAUNCHES`; the read-back's own host work,
+    :data:`DROPLESS_SYNC_S`, comes after it) -- and the rest (backward, ``extra_host_s``) takes
+    ``max(host, device)`` on its own. A host-bound forward no longer
     hides a device-bound backward: at Qwen3-30B-A3B's micro-batch 4 the forward waits on the
     host while the backward waits on the device, and the two add."""
     if options.host_captured:
@@ -217,7 +240,12 @@ def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0,
     per_pass = HOST_PER_LAYER_PASS_S + (DROPLESS_SYNC_S if options.host_synchronised else 0.0)
     if not options.host_synchronised or sync_passes <= 0:
         return max(0.0, passes * per_pass + extra_host_s - gpu_s)
-    synced = sync_passes * max(per_pass + pre_sync_gpu_s, forward_gpu_s)
+    host_pre_s = HOST_PER_LAYER_PASS_S * PRE_SYNC_LAUNCHES / (PRE_SYNC_LAUNCHES
+                                                             + POST_SYNC_LAUNCHES)
+    host_post_s = per_pass - host_pre_s
+    post_sync_gpu_s = max(0.0, forward_gpu_s - pre_sync_gpu_s)
+    synced = sync_passes * (max(host_pre_s, pre_sync_gpu_s)
+                            + max(host_post_s, post_sync_gpu_s))
     rest_gpu_s = max(0.0, gpu_s - sync_passes * forward_gpu_s)
     rest = max((passes - sync_passes) * per_pass + extra_host_s, rest_gpu_s)
     return max(0.0, synced + rest - gpu_s)

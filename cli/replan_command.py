@@ -145,15 +145,16 @@ def print_replan(r: dict, written_to: str | None = None) -> None:
     console.print(line(("replan", "bold"), f" after {'; '.join(what)}: ",
                        (r["strategy"], "bold"),
                        f" on {r['gpus_used']} GPUs, global batch {r['global_batch']}"))
+    lost = (f"{r['lost_state_gib']:.2f} GiB lost (restore from the last checkpoint)"
+            if r["lost_state_gib"] > 0 else "no state lost")
     console.print(line(f"step {r['old_step_time_s']:.3f} s -> {r['new_step_time_s']:.3f} s, "
-                       f"throughput ", (f"-{r['throughput_loss_pct']:.2f}%", "bold"),
+                       f"throughput ", (f"{-r['throughput_loss_pct']:+.2f}%", "bold"),
                        f"; moved {r['moved_layers']} layers",
                        f" (budget {r['max_moved_layers']})" if r["max_moved_layers"] is not None
                        else "",
                        f", {r['moved_state_gib']:.1f} GiB of state (",
                        ", ".join(f"{k} {v:.1f}" for k, v in r["moved_state_gib_by_link"].items())
-                       or "none", f"), {r['lost_state_gib']:.2f} GiB lost (restore from the "
-                       f"last checkpoint), {r['reformed_tp_groups']} TP groups re-formed"))
+                       or "none", f"), {lost}, {r['reformed_tp_groups']} TP groups re-formed"))
     table = Table(title="Options considered")
     for column in ("strategy", "GPUs", "step s", "fits", "moved layers", "moved GiB"):
         table.add_column(column, justify="right")

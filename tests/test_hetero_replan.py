@@ -265,3 +265,23 @@ def test_report_timeline_of_a_straggler_replan_runs_at_the_slowed_pace(tmp_path,
     from planner.schedule import stage_slowdowns
 
     assert stage_slowdowns(new) == [1.0, 3.0, 1.0, 1.0]  # rank 8 is a GPU of stage 1
+
+
+def test_straggler_replan_says_nothing_was_lost(tmp_path, capsys):
+    """A re-plan around a slow rank loses no state: the summary says so instead of '0.00 GiB
+    lost (restore from the last checkpoint)'; a failure that loses state keeps the advice.
+    The throughput change is signed (it printed '-' before a loss)."""
+    path = plan_file(tmp_path, tp=8, pp=4, dp=1, nodes=4)
+    code, _, err = run(capsys, "replan", str(path), "--slow", "8:2", "-o",
+                       str(tmp_path / "slow.json"))
+    assert code == 0
+    err = " ".join(err.split())  # the console wraps long lines
+    assert "no state lost" in err and "restore from the last checkpoint" not in err
+    assert "throughput -" in err and "throughput --" not in err
+    path = plan_file(tmp_path, tp=4, pp=2, dp=4, zero_stage=3, name="z3.json")
+    code, _, err = run(capsys, "replan", str(path), "--failed", "3", "--allow-batch-change",
+                       "-o", str(tmp_path / "failed.json"))
+    assert code == 0, err
+    doc = json.loads((tmp_path / "failed.json").read_text())
+    if doc["replan"]["lost_state_gib"] > 0:
+        assert "GiB lost (restore from the last checkpoint)" in " ".join(err.split())

@@ -285,3 +285,16 @@ def test_straggler_replan_says_nothing_was_lost(tmp_path, capsys):
     doc = json.loads((tmp_path / "failed.json").read_text())
     if doc["replan"]["lost_state_gib"] > 0:
         assert "GiB lost (restore from the last checkpoint)" in " ".join(err.split())
+
+
+def test_an_interleaved_plan_says_why_it_is_not_rebalanced(tmp_path):
+    """Around a slow rank an interleaved plan is offered keep and drop-slow-replicas only (its
+    chunks' layers are not moved); the re-plan's notes say so. The options table simply had no
+    rebalance row."""
+    path = plan_file(tmp_path, nodes=8, tp=8, pp=2, dp=4, virtual_stages=2)
+    old = Plan.load(path)
+    result = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
+                    slow={3: 1.5})
+    assert "rebalance" not in {o.strategy for o in result.considered}
+    assert any("no rebalancing: the plan interleaves 2 chunks" in n
+               for n in result.as_dict()["notes"])

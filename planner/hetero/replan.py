@@ -370,6 +370,10 @@ class _Replanner:
     def run(self) -> list[ReplanOption]:
         options: list[ReplanOption] = []
         v1 = self.config.virtual_stages == 1
+        if not v1 and (self.slow or self.failed):
+            self.notes.append(f"no rebalancing: the plan interleaves {self.config.virtual_stages} "
+                              f"chunks per pipeline rank, whose layers the re-plan does not move "
+                              f"(re-plan from scratch with `shardplan plan` to move them)")
         if self.failed:
             dropped = self.drop_set(self.failed)
             shrunk = self.shrink(dropped)

@@ -47,6 +47,13 @@ def calibrate(runs_path, output, runtime, max_evaluations, no_leave_one_out, for
                      "error_before": r.error_before, "error_after": r.error_after}
                     for r in report.runs],
            "skipped": [{"id": i, "reason": why} for i, why in report.skipped]}
+    warnings = []
+    if not no_leave_one_out and report.median_after > report.median_before:
+        warnings.append(f"the fitted constants predict the held-out runs worse than the "
+                        f"starting ones (median |error| {report.median_before:.1%} -> "
+                        f"{report.median_after:.1%}): the runs do not pin them down; planning "
+                        f"without --calibration keeps the shipped constants")
+    doc["warnings"] = warnings
     if as_json:
         emit_json(doc)
         return
@@ -65,3 +72,5 @@ def calibrate(runs_path, output, runtime, max_evaluations, no_leave_one_out, for
                   f"wrote {out}")
     for i, why in report.skipped:
         console.print(f"skipped {i}: {why}")
+    for warning in warnings:
+        console.print(f"warning: {warning}")

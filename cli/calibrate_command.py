@@ -30,14 +30,15 @@ def calibrate(runs_path, output, runtime, max_evaluations, no_leave_one_out, for
     """Fit efficiency / overlap constants of one runtime profile to your measured runs."""
     from planner.calibration.store import dump
     from clusters.calibration_runs import calibrate_file
-    from planner.errors import invalid
+
+    from cli import signals
+    from planner.writer import check_target, write_file
 
     out = Path(output)
-    if out.exists() and not force:
-        raise invalid(f"{out} exists", "pass --force to overwrite it")
+    check_target(out, force=force)  # refused now (exists, no such folder, ...), not after the fit
     report = calibrate_file(runs_path, runtime, max_evaluations=max_evaluations,
                             leave_one_out=not no_leave_one_out)
-    out.write_text(dump(report.profile))
+    write_file(dump(report.profile), out, force=force, critical=signals.deferred)
     doc = {"output": str(out), "runtime": report.profile.runtime,
            "constants": dict(report.profile.constants.values),
            "median_abs_error_before": report.median_before,

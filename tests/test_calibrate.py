@@ -326,3 +326,18 @@ def test_a_fit_worse_than_its_start_on_held_out_runs_is_a_warning(tmp_path, caps
     assert worse  # the premise: if a re-fit of the defaults changes it, pick other runs
     assert len(doc["warnings"]) == 1 and "worse than the starting ones" in doc["warnings"][0]
     assert (tmp_path / "p.yaml").exists()
+
+
+def test_an_output_in_a_missing_folder_is_refused_before_the_fit(tmp_path, capsys):
+    """-o in a folder that does not exist: exit 2 naming it, before any fit (as every writing
+    command checks its target); it fitted, then failed writing: exit 4, internal error
+    FileNotFoundError."""
+    from cli.main import main
+    entries = [e for e in read_runs(MODERN)[0] if e["id"].startswith("mpt-7b")]
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text(yaml.safe_dump({"schema_version": 1, "entries": entries}))
+    with pytest.raises(SystemExit) as done:
+        main(["calibrate", str(runs_file), "-o", str(tmp_path / "nodir" / "p.yaml"),
+              "--no-leave-one-out", "--max-evaluations", "5", "--json"])
+    assert done.value.code == 2
+    assert "nodir does not exist" in json.loads(capsys.readouterr().out)["error"]["message"]

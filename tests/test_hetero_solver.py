@@ -288,3 +288,28 @@ def test_plan_pools_searches_what_plan_searches(tmp_path, capsys):
                                                               rel=1e-6)
     for key in ("tp", "pp", "dp", "micro_batch"):
         assert pools["parallelism"][key] == plan["parallelism"][key], key
+
+
+@pytest.mark.parametrize("runtime", ["deepspeed", "torchtitan"])
+def test_plan_across_pools_searches_only_what_the_runtime_runs(tmp_path, capsys, runtime):
+    """plan --runtime R on a multi-pool cluster keeps to what R runs (README: 'search only what
+    that runtime runs'), so check --runtime R passes its plan. gpt3-2.7b on h100-a100 gave
+    deepspeed tp 2 with sequence parallelism and torchtitan ZeRO-1, both failed by check."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from timeouts import deadline
+    from cli.main import main
+
+    out = tmp_path / "plan.json"
+    with pytest.raises(SystemExit) as done, deadline(120):
+        main(["plan", "-m", "gpt3-2.7b", "-c", "h100-a100", "--global-batch", "64",
+              "--runtime", runtime, "-o", str(out), "--time-limit", "60"])
+    assert done.value.code == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as done:
+        main(["check", str(out), "--runtime", runtime, "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert done.value.code == 0, report.get("problems")

@@ -135,7 +135,9 @@ def config_splits(cluster, config: ParallelConfig) -> list[tuple[tuple[str, int]
 
 
 def enumerate_hetero_configs(model: ModelGraph, cluster, global_batch: int, seq_len: int,
-                             dtype: str, pins: Pins = Pins()):
+                             dtype: str, pins: Pins = Pins(), runtime=None):
+    """The configurations across pools; ``runtime`` (a RuntimeProfile) keeps only what that
+    runtime can run, by the rules of planner.solve.space.enumerate_configs."""
     blocks = model.num_blocks
     heads = min((b.attention.num_heads for b in model.blocks() if b.attention), default=1)
     gpn = math.gcd(*[p.gpus_per_node for p in cluster.pools])
@@ -144,6 +146,12 @@ def enumerate_hetero_configs(model: ModelGraph, cluster, global_batch: int, seq_
     tps = [t for t in _divisors(gpn) if heads % t == 0]
     cps = [1] + ([c for c in (2, 4, 8) if seq_len % (2 * c) == 0]
                  if seq_len >= LONG_SEQUENCE else [])
+    zeros = [0, 1, 2, 3]
+    if runtime is not None:
+        pins.check_runtime(runtime)
+        tps = tps if runtime.tp else [1]
+        cps = cps if runtime.cp else [1]
+        zeros = [z for z in zeros if z in runtime.search_zero_stages]
     for tp in ([pins.tp] if pins.tp else tps):
         for cp in ([pins.cp] if pins.cp else cps):
             for dp in ([pins.dp] if pins.dp else _divisors(global_batch)):
@@ -153,14 +161,20 @@ def enumerate_hetero_configs(model: ModelGraph, cluster, global_batch: int, seq_
                 counts = stage_counts(cluster, size, blocks) if size <= largest else []
                 counts = sorted(set(counts) | set(split_stage_counts(cluster, tp, cp, dp,
                                                                      blocks)))
+                if runtime is not None and not runtime.pp:
+                    counts = [c for c in counts if c == 1]
                 for pp in ([pins.pp] if pins.pp else counts):
                     for mbs in ([pins.micro_batch] if pins.micro_batch else
                                 [b for b in _divisors(global_batch // dp) if b <= MAX_MICRO_BATCH]):
                         if global_batch % (dp * mbs):
                             continue
-                        for zero in ([pins.zero] if pins.zero is not None else [0, 1, 2, 3]):
-                            for sp in ([pins.sp] if pins.sp is not None else
-                                       ([True, False] if tp > 1 else [False])):
+                        sps = [True, False] if tp > 1 else [False]
+                        if runtime is not None and tp > 1 and runtime.sp != "optional":
+                            sps = [runtime.sp == "with-tp"]
+                        for zero in ([pins.zero] if pins.zero is not None else zeros):
+                            if runtime is not None and not runtime.allows_zero_with(zero, pp):
+                                continue
+                            for sp in ([pins.sp] if pins.sp is not None else sps):
                                 config = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, sp=sp,
                                                         zero_stage=zero, micro_batch=mbs,
                                                         global_batch=global_batch,
@@ -192,7 +206,11 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
     # propose, bound cheaply from the leaf formulas, and sort; cost terms only when popped
     queue = []
     total = pruned_memory = with_split = 0
-    for config in enumerate_hetero_configs(model, cluster, global_batch, seq_len, dtype, pins):
+    from planner.profiles import profile
+
+    runtime = profile(options.runtime.profile) if options.runtime.profile else None
+    for config in enumerate_hetero_configs(model, cluster, global_batch, seq_len, dtype, pins,
+                                           runtime):
         if time.monotonic() > deadline:
             raise PlannerError(ErrorKind.SOLVER_LIMIT, "the time limit ran out while enumerating "
                                "configurations across pools", ("raise --time-limit",))

@@ -313,3 +313,23 @@ def test_plan_across_pools_searches_only_what_the_runtime_runs(tmp_path, capsys,
         main(["check", str(out), "--runtime", runtime, "--json"])
     report = json.loads(capsys.readouterr().out)
     assert done.value.code == 0, report.get("problems")
+
+
+def test_plan_across_pools_keeps_to_the_runtimes_recompute_policies(capsys):
+    """A recompute pin the runtime lacks is refused across pools as on one pool (exit 2); it
+    planned deepspeed with selective recomputation, which check --runtime deepspeed fails. The
+    unpinned search offers only the runtime's policies."""
+    import json
+
+    from cli.main import main
+    from planner.profiles import profile
+
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "-m", "gpt3-2.7b", "-c", "h100-a100", "--global-batch", "64",
+              "--runtime", "deepspeed", "--pin", "recompute=selective", "--json"])
+    assert done.value.code == 2
+    assert "runtime deepspeed has no such policy" in json.loads(
+        capsys.readouterr().out)["error"]["message"]
+    from planner.hetero.search import _options
+    assert {o.recompute.value for o in _options(Pins(), profile("deepspeed"))} == {"none",
+                                                                                   "full"}

@@ -186,10 +186,14 @@ def enumerate_hetero_configs(model: ModelGraph, cluster, global_batch: int, seq_
                                 yield config
 
 
-def _options(pins: Pins) -> tuple[LayerOption, ...]:
+def _options(pins: Pins, runtime=None) -> tuple[LayerOption, ...]:
+    """The block options of the search across pools: the mesh layout, with the recomputation
+    policies ``runtime`` runs (Pins.block_options' rule, which also refuses a pinned policy
+    the runtime lacks)."""
+    allowed = {o.recompute for o in pins.block_options(None, runtime)}
     if pins.recompute is not None:
         return (LayerOption(Recompute(pins.recompute)),)
-    return BLOCK_OPTIONS
+    return tuple(o for o in BLOCK_OPTIONS if o.recompute in allowed)
 
 
 def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global_batch: int,
@@ -202,13 +206,13 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
                       f"is not supported yet", "plan it on one pool of the cluster")
     if not any(dtype in p.gpu.peak_tflops for p in cluster.pools):
         raise invalid(f"no pool of {cluster.name!r} has {dtype} units")
-    block_options = _options(pins)
-    # propose, bound cheaply from the leaf formulas, and sort; cost terms only when popped
-    queue = []
-    total = pruned_memory = with_split = 0
     from planner.profiles import profile
 
     runtime = profile(options.runtime.profile) if options.runtime.profile else None
+    block_options = _options(pins, runtime)
+    # propose, bound cheaply from the leaf formulas, and sort; cost terms only when popped
+    queue = []
+    total = pruned_memory = with_split = 0
     for config in enumerate_hetero_configs(model, cluster, global_batch, seq_len, dtype, pins,
                                            runtime):
         if time.monotonic() > deadline:

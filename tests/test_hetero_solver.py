@@ -333,3 +333,22 @@ def test_plan_across_pools_keeps_to_the_runtimes_recompute_policies(capsys):
     from planner.hetero.search import _options
     assert {o.recompute.value for o in _options(Pins(), profile("deepspeed"))} == {"none",
                                                                                    "full"}
+
+
+def test_no_configuration_across_pools_says_why_not_that_it_does_not_fit(capsys):
+    """--runtime fsdp (no PP, no TP) leaves no configuration across h100-a100: the error says
+    so and names what the runtime lacks; it said 'no plan ... fits the pools (0
+    configurations, 0 past the memory bound)' and to add GPUs. Exit 1 as before (as on one
+    pool)."""
+    import json
+
+    from cli.main import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "-m", "gpt3-2.7b", "-c", "h100-a100", "--global-batch", "64",
+              "--runtime", "fsdp", "--json"])
+    assert done.value.code == 1
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert "no configuration across the pools of 'h100-a100' is valid" in error["message"]
+    assert "under runtime fsdp (no pipeline parallelism, no tensor parallelism)" in \
+        error["message"]

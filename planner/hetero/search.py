@@ -301,6 +301,17 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
             optimal += 1
     for bound_s, *_ in deferred:  # still unproven after the full budget
         open_bound = min(open_bound, bound_s)
+    if total == 0:  # nothing to weigh: say what narrowed the space, not "does not fit"
+        lacks = [f"no {name}" for name, flag in (("pipeline parallelism", runtime.pp),
+                                                 ("tensor parallelism", runtime.tp))
+                 if runtime is not None and not flag]
+        raise PlannerError(ErrorKind.INFEASIBLE,
+                           f"no configuration across the pools of {cluster.name!r} is valid for "
+                           f"{model.name} with global batch {global_batch}"
+                           + (f" under runtime {runtime.name} ({', '.join(lacks)})" if lacks
+                              else ""),
+                           ("plan on one pool of the cluster, or choose another --runtime"
+                            if lacks else "remove pins, or change the global batch",))
     if not kept:
         raise PlannerError(ErrorKind.INFEASIBLE if not timed_out else ErrorKind.SOLVER_LIMIT,
                            f"no plan of {model.name} fits the pools of {cluster.name!r} "

@@ -49,7 +49,7 @@ from planner.hetero.ilp import solve_pools
 from planner.hetero.terms import pool_terms
 from planner.ir import ModelGraph
 from planner.solve.search import SearchOptions
-from planner.solve.space import LONG_SEQUENCE, MAX_MICRO_BATCH, Pins, _divisors
+from planner.solve.space import MAX_MICRO_BATCH, Pins, _divisors, default_choices
 from planner.strategy import BLOCK_OPTIONS, LayerOption, Recompute
 
 
@@ -143,15 +143,8 @@ def enumerate_hetero_configs(model: ModelGraph, cluster, global_batch: int, seq_
     gpn = math.gcd(*[p.gpus_per_node for p in cluster.pools])
     largest = max(p.num_gpus for p in cluster.pools)
     total = sum(p.num_gpus for p in cluster.pools)
-    tps = [t for t in _divisors(gpn) if heads % t == 0]
-    cps = [1] + ([c for c in (2, 4, 8) if seq_len % (2 * c) == 0]
-                 if seq_len >= LONG_SEQUENCE else [])
-    zeros = [0, 1, 2, 3]
-    if runtime is not None:
-        pins.check_runtime(runtime)
-        tps = tps if runtime.tp else [1]
-        cps = cps if runtime.cp else [1]
-        zeros = [z for z in zeros if z in runtime.search_zero_stages]
+    tps, cps, zeros = default_choices([t for t in _divisors(gpn) if heads % t == 0], seq_len,
+                                      pins, runtime)
     for tp in ([pins.tp] if pins.tp else tps):
         for cp in ([pins.cp] if pins.cp else cps):
             for dp in ([pins.dp] if pins.dp else _divisors(global_batch)):

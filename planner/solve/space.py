@@ -301,6 +301,22 @@ def _expert_meshes(pins: Pins, tp: int, cp: int, dp: int, experts: int,
     return out
 
 
+def default_choices(tps: list[int], seq_len: int, pins: Pins,
+                    runtime=None) -> tuple[list[int], list[int], list[int]]:
+    """The tensor, context and ZeRO degrees a search tries when none is pinned: the given
+    tensor degrees, context parallelism 2, 4 or 8 only for long sequences it splits into
+    2 x cp chunks (load-balanced causal attention), ZeRO 0-3; ``runtime`` (a RuntimeProfile)
+    keeps only what that runtime can run (and refuses pins it cannot)."""
+    cps = [1] + ([c for c in (2, 4, 8) if seq_len % (2 * c) == 0]
+                 if seq_len >= LONG_SEQUENCE else [])
+    zeros = [0, 1, 2, 3]
+    if runtime is None:
+        return tps, cps, zeros
+    pins.check_runtime(runtime)
+    return (tps if runtime.tp else [1], cps if runtime.cp else [1],
+            [z for z in zeros if z in runtime.search_zero_stages])
+
+
 def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                       dtype: str, pins: Pins = Pins(), runtime=None) -> Iterator[ParallelConfig]:
     """Every valid configuration in a fixed order; ``runtime`` (a RuntimeProfile) keeps only
@@ -311,15 +327,9 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
     experts = max((b.mlp.num_experts for b in model.blocks() if b.mlp), default=1)
     expert_ffn = min((b.mlp.ffn_hidden for b in model.blocks() if b.mlp and b.mlp.is_moe),
                      default=1)
-    tp_default = [t for t in _divisors(cluster.gpus_per_node) if heads % t == 0 and n % t == 0]
-    cp_default = [1] + ([c for c in (2, 4, 8) if seq_len % (2 * c) == 0]
-                        if seq_len >= LONG_SEQUENCE else [])
-    zero_default = [0, 1, 2, 3]
-    if runtime is not None:
-        pins.check_runtime(runtime)
-        tp_default = tp_default if runtime.tp else [1]
-        cp_default = cp_default if runtime.cp else [1]
-        zero_default = [z for z in zero_default if z in runtime.search_zero_stages]
+    tp_default, cp_default, zero_default = default_choices(
+        [t for t in _divisors(cluster.gpus_per_node) if heads % t == 0 and n % t == 0],
+        seq_len, pins, runtime)
     for tp in _choices(pins.tp, tp_default):
         for cp in _choices(pins.cp, cp_default):
             if n % (tp * cp):

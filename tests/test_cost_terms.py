@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from clusters import load_cluster
 from models.native import build_native
 from planner.config import ParallelConfig, RuntimeOptions
+from planner.moe import MoeOptions
 from planner.cost.context import make_context
 from planner.cost.model import evaluate
 from planner.cost.pipeline import SCHEDULES
@@ -171,6 +172,13 @@ CASES = [
                                                     seq_len=32, zero_stage=3, micro_batch=1)),
     Case("zero2-moe-exposed", SHORT_MOE, ParallelConfig(tp=1, pp=1, dp=8, ep=2, global_batch=16,
                                                         seq_len=32, zero_stage=2, micro_batch=1)),
+    # ZeRO-3 without the MoE host floor (a full-iteration CUDA graph): the experts' ZeRO-3
+    # traffic then has only the compute to hide behind, not the device's wait on the host
+    # (planner.cost.moe.host_wait_split_s)
+    Case("zero3-moe-graphed", SHORT_MOE, ParallelConfig(tp=1, pp=1, dp=8, ep=2, global_batch=16,
+                                                        seq_len=32, zero_stage=3, micro_batch=1),
+         runtime=RuntimeOptions(overlap_grad_reduce=False, overlap_param_gather=False,
+                                moe=MoeOptions(cuda_graph="full_iteration"))),
     # ZeRO++ hpZ: the backward's and most forwards' gathers inside the node (4 of 8 ranks)
     Case("zero3-hpz-exposed", SHORT, ParallelConfig(tp=1, pp=1, dp=8, global_batch=16,
                                                     seq_len=32, zero_stage=3, micro_batch=1,

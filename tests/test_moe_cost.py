@@ -337,6 +337,32 @@ def test_synchronised_forward_is_its_own_cycle(monkeypatch):
                             pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3) == 0.0
 
 
+def test_the_host_wait_splits_into_forward_and_backward(monkeypatch):
+    """The device's wait on the host, by phase (what side-stream communication can hide in,
+    planner.cost.terms.step_time): the same constants as above, hand-computed. The forward
+    waits max(1, 1) + max(4, 2) - 3 = 2 ms; a 3 ms backward waits max(5, 3) - 3 = 2 ms more;
+    a 7 ms backward none; a recomputed forward's wait is in the backward phase; without a
+    read-back the wait splits as the host's issue does."""
+    monkeypatch.setattr(moe, "HOST_PER_LAYER_PASS_S", 4e-3)
+    monkeypatch.setattr(moe, "DROPLESS_SYNC_S", 1e-3)
+    monkeypatch.setattr(moe, "PRE_SYNC_LAUNCHES", 1)
+    monkeypatch.setattr(moe, "POST_SYNC_LAUNCHES", 3)
+    split = moe.host_wait_split_s
+    assert split(6e-3, 2, pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3) == \
+        pytest.approx((2e-3, 2e-3))
+    assert split(10e-3, 2, pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3) == \
+        pytest.approx((2e-3, 0.0))
+    assert split(13e-3, 3, pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3, sync_passes=2) == \
+        pytest.approx((2e-3, 2e-3))
+    assert split(15e-3, 2, pre_sync_gpu_s=1e-3, forward_gpu_s=8e-3) == (0.0, 0.0)
+    # static shapes: 2 x 4 ms of issue over 6 ms of device work, half of the 2 ms each
+    assert split(6e-3, 2, options=MoeOptions(capacity_factor=1.0), pre_sync_gpu_s=1e-3,
+                 forward_gpu_s=3e-3) == pytest.approx((1e-3, 1e-3))
+    for args in ((6e-3, 2), (10e-3, 2), (15e-3, 2)):  # the parts add up to the floor
+        assert sum(split(*args, pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3)) == \
+            pytest.approx(moe.host_floor_s(*args, pre_sync_gpu_s=1e-3, forward_gpu_s=3e-3))
+
+
 def test_cuda_graph_options_are_checked_and_size_sync_free_buffers():
     with pytest.raises(PlannerError):  # a MoE-layer graph needs static shapes
         MoeOptions(cuda_graph="moe").validate()

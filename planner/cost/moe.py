@@ -251,6 +251,35 @@ def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0,
     return max(0.0, synced + rest - gpu_s)
 
 
+def host_wait_split_s(gpu_s: float, passes: float, extra_host_s: float = 0.0,
+                      options: MoeOptions = MoeOptions(), pre_sync_gpu_s: float = 0.0,
+                      forward_gpu_s: float = 0.0, sync_passes: int = 1) -> tuple[float, float]:
+    """:func:`host_floor_s` split into (the forward's wait, the backward phase's wait: the
+    backward and any recomputed forward), the two summing to it. The device is idle while it
+    waits on the host, so communication that runs on a stream of its own and is not itself
+    queued behind the read-back hides there as behind compute (planner.cost.terms: the
+    data-parallel gradient reduction, launched asynchronously from the backward's hooks, and the
+    parameter all-gathers, launched asynchronously ahead of the forward; the read-back
+    synchronises the compute stream only). A synchronised forward waits
+    ``max(host_pre, pre) + max(host_post, post) - forward_gpu_s``; without a read-back the
+    host's issue runs ahead across passes and the wait splits as the host's issue does."""
+    total = host_floor_s(gpu_s, passes, extra_host_s, options, pre_sync_gpu_s, forward_gpu_s,
+                         sync_passes)
+    if total <= 0.0 or passes <= 0:
+        return 0.0, 0.0
+    per_pass = HOST_PER_LAYER_PASS_S + (DROPLESS_SYNC_S if options.host_synchronised else 0.0)
+    if not options.host_synchronised or sync_passes <= 0:
+        forward = total * per_pass / (passes * per_pass + extra_host_s)
+    else:
+        host_pre_s = HOST_PER_LAYER_PASS_S * PRE_SYNC_LAUNCHES / (PRE_SYNC_LAUNCHES
+                                                                 + POST_SYNC_LAUNCHES)
+        post_sync_gpu_s = max(0.0, forward_gpu_s - pre_sync_gpu_s)
+        forward = max(0.0, max(host_pre_s, pre_sync_gpu_s)
+                      + max(per_pass - host_pre_s, post_sync_gpu_s) - forward_gpu_s)
+    forward = min(forward, total)
+    return forward, total - forward
+
+
 def pre_sync_passes(recompute: str) -> int:
     """Forward passes of a MoE layer that read the token counts back: the forward, and the
     recomputed forward under full recomputation (selective recomputation repeats the attention

@@ -138,6 +138,12 @@ class LayerTerms:
     # the weight-gradient GEMMs' share of bwd_s: the W pass zero-bubble schedules defer to fill
     # the pipeline's drain (planner/cost/pipeline.py)
     wgrad_s: float = 0.0
+    # of comm_s, the MoE host floor's device idle time in the forward and in the backward
+    # phase (planner.cost.moe.host_wait_split_s): the once-per-step DP sync and the ZeRO-2/3
+    # per-micro-batch traffic (side streams, not behind the read-back) hide there as behind
+    # compute (step_time, stage_time)
+    host_wait_fwd_s: float = 0.0
+    host_wait_bwd_s: float = 0.0
 
     @property
     def time_s(self) -> float:
@@ -698,6 +704,8 @@ class LayerWork:
     act_working_bytes: float
     hw_flops: float
     wgrad_s: float
+    host_wait_fwd_s: float = 0.0  # of other_s, the host floor (planner.cost.moe)
+    host_wait_bwd_s: float = 0.0
 
 
 @lru_cache(maxsize=65536)
@@ -731,6 +739,7 @@ def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork
     other = 0.0
     mlp = layer.mlp
     moe_buffer = 0.0
+    wait_fwd = wait_bwd = 0.0
     if mlp is not None and mlp.is_moe:
         # token dispatch and combine over the expert mesh, forward and backward (planner.cost.moe)
         passes = 3 if recompute is Recompute.FULL else 2
@@ -757,8 +766,10 @@ def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork
         # dispatch + combine (one of the a2a passes); the CP ring stays with the rest
         forward_s = compute.fwd_s + tp_fwd * ((1.0 - hidden) + hidden * opts.comm_slowdown) \
             + a2a_s / (3 if recompute is Recompute.FULL else 2)
-        other += moe.host_floor_s(gpu_s, passes, launches * KERNEL_LAUNCH_S, opts.moe,
-                                  pre_sync_s, forward_s, moe.pre_sync_passes(recompute.value))
+        wait_fwd, wait_bwd = moe.host_wait_split_s(
+            gpu_s, passes, launches * KERNEL_LAUNCH_S, opts.moe, pre_sync_s, forward_s,
+            moe.pre_sync_passes(recompute.value))
+        other += wait_fwd + wait_bwd
     stored, working = layer_activation_bytes(layer, shard.micro_batch, seq_len, tp, shard.cp,
                                              sp, recompute, opts.attention_kernel, opts.dropout,
                                              work.etp, opts.moe.load_factor,
@@ -767,7 +778,7 @@ def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork
     return LayerWork(compute.fwd_s, compute.bwd_s, compute.recompute_s(recompute),
                      tp_comm, other, stored, working + moe_buffer,
                      3 * compute.fwd_flops + compute.recompute_flops(recompute),
-                     compute.gemm_wgrad_s)
+                     compute.gemm_wgrad_s, wait_fwd, wait_bwd)
 
 
 @lru_cache(maxsize=65536)
@@ -857,7 +868,8 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
         dp_gather_s=(t.dp_gather_dense.slope_s_per_byte * w_dense
                      + t.dp_gather_expert.slope_s_per_byte * w_expert),
         optimizer_s=optimizer_s, dense_params=dense, expert_params=expert,
-        hw_flops=work.hw_flops, host_bytes=host_bytes, wgrad_s=work.wgrad_s)
+        hw_flops=work.hw_flops, host_bytes=host_bytes, wgrad_s=work.wgrad_s,
+        host_wait_fwd_s=work.host_wait_fwd_s, host_wait_bwd_s=work.host_wait_bwd_s)
 
 
 # -- stage and step formulas over terms (what evaluate() reports) ----------------------------
@@ -939,9 +951,9 @@ def stage_time(t: ConfigTerms, layers: Sequence[LayerTerms]) -> float:
         fwd_traffic = _charged(layers, sum(x.zero_fwd_traffic_s for x in layers),
                                t.zero_gather_fwd_dense, t.zero_gather_expert.scaled(0.5))
         exposed = (max((x.zero_edge_s for x in layers), default=0.0)
-                   + max(0.0, fwd_traffic - sum(x.fwd_s for x in layers))
+                   + max(0.0, fwd_traffic - sum(x.fwd_s + x.host_wait_fwd_s for x in layers))
                    + max(0.0, traffic - fwd_traffic
-                         - sum(x.bwd_s + x.recompute_s for x in layers)))
+                         - sum(x.bwd_s + x.recompute_s + x.host_wait_bwd_s for x in layers)))
         time_s += exposed + t.comm_slowdown * (traffic - exposed)
     if t.chunk_weights:  # unequal chunks inside a rank: the order's excess (pipeline_excess)
         time_s *= 1 + pipeline_excess(t)
@@ -1010,8 +1022,9 @@ def step_time(t: ConfigTerms | Sequence[ConfigTerms], stage_layers: Sequence[Seq
     slack = 0.0
     for stage, layers in enumerate(stage_layers):
         reduce, gather = dp_sync_s(per_stage[stage], layers)
-        bwd = sum(x.bwd_s + x.recompute_s for x in layers)
-        fwd = sum(x.fwd_s for x in layers)
+        # the device's waits on the host (MoE host floor) hide the side-stream sync too
+        bwd = sum(x.bwd_s + x.recompute_s + x.host_wait_bwd_s for x in layers)
+        fwd = sum(x.fwd_s + x.host_wait_fwd_s for x in layers)
         hidden_reduce = (bwd + slack) if t.overlap_grad_reduce else slack
         hidden_gather = fwd if t.overlap_param_gather else 0.0
         e = max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather)

@@ -53,6 +53,11 @@ def memory_lower_bound(p: StageProblem) -> float:
     return min(free_memory_lower_bound(q) for q in rule_problems(p))
 
 
+# what a stage's ZeRO-2/3 traffic can hide behind at most (terms.stage_time): its compute and
+# the device's waits on the host (the MoE host floor, planner.cost.moe.host_wait_split_s)
+HIDING_TERMS = ("fwd_s", "bwd_s", "host_wait_fwd_s", "host_wait_bwd_s")
+
+
 def free_time_lower_bound(p: StageProblem) -> float:
     """Step time no placement can beat: every block at its fastest option, the work spread
     perfectly over the stages (1F1B: ``(m - 1/v) work / pp + work / v``), the optimizer step of
@@ -67,8 +72,8 @@ def free_time_lower_bound(p: StageProblem) -> float:
         # of the sum); slopes only, the intercepts are >= 0.
         traffic = p.class_sum("zero_traffic_s")
         traffic += p.fixed_extreme("zero_traffic_s")
-        busy = p.class_sum(("fwd_s", "bwd_s"), max)
-        busy += p.fixed_extreme("fwd_s", max) + p.fixed_extreme("bwd_s", max)
+        busy = p.class_sum(HIDING_TERMS, max)
+        busy += sum(p.fixed_extreme(name, max) for name in HIDING_TERMS)
         work += max(0.0, traffic - busy)
     m, v = t.num_micro_batches, t.virtual_stages
     pipeline = (m - 1.0 / v) * work / t.pp + work / v
@@ -165,8 +170,8 @@ def fitting_time_lower_bound(p: StageProblem) -> float:
     if t.per_micro_batch_sync:  # as in time_lower_bound: traffic no stage can hide
         traffic = p.class_sum("zero_traffic_s")
         traffic += p.fixed_extreme("zero_traffic_s")
-        busy = p.class_sum(("fwd_s", "bwd_s"), max)
-        busy += p.fixed_extreme("fwd_s", max) + p.fixed_extreme("bwd_s", max)
+        busy = p.class_sum(HIDING_TERMS, max)
+        busy += sum(p.fixed_extreme(name, max) for name in HIDING_TERMS)
         const += a * max(0.0, traffic - busy)
     # weights w_i = 1 / (s* + (1+a) f_i a*) of reference options (s*, a*); all 1 and 1/f_i
     # are the references (1, 0) and (0, 1). A layer's weighted bytes

@@ -206,6 +206,21 @@ def dispatch_combine_s(tokens: float, h: int, mlp: Mlp, tp: int, etp: int, ep: i
     return passes * one * (1.0 - options.a2a_overlap)
 
 
+def _host_per_pass_s(options: MoeOptions) -> float:
+    """The host's issue time of one pass of a MoE layer (with the dropless read-back's)."""
+    return HOST_PER_LAYER_PASS_S + (DROPLESS_SYNC_S if options.host_synchronised else 0.0)
+
+
+def _synchronised_pass_s(per_pass: float, pre_sync_gpu_s: float, forward_gpu_s: float) -> float:
+    """Seconds of one synchronised forward pass (:func:`host_floor_s`): the pre-sync kernels
+    while the host issues them, then the post-sync ones while it issues the rest, the host's
+    issue split by the launches on either side of the read-back."""
+    host_pre_s = HOST_PER_LAYER_PASS_S * PRE_SYNC_LAUNCHES / (PRE_SYNC_LAUNCHES
+                                                             + POST_SYNC_LAUNCHES)
+    return (max(host_pre_s, pre_sync_gpu_s)
+            + max(per_pass - host_pre_s, max(0.0, forward_gpu_s - pre_sync_gpu_s)))
+
+
 def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0,
                  options: MoeOptions = MoeOptions(), pre_sync_gpu_s: float = 0.0,
                  forward_gpu_s: float = 0.0, sync_passes: int = 1) -> float:
@@ -237,15 +252,10 @@ def host_floor_s(gpu_s: float, passes: float, extra_host_s: float = 0.0,
     host while the backward waits on the device, and the two add."""
     if options.host_captured:
         return 0.0
-    per_pass = HOST_PER_LAYER_PASS_S + (DROPLESS_SYNC_S if options.host_synchronised else 0.0)
+    per_pass = _host_per_pass_s(options)
     if not options.host_synchronised or sync_passes <= 0:
         return max(0.0, passes * per_pass + extra_host_s - gpu_s)
-    host_pre_s = HOST_PER_LAYER_PASS_S * PRE_SYNC_LAUNCHES / (PRE_SYNC_LAUNCHES
-                                                             + POST_SYNC_LAUNCHES)
-    host_post_s = per_pass - host_pre_s
-    post_sync_gpu_s = max(0.0, forward_gpu_s - pre_sync_gpu_s)
-    synced = sync_passes * (max(host_pre_s, pre_sync_gpu_s)
-                            + max(host_post_s, post_sync_gpu_s))
+    synced = sync_passes * _synchronised_pass_s(per_pass, pre_sync_gpu_s, forward_gpu_s)
     rest_gpu_s = max(0.0, gpu_s - sync_passes * forward_gpu_s)
     rest = max((passes - sync_passes) * per_pass + extra_host_s, rest_gpu_s)
     return max(0.0, synced + rest - gpu_s)
@@ -267,15 +277,12 @@ def host_wait_split_s(gpu_s: float, passes: float, extra_host_s: float = 0.0,
                          sync_passes)
     if total <= 0.0 or passes <= 0:
         return 0.0, 0.0
-    per_pass = HOST_PER_LAYER_PASS_S + (DROPLESS_SYNC_S if options.host_synchronised else 0.0)
+    per_pass = _host_per_pass_s(options)
     if not options.host_synchronised or sync_passes <= 0:
         forward = total * per_pass / (passes * per_pass + extra_host_s)
     else:
-        host_pre_s = HOST_PER_LAYER_PASS_S * PRE_SYNC_LAUNCHES / (PRE_SYNC_LAUNCHES
-                                                                 + POST_SYNC_LAUNCHES)
-        post_sync_gpu_s = max(0.0, forward_gpu_s - pre_sync_gpu_s)
-        forward = max(0.0, max(host_pre_s, pre_sync_gpu_s)
-                      + max(per_pass - host_pre_s, post_sync_gpu_s) - forward_gpu_s)
+        forward = max(0.0, _synchronised_pass_s(per_pass, pre_sync_gpu_s, forward_gpu_s)
+                      - forward_gpu_s)
     forward = min(forward, total)
     return forward, total - forward
 

@@ -58,7 +58,8 @@ from planner.cost.model import evaluate, model_flops_per_step  # noqa: E402
 from planner.calibration.apply import calibrated_options  # noqa: E402
 from planner.calibration.store import shipped  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
-from planner.profiles import profile_for_framework  # noqa: E402
+from planner.calibration.session import compile_choice  # noqa: E402
+from planner.profiles import framework_compiled, profile_for_framework  # noqa: E402
 from planner.moe import DEFAULT_A2A_OVERLAP, EP_COMM_OVERLAP, MoeOptions  # noqa: E402
 from planner.solve.search import uniform_placement  # noqa: E402
 from planner.ir import LayerKind  # noqa: E402
@@ -336,7 +337,8 @@ def fused_elementwise_of(entry: dict) -> bool:
     eager PyTorch element-wise kernels (``unfused_elementwise.torchtitan``); they keep the
     torchtitan profile otherwise (FSDP2 + EP, per-block host overhead)."""
     framework = (entry["training"].get("framework") or "").lower()
-    return "compile" in framework or ("automodel" in framework and "kernels: te" in framework)
+    return framework_compiled(framework) or ("automodel" in framework and
+                                             "kernels: te" in framework)
 
 
 def state_layout_of(entry: dict, prof) -> str:
@@ -370,8 +372,10 @@ def options_of(entry: dict) -> RuntimeOptions:
     profile = shipped()
     if profile is None:
         return options
-    return calibrated_options(options, profile.constants, gpu_of(entry),
-                              "compile" in framework.lower(), fused_elementwise_of(entry))
+    # `plan --compile --elementwise fused`'s reading (planner.calibration.session)
+    compiled = framework_compiled(framework)
+    fused = compile_choice(prof, compiled, "fused" if fused_elementwise_of(entry) else None)
+    return calibrated_options(options, profile.constants, gpu_of(entry), compiled, fused)
 
 
 def describe(entry: dict) -> str:

@@ -74,6 +74,17 @@ runtime_option = click.option(
     "--runtime", type=click.Choice(RUNTIME_CHOICES), default="megatron", show_default=True,
     help="Target runtime profile (megatron, torchtitan, deepspeed, fsdp): what it can run, its "
          "memory layout and overlap. Legacy state-layout names are accepted.")
+compile_option = click.option(
+    "--compile/--no-compile", "compiled", default=False, show_default=True,
+    help="The runtime runs under torch.compile (torchtitan --compile.enable, llm-foundry "
+         "compile_config): its element-wise ops fused, and torchtitan's async TP. Recorded in "
+         "the plan; the torchtitan export then enables compile.")
+elementwise_option = click.option(
+    "--elementwise", type=click.Choice(["fused", "eager"]), default=None,
+    help="The runtime's element-wise ops (norms, RoPE, activations): fused kernels (torch."
+         "compile, or Transformer Engine's fused modules without it, as NeMo AutoModel's TE "
+         "backend) or eager PyTorch (default: fused with --compile or where the runtime's "
+         "kernels are fused, megatron and deepspeed; eager for torchtitan and fsdp).")
 calibration_option = click.option(
     "--calibration", "calibration", default=None, metavar="PROFILE.yaml",
     type=click.Path(dir_okay=False),
@@ -142,12 +153,15 @@ def time_limit_slack_s(limit_s: float) -> float:
 @attention_option
 @dropout_option
 @runtime_option
+@compile_option
+@elementwise_option
 @calibration_option
 @moe_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
              zero_stage, recompute, sp, virtual_stages, schedule, pp_partition, dp_shard, hpz,
-             dtype, attention_kernel, dropout, runtime, calibration, as_json, **moe):
+             dtype, attention_kernel, dropout, runtime, compiled, elementwise, calibration,
+             as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
     from planner.calibration.session import prediction_intervals, runtime_setup
     from planner.cost.model import evaluate as run
@@ -159,7 +173,8 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
                           moe=moe_options_from(moe),
                           recompute_modules=recompute_modules_from(moe),
                           cross_entropy=cross_entropy_from(moe),
-                          fp8_attention=fp8_attention_from(moe), dropout=dropout)
+                          fp8_attention=fp8_attention_from(moe), dropout=dropout,
+                          compiled=compiled, elementwise=elementwise)
     hw = setup.cluster
     if dp is None:
         dp = resolve_dp(hw.num_gpus, tp, pp, cp)
@@ -280,6 +295,8 @@ def clusters_command(as_json):
 @attention_option
 @dropout_option
 @runtime_option
+@compile_option
+@elementwise_option
 @calibration_option
 @moe_option
 @click.option("-o", "--output", default=None, metavar="FILE",
@@ -294,8 +311,9 @@ def clusters_command(as_json):
               help="Churn budget of the fallbacks: layers that may change stage (default any).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
-         top_k, pins, dp_shard, memory_headroom, attention_kernel, dropout, runtime, calibration,
-         output, force, timings, fallbacks, fallback_max_moved_layers, as_json, **moe):
+         top_k, pins, dp_shard, memory_headroom, attention_kernel, dropout, runtime, compiled,
+         elementwise, calibration, output, force, timings, fallbacks, fallback_max_moved_layers,
+         as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.plan import make_plan
     from planner.report import rounded
@@ -328,7 +346,8 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
                               attention_kernel, calibration, moe=moe_options_from(moe),
                               recompute_modules=recompute_modules_from(moe),
                               cross_entropy=cross_entropy_from(moe),
-                              fp8_attention=fp8_attention_from(moe), dropout=dropout)
+                              fp8_attention=fp8_attention_from(moe), dropout=dropout,
+                              compiled=compiled, elementwise=elementwise)
         hw = setup.cluster if pools is None else pools
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options,

@@ -336,6 +336,12 @@ class RuntimeOptions:
     micro_batch_overhead_s: float = 0.0  # fixed host/launch seconds per micro-batch per stage
     block_overhead_s: float = 0.0  # fixed host seconds per block per forward / backward pass
     elementwise_factor: float = 1.0  # element-wise HBM traffic vs fused kernels (eager > 1)
+    # what elementwise_factor and tp_comm_overlap were calibrated for (a record: the plan
+    # keeps it, `check --runtime` and the torchtitan export read it): the runtime runs under
+    # torch.compile; its element-wise ops "fused" or "eager" where that is not the profile's
+    # default for ``compiled`` ("": the default; planner.calibration.apply)
+    compiled: bool = False
+    elementwise: str = ""
     fp8_gemm_factor: float = 1.0  # FP8 GEMM efficiency relative to 16-bit (of the FP8 peak)
     fp8_saved_inputs: bool = False  # GEMM inputs kept for backward in FP8 (Transformer Engine)
     # calibrated efficiencies of the GPU's generation (None: the GPU preset's own values)

@@ -44,7 +44,7 @@ _RUNTIME_KEYS = ("runtime", "attention_kernel", "dropout", "overlap_grad_reduce"
                  "block_overhead_s", "elementwise_factor", "fp8_gemm_factor", "fp8_saved_inputs",
                  "matmul_efficiency", "attention_efficiency", "pool_efficiency",
                  "recompute_modules", "cross_entropy", "fp8_attention", "fp8_bf16_gemms",
-                 "expert_gemm_per_expert")
+                 "expert_gemm_per_expert", "compiled", "elementwise")
 
 
 @dataclass(frozen=True, eq=False)

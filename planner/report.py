@@ -124,6 +124,10 @@ def runtime_dict(o) -> dict[str, Any]:
         out["fp8_bf16_gemms"] = list(o.fp8_bf16_gemms)
     if o.expert_gemm_per_expert:  # one GEMM per local expert (planner.cost.compute.gemm_time_s)
         out["expert_gemm_per_expert"] = True
+    if o.compiled:  # under torch.compile (planner.calibration.apply)
+        out["compiled"] = True
+    if o.elementwise:  # element-wise fusion other than the profile's default
+        out["elementwise"] = o.elementwise
     return out
 
 

@@ -139,14 +139,21 @@ def time_limit_slack_s(limit_s: float) -> float:
               show_default=True, help="Activation recomputation of every block.")
 @click.option("--sp/--no-sp", default=None,
               help="Sequence parallelism (default: on when tp > 1).")
-@click.option("--virtual-stages", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Interleaved 1F1B model chunks per pipeline rank.")
+@click.option("--virtual-stages", type=click.IntRange(min=1), default=None,
+              help="Interleaved 1F1B model chunks per pipeline rank (default: 1, or what "
+                   "--pipeline-layout's chunk count gives).")
 @click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None,
               help="Pipeline schedule (default: 1f1b, or interleaved-1f1b with "
                    "--virtual-stages > 1; zbv and dualpipev take --virtual-stages 2).")
 @click.option("--pp-partition", default=None,
               help="DeepSpeed's PipelineModule partition_method 'type:REGEX' for the stage "
                    "split (--runtime deepspeed; default Megatron-DeepSpeed's type:transformer).")
+@click.option("--pipeline-layout", default=None, metavar="LAYOUT",
+              help="Place the layers as Megatron-Core's --pipeline-model-parallel-layout "
+                   "writes them: E embedding, t decoder layer, m MTP layer, L loss, | between "
+                   "the pp x v model chunks (chunk k on rank k mod pp), (...)*N and x*N "
+                   "repeat; e.g. 'Et|(tt|)*62tL' (Llama 3.1 405B, pp 16 x 4). Needs a "
+                   "runtime that runs uneven chunks (megatron, torchtitan).")
 @dp_shard_option
 @hpz_option
 @dtype_option
@@ -159,9 +166,9 @@ def time_limit_slack_s(limit_s: float) -> float:
 @moe_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
-             zero_stage, recompute, sp, virtual_stages, schedule, pp_partition, dp_shard, hpz,
-             dtype, attention_kernel, dropout, runtime, compiled, elementwise, calibration,
-             as_json, **moe):
+             zero_stage, recompute, sp, virtual_stages, schedule, pp_partition, pipeline_layout,
+             dp_shard, hpz, dtype, attention_kernel, dropout, runtime, compiled, elementwise,
+             calibration, as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
     from planner.calibration.session import prediction_intervals, runtime_setup
     from planner.cost.model import evaluate as run
@@ -178,12 +185,18 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
     hw = setup.cluster
     if dp is None:
         dp = resolve_dp(hw.num_gpus, tp, pp, cp)
+    if pipeline_layout is not None:  # Megatron's syntax (planner/pipeline_layout.py)
+        from planner.pipeline_layout import parse_layout
+
+        layout = parse_layout(pipeline_layout)
+        if virtual_stages is None:  # the layout's chunks per rank
+            virtual_stages = layout.virtual_stages(pp)
     config = ParallelConfig(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp or 0, global_batch=global_batch,
         seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
-        zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
+        zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages or 1,
         dtype=dtype, dp_shard=0 if dp_shard in (None, dp) else dp_shard,
-        pipeline_schedule=schedule or "", hpz=hpz)
+        pipeline_schedule=schedule or "", hpz=hpz, pipeline_layout=pipeline_layout or "")
     options = setup.options
     config.validate(graph, hw)
     placement = runtime_placement(graph, config, setup.profile, LayerOption(Recompute(recompute)),

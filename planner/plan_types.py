@@ -111,7 +111,8 @@ class Plan:
                                     etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"],
                                     dp_shard=int(p.get("dp_shard", 0)),
                                     hpz=int(p.get("hpz", 0)),
-                                    pipeline_schedule=str(p.get("schedule", "")))
+                                    pipeline_schedule=str(p.get("schedule", "")),
+                                    pipeline_layout=str(p.get("pipeline_layout", "")))
             layers = sorted(doc["layers"], key=lambda layer: layer["index"])
             placement = LayerPlacement(
                 tuple(int(layer["stage"]) for layer in layers),

@@ -58,6 +58,8 @@ def parallelism_dict(ev: Evaluation) -> dict[str, Any]:
         out["dp_shard"] = c.dp_shard
     if c.hpz:  # ZeRO++ hpZ's secondary partition (planner.config): written only when used
         out["hpz"] = c.hpz
+    if c.pipeline_layout:  # an explicit pipeline layout (planner/pipeline_layout.py), as given
+        out["pipeline_layout"] = c.pipeline_layout
     return out
 
 

@@ -54,6 +54,19 @@ def p2p_s(size_bytes: float, link: Link) -> float:
     return size_bytes / link.bandwidth_bytes_per_s + link.latency_s
 
 
+def ring_hop_s(size_bytes: float, link: Link) -> float:
+    """One step of a point-to-point ring in which every member sends ``size_bytes`` to its
+    neighbour at once (context parallelism's KV exchange: Transformer Engine
+    ``AttnFuncWithCPAndKVP2P`` sends the KV chunk, or the KV and its gradient, to the next CP
+    rank each step). Each hop is one send between two GPUs, so it gets one of the channels the
+    group's ring bandwidth sums (``Link.channels``: across nodes one NIC, as NCCL gives a
+    point-to-point connection to a remote peer the GPU's own NIC; inside an NVSwitch node the
+    whole NVLink bandwidth), and the step lasts as long as its slowest hop."""
+    if size_bytes <= 0:
+        return 0.0
+    return size_bytes / (link.bandwidth_bytes_per_s / max(link.channels, 1)) + link.latency_s
+
+
 def tp_collective_s(size_bytes: float, tp: int, link: Link, sp: bool) -> float:
     """One TP synchronisation point: an all-reduce, or with sequence parallelism an all-gather
     plus a reduce-scatter of the same total volume (Korthikanti et al. 2022 §4.2.2)."""

@@ -622,10 +622,22 @@ def embedding_layout(layers: Sequence[Layer], options: Sequence[LayerOption]) ->
     return Layout.MESH
 
 
-def _tp_syncs(layer: Layer) -> tuple[int, int]:
-    """TP synchronisation points of a layer (forward, backward): Megatron's f/g operators."""
+def _tp_syncs(layer: Layer, sp: bool = True) -> tuple[int, int]:
+    """TP synchronisation points of a layer (forward, backward): Megatron's f/g operators.
+
+    A MoE block under sequence parallelism has the attention's and, with shared experts, their
+    dense MLP's: Megatron-Core's ``MoELayer`` routes and dispatches the sequence shard itself
+    (``moe_layer.py``; it requires sequence parallelism with TP), and the routed experts' TP
+    traffic is the dispatcher's gather and scatter over the expert tensor group
+    (``token_dispatcher.py`` ``gather_from_sequence_parallel_region`` over the ETP group after
+    the all-to-all; none at etp 1), costed with the dispatch (planner.cost.moe
+    ``dispatch_combine_s``); ``SharedExpertMLP`` is a TP-split MLP on the same sequence shard
+    (all-gather in, reduce-scatter out)."""
     if layer.kind is LayerKind.BLOCK:
+        mlp = layer.mlp
         n = 2 + (1 if layer.attention is not None and layer.attention.cross_attention else 0)
+        if sp and mlp is not None and mlp.is_moe and not mlp.shared_ffn_hidden:
+            n -= 1
         return n, n
     if layer.kind is LayerKind.MTP:  # its block, plus the eh_proj output gathered
         return 3, 3
@@ -713,6 +725,32 @@ class LayerWork:
     host_wait_bwd_s: float = 0.0
 
 
+def cp_ring_exposed_s(att, tokens: int, tp: int, cp: int, link: Link, compute,
+                      recomputed: bool = False) -> float:
+    """Seconds per micro-batch the context-parallel KV ring leaves exposed (ring attention,
+    Transformer Engine ``AttnFuncWithCPAndKVP2P``, ``cp_comm_type = "p2p"``, Megatron-Core's
+    default). The attention runs in ``cp`` steps, one per KV chunk; the send of step i + 1's
+    chunk to the next rank overlaps step i's attention, so each of the ``cp - 1`` exchanges
+    hides behind one step (1 / cp of the core) of its own pass only: the forward's KV chunks
+    behind the forward's steps, the backward's KV and KV-gradient chunks (one buffer, twice the
+    bytes) behind the backward's -- the backward's slack cannot absorb a forward that waits
+    on its ring. Each hop is one GPU-to-GPU send (:func:`planner.cost.comm.ring_hop_s`).
+    ``recomputed``: the forward runs again in the backward (full recomputation, or selective
+    recomputation of the attention core) with its ring."""
+    kv_bytes = tokens * max(att.num_kv_heads // tp, 1) * (att.head_dim + att.v_head_dim) * ACT_BYTES
+    steps = cp - 1
+    fwd = steps * max(0.0, comm.ring_hop_s(kv_bytes, link) - compute.attn_core_fwd_s / cp)
+    bwd = steps * max(0.0, comm.ring_hop_s(2 * kv_bytes, link) - compute.attn_core_bwd_s / cp)
+    return fwd * (2 if recomputed else 1) + bwd
+
+
+def _repeats_attention_core(recompute: Recompute, modules: tuple[str, ...]) -> bool:
+    """Whether ``recompute`` runs the attention core's forward again (full recomputation;
+    selective recomputation with ``core_attn`` among its modules, planner.cost.recompute_modules)."""
+    return recompute is Recompute.FULL or (recompute is Recompute.SELECTIVE
+                                           and "core_attn" in modules)
+
+
 @lru_cache(maxsize=65536)
 def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork:
     """The compute, communication and activation terms of ``layer`` under ``work`` (reads
@@ -726,7 +764,7 @@ def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork
     tokens = shard.tokens
     hidden_bytes = tokens * layer.hidden * ACT_BYTES
     # Tensor parallel collectives (not overlapped with compute unless the runtime says so).
-    fwd_syncs, bwd_syncs = _tp_syncs(layer)
+    fwd_syncs, bwd_syncs = _tp_syncs(layer, sp)
     one = comm.tp_collective_s(hidden_bytes, tp, work.tp_link, sp)
     if tp > 1 and not sp and layer.kind is LayerKind.HEAD:
         fwd_syncs = 0  # without SP the head's input is already replicated
@@ -756,12 +794,8 @@ def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork
                                                ACT_BYTES, opts.moe)
     att = layer.attention
     if att is not None and shard.cp > 1:
-        # ring attention: cp-1 exchanges of the local K and V chunk forward, twice that (K, V and
-        # their gradients) backward, hidden behind the attention core's forward and backward.
-        kv_bytes = tokens * max(att.num_kv_heads // tp, 1) * (att.head_dim + att.v_head_dim) * ACT_BYTES
-        ring = 3 * (shard.cp - 1) * comm.p2p_s(kv_bytes, work.cp_link)
-        core_s = compute.attn_core_s  # the core's forward + backward time (compute.py)
-        other += max(0.0, ring - core_s)
+        other += cp_ring_exposed_s(att, tokens, tp, shard.cp, work.cp_link, compute,
+                                   _repeats_attention_core(recompute, opts.recompute_modules))
     if mlp is not None and mlp.is_moe:  # the layer is no faster than the host issues it
         gpu_s = compute.fwd_s + compute.bwd_s + compute.recompute_s(recompute) + tp_comm + other
         passes, launches = moe.host_passes(recompute.value)

@@ -30,7 +30,11 @@ How an entry becomes inputs (no entry is special-cased; every rule reads the ent
   tokens/s/GPU x GPUs); entries with neither use the published model TFLOP/s with the
   library's model FLOPs (active experts only, as the sources count them).
 
-Routing in these runs is force-balanced or dropless (file header), which is what the cost
+* NeMo 2.x's own runs (NeMo 25.02 / 25.04 / 25.07): their performance recipes' settings
+  (:data:`NEMO_RECIPES`: token-dropping padded to capacity, etp, per-layer CUDA graphs, the
+  fused loss, TP communication overlap off).
+
+Routing in the other runs is force-balanced or dropless (file header), which is what the cost
 model assumes by default.
 """
 from __future__ import annotations
@@ -40,7 +44,7 @@ import functools
 import re
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -193,12 +197,73 @@ def recompute_modules_of(entry: dict) -> tuple[str, ...]:
 def config_of(entry: dict) -> ParallelConfig:
     t = entry["training"]
     zero = t.get("zero_stage")
+    recipe = nemo_recipe_of(entry)
     return ParallelConfig(
         tp=t["tp"], pp=t["pp"], dp=t["dp"], cp=t.get("cp") or 1, ep=t.get("ep") or 1,
         global_batch=t["global_batch"], seq_len=entry["model"]["seq_len"], sp=t["tp"] > 1,
         zero_stage=1 if zero is None else zero, micro_batch=t["micro_batch"],
         virtual_stages=t.get("virtual_stages_per_pp_rank") or 1, dtype=dtype_of(entry),
-        etp=t.get("etp") or 0)
+        etp=t.get("etp") or (recipe.etp if recipe is not None else 0))
+
+
+# NeMo 2.x performance recipes of the NeMo 25.02 / 25.04 / 25.07 containers (NVIDIA/NeMo r2.2.0
+# / r2.3.0 / r2.4.0; the 2.4.0 CHANGELOG lists "perf scripts 25.07 refactor", the 2.3.0 one the
+# 25.04 cherry-picks). Every MoE recipe's ``pretrain_performance_optimizations``
+# (``nemo/collections/llm/recipes/{mixtral_8x7b,mixtral_8x22b,llama4_e16}.py``) adds
+# ``MegatronTokenDropCallback``: ``moe_expert_capacity_factor = 1.0`` with
+# ``moe_pad_expert_input_to_capacity = True`` -- token-dropping routing padded to capacity, so
+# the alltoall dispatcher has static shapes and no read-back (Megatron-Core
+# ``token_dispatcher.py``: ``drop_and_pad`` keeps ``cuda_sync_point = "no_sync"``). The perf
+# scripts (``scripts/llm/performance`` in r2.2.0, ``scripts/performance`` from r2.3.0) read the
+# rest from ``recommended_model_configs/model_configs_{gpu}.csv`` where the row exists:
+# Mixtral 8x22B on B200 ``etp_size`` 1 (r2.2.0); ``cuda_graphs`` 1 for Mixtral 8x7B on B200 and
+# GB200 (r2.3.0) and Llama 4 Scout (e16) on GB200 (r2.4.0) -- ``enable_cuda_graph``, which in
+# Megatron-Core 0.12 / 0.13 swaps each TransformerLayer for a CUDA-graphed one (the whole MoE
+# layer: ``--cuda-graph moe``; Megatron-Core refuses it with recomputation). From r2.3.0
+# ``set_primary_perf_configs`` sets ``cross_entropy_fusion_impl = "te"`` (``GPTConfig``
+# fuses the loss: Transformer Engine's kernel). ``MegatronCommOverlapCallback`` leaves TP
+# communication overlap off unless a recipe asks for it (``tp_comm_overlap = False`` by
+# default): the Mixtral recipes do not (Llama 4 Scout's does, at tp 1).
+@dataclass(frozen=True)
+class NemoRecipe:
+    etp: int = 0  # 0: not set (Megatron-Core's default, tp)
+    cuda_graph: str = "none"
+    cross_entropy: str = "fp32"
+    tp_comm_overlap: bool = False
+
+
+# (model preset, system, release) -> the recipe's settings beyond the token drop.
+NEMO_RECIPES = {
+    ("mixtral-8x7b", "DGX-B200", (25, 2)): NemoRecipe(),
+    ("mixtral-8x22b", "DGX-B200", (25, 2)): NemoRecipe(etp=1),
+    ("mixtral-8x7b", "DGX-GB200", (25, 4)): NemoRecipe(cuda_graph="moe", cross_entropy="fused"),
+    # no GB200 row for Mixtral 8x22B in r2.3.0's csv: its settings came from the command line
+    # (etp unknown: Megatron-Core's default, tp; no CUDA graphs)
+    ("mixtral-8x22b", "DGX-GB200", (25, 4)): NemoRecipe(cross_entropy="fused"),
+    ("llama-4-scout", "DGX-GB200", (25, 7)): NemoRecipe(etp=1, cuda_graph="moe",
+                                                        cross_entropy="fused",
+                                                        tp_comm_overlap=True),
+}
+
+
+def nemo_release_of(entry: dict) -> tuple[int, int] | None:
+    """The NeMo container of an entry run with NeMo 2.x's own recipes (framework "NeMo 25.02
+    (Megatron-Core)"; not Megatron-Bridge or AutoModel): ``(25, 2)``."""
+    framework = entry["training"].get("framework") or ""
+    match = re.fullmatch(r"NeMo (\d+)\.(\d+) \(Megatron-Core\)", framework.strip())
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
+def nemo_recipe_of(entry: dict) -> NemoRecipe | None:
+    """The NeMo 2.x performance recipe of the entry (:data:`NEMO_RECIPES`); None for other
+    frameworks. A NeMo 2.x MoE entry without a row is an error: its recipe must be read."""
+    release = nemo_release_of(entry)
+    if release is None:
+        return None
+    key = (preset_of(entry), entry["cluster"]["system"], release)
+    if key not in NEMO_RECIPES:
+        raise LookupError(f"no NeMo recipe row for {key} (bench/moe_accuracy.py NEMO_RECIPES)")
+    return NEMO_RECIPES[key]
 
 
 def dispatcher_of(entry: dict) -> str:
@@ -240,8 +305,12 @@ def container_of(entry: dict) -> tuple[int, int, int] | None:
 
 
 def cuda_graph_of(entry: dict) -> str:
-    """What the entry's recipe captures in CUDA graphs (:data:`FULL_ITERATION_RECIPES`):
-    ``full_iteration`` or ``none`` (partial TE scopes leave the expert part to the host)."""
+    """What the entry's recipe captures in CUDA graphs (:data:`FULL_ITERATION_RECIPES`;
+    NeMo 2.x: :data:`NEMO_RECIPES`): ``full_iteration``, ``moe`` (each layer) or ``none``
+    (partial TE scopes leave the expert part to the host)."""
+    recipe = nemo_recipe_of(entry)
+    if recipe is not None:
+        return recipe.cuda_graph
     release = container_of(entry)
     if release is None:
         return "none"
@@ -322,6 +391,9 @@ def cross_entropy_of(entry: dict) -> str:
     with ``fp32_upcast: false`` (examples/benchmark/configs/*_te_deepep.yaml); others upcast
     to fp32."""
     framework = (entry["training"].get("framework") or "").lower()
+    recipe = nemo_recipe_of(entry)
+    if recipe is not None:
+        return recipe.cross_entropy
     if "megatron-bridge" in framework:
         return "fused"
     if "automodel" in framework:
@@ -361,7 +433,8 @@ def options_of(entry: dict) -> RuntimeOptions:
     framework = t.get("framework") or ""
     prof = profile_for_framework(framework)
     routing = (t.get("moe_routing") or "").lower()
-    capacity = 1.0 if "token-dropping" in routing else 0.0
+    recipe = nemo_recipe_of(entry)  # NeMo 2.x: MegatronTokenDropCallback (NEMO_RECIPES)
+    capacity = 1.0 if "token-dropping" in routing or recipe is not None else 0.0
     options = RuntimeOptions(runtime=state_layout_of(entry, prof), profile=prof.name,
                              recompute_modules=recompute_modules_of(entry),
                              cross_entropy=cross_entropy_of(entry),
@@ -371,12 +444,14 @@ def options_of(entry: dict) -> RuntimeOptions:
                                             a2a_overlap=a2a_overlap_of(entry),
                                             cuda_graph=cuda_graph_of(entry)))
     profile = shipped()
-    if profile is None:
-        return options
-    # `plan --compile --elementwise fused`'s reading (planner.calibration.session)
-    compiled = framework_compiled(framework)
-    fused = compile_choice(prof, compiled, "fused" if fused_elementwise_of(entry) else None)
-    return calibrated_options(options, profile.constants, gpu_of(entry), compiled, fused)
+    if profile is not None:
+        # `plan --compile --elementwise fused`'s reading (planner.calibration.session)
+        compiled = framework_compiled(framework)
+        fused = compile_choice(prof, compiled, "fused" if fused_elementwise_of(entry) else None)
+        options = calibrated_options(options, profile.constants, gpu_of(entry), compiled, fused)
+    if recipe is not None and not recipe.tp_comm_overlap:
+        options = replace(options, tp_comm_overlap=0.0)
+    return options
 
 
 def describe(entry: dict) -> str:
@@ -387,8 +462,10 @@ def describe(entry: dict) -> str:
     if (t.get("cp") or 1) > 1:
         parts.append(f"cp{t['cp']}")
     parts += [f"dp{t['dp']}", f"ep{t.get('ep') or 1}"]
-    if t.get("etp"):
-        parts.append(f"etp{t['etp']}")
+    recipe = nemo_recipe_of(entry)
+    etp = t.get("etp") or (recipe.etp if recipe is not None else 0)
+    if etp:
+        parts.append(f"etp{etp}")
     parts += [f"mbs{t['micro_batch']}", f"gbs{t['global_batch']}", dtype_of(entry)]
     if t.get("zero_stage") == 3:
         parts.append("fsdp")
@@ -581,8 +658,10 @@ def twin_floor(rows: list[Row]) -> tuple[float, list[str]]:
 
 def regime_of(entry: dict) -> str:
     """The regime a run's errors are reported by: its model and whether its runtime issues the
-    experts from the host (eager) or replays a full-iteration CUDA graph."""
-    graph = "full-iteration graph" if cuda_graph_of(entry) == "full_iteration" else "eager"
+    experts from the host (eager), replays each layer (layer graph, NeMo 2.x `enable_cuda_graph`)
+    or a full-iteration CUDA graph."""
+    graph = {"full_iteration": "full-iteration graph", "moe": "layer graph"}.get(
+        cuda_graph_of(entry), "eager")
     return f"{preset_of(entry)}, {graph}"
 
 

@@ -201,9 +201,10 @@ def print_verify(doc: dict[str, Any]) -> None:
         console.print(line("  ", ("note", "dim"), f": {note}"))
     status = ("OK", "bold green") if doc["ok"] else ("FAILED", "bold red")
     max_rel = loss["max_rel_diff"]
+    experts_ok = doc.get("a2a_ok", True) and doc.get("expert_states_ok", True)
     console.print(line(status, f": losses {'agree' if loss['ok'] else 'DIFFER'} (max rel. "
                        f"difference {'-' if max_rel is None else f'{max_rel:.2e}'}), states "
                        f"{'match' if doc['states_ok'] else 'DO NOT MATCH'}"
                        + (f", expert all-to-all bytes and states "
-                          f"{'match' if doc['a2a_ok'] and doc['expert_states_ok'] else 'DO NOT MATCH'}"
+                          f"{'match' if experts_ok else 'DO NOT MATCH'}"
                           if doc.get("a2a") or doc.get("expert_states") else "")))

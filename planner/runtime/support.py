@@ -297,11 +297,12 @@ def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
                 and layer.mlp.is_moe), None)
     if moe is not None:
         mesh = c.mesh
-        out["moe"] = (f"{moe.num_experts} routed SwiGLU experts (top {moe.top_k}), "
-                      f"{'a shared expert, ' if moe.shared_ffn_hidden else ''}a softmax router "
-                      "whose logits at the assigned experts are the gate weights; routing "
-                      "force-balanced: copy j of position s to expert (s x top_k + j) mod E "
-                      "(planner.runtime.experts)")
+        shared = (f"shared experts as one SwiGLU of width {moe.shared_ffn_hidden}, "
+                  if moe.shared_ffn_hidden else "")
+        out["moe"] = (f"{moe.num_experts} routed SwiGLU experts (top {moe.top_k}), {shared}a "
+                      "softmax router whose logits at the assigned experts are the gate "
+                      "weights; routing force-balanced: copy j of position s to expert "
+                      "(s x top_k + j) mod E (planner.runtime.experts)")
         if c.ep > 1:
             out["ep"] = (f"expert mesh etp {mesh.expert_tp} x ep {c.ep} x edp {mesh.expert_dp} "
                          f"over each stage's dp ranks: {moe.num_experts // c.ep} experts per "

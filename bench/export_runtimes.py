@@ -161,7 +161,9 @@ def toml_022_reference(doc: dict[str, Any], text: str) -> dict[str, Any]:
     etp = par.get("expert_tensor_parallel_degree", 1)
     if etp not in (1, par["tensor_parallel_degree"]):
         raise Rejected("expert_tensor_parallel_degree must be 1 or the tensor parallel degree")
-    return _titan_derived(doc, par, training, shard, config["activation_checkpoint"]["mode"])
+    out = _titan_derived(doc, par, training, shard, config["activation_checkpoint"]["mode"])
+    out["compile"] = bool(config.get("compile", {}).get("enable", False))
+    return out
 
 
 def _titan_derived(doc, par, training, shard, ac_mode) -> dict[str, Any]:

@@ -58,7 +58,9 @@ from planner.cost.model import evaluate, model_flops_per_step  # noqa: E402
 from planner.calibration.apply import calibrated_options  # noqa: E402
 from planner.calibration.store import shipped  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
-from planner.profiles import profile_for_framework  # noqa: E402
+from planner.calibration.session import compile_choice  # noqa: E402
+from planner.profiles import framework_compiled, profile_for_framework  # noqa: E402
+from planner.pipeline_layout import parse_layout  # noqa: E402
 from planner.moe import DEFAULT_A2A_OVERLAP, EP_COMM_OVERLAP, MoeOptions  # noqa: E402
 from planner.solve.search import uniform_placement  # noqa: E402
 from planner.ir import LayerKind  # noqa: E402
@@ -336,7 +338,8 @@ def fused_elementwise_of(entry: dict) -> bool:
     eager PyTorch element-wise kernels (``unfused_elementwise.torchtitan``); they keep the
     torchtitan profile otherwise (FSDP2 + EP, per-block host overhead)."""
     framework = (entry["training"].get("framework") or "").lower()
-    return "compile" in framework or ("automodel" in framework and "kernels: te" in framework)
+    return framework_compiled(framework) or ("automodel" in framework and
+                                             "kernels: te" in framework)
 
 
 def state_layout_of(entry: dict, prof) -> str:
@@ -370,8 +373,10 @@ def options_of(entry: dict) -> RuntimeOptions:
     profile = shipped()
     if profile is None:
         return options
-    return calibrated_options(options, profile.constants, gpu_of(entry),
-                              "compile" in framework.lower(), fused_elementwise_of(entry))
+    # `plan --compile --elementwise fused`'s reading (planner.calibration.session)
+    compiled = framework_compiled(framework)
+    fused = compile_choice(prof, compiled, "fused" if fused_elementwise_of(entry) else None)
+    return calibrated_options(options, profile.constants, gpu_of(entry), compiled, fused)
 
 
 def describe(entry: dict) -> str:
@@ -401,14 +406,15 @@ def published_time(entry: dict, model, config: ParallelConfig) -> tuple[float, s
     return flops / (r["tflops_per_gpu"] * 1e12 * c["num_gpus"]), "model TFLOP/s"
 
 
-# Megatron-Bridge's DeepSeek-V3 pipeline layouts: blocks per model chunk (pp x vp chunks), the
-# embedding with chunk 0, the MTP module and the loss with the last. Recipe
-# ``recipes/deepseek/deepseek_v3.py`` ``map_pp_vp_to_layout`` (pp, vp) -> chunks: 4 -> 16, 16,
-# 16, 13; 8 -> 8 x 7, 5; 16 -> 4 x 15, 1 (as the perf configs' ``pp_layout``
-# "Et*4|(t*4|)*14tmL" for pp2 vp8 and pp8 vp2); 32 chunks: the perf configs' H100 pp8 vp4
-# ``pp_layout="Et|(tt|)*30mL"``: 1, 2 x 30, then the MTP module and the loss alone.
-DEEPSEEK_V3_LAYOUTS = {4: (16, 16, 16, 13), 8: (8,) * 7 + (5,), 16: (4,) * 15 + (1,),
-                       32: (1,) + (2,) * 30 + (0,)}
+# Megatron-Bridge's DeepSeek-V3 pipeline layouts, by model chunks (pp x vp), in Megatron-Core's
+# --pipeline-model-parallel-layout syntax (planner/pipeline_layout.py): the embedding with chunk
+# 0, the MTP module and the loss with the last. Recipe ``recipes/deepseek/deepseek_v3.py``
+# ``map_pp_vp_to_layout`` (pp, vp) -> blocks per chunk: 4 -> 16, 16, 16, 13; 8 -> 8 x 7, 5;
+# 16 -> 4 x 15, 1 (the perf configs' ``pp_layout`` "Et*4|(t*4|)*14tmL" for pp2 vp8 and pp8
+# vp2); 32 chunks: the perf configs' H100 pp8 vp4 ``pp_layout="Et|(tt|)*30mL"``: 1, 2 x 30,
+# then the MTP module and the loss alone.
+DEEPSEEK_V3_LAYOUTS = {4: "Et*16|(t*16|)*2t*13mL", 8: "Et*8|(t*8|)*6t*5mL",
+                       16: "Et*4|(t*4|)*14tmL", 32: "Et|(tt|)*30mL"}
 
 
 def layout_of(entry: dict, model, config: ParallelConfig) -> tuple[int, ...] | None:
@@ -416,7 +422,8 @@ def layout_of(entry: dict, model, config: ParallelConfig) -> tuple[int, ...] | N
     (:data:`DEEPSEEK_V3_LAYOUTS`, Megatron-Bridge DeepSeek-V3 runs); None: Megatron's even
     split."""
     chunks = config.pp * config.virtual_stages
-    layout = DEEPSEEK_V3_LAYOUTS.get(chunks)
+    text = DEEPSEEK_V3_LAYOUTS.get(chunks)
+    layout = parse_layout(text).blocks if text is not None else None
     if (config.pp == 1 or layout is None or container_of(entry) is None
             or preset_of(entry) != "deepseek-v3" or sum(layout) != model.num_blocks):
         return None

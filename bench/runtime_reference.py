@@ -25,6 +25,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from planner.errors import PlannerError
+from planner.pipeline_layout import parse_layout
+
 
 class Rejected(Exception):
     """The runtime would refuse these arguments."""
@@ -147,20 +150,17 @@ def _offload_rules(a: argparse.Namespace, pp: int) -> None:
         raise Rejected("--optimizer-offload-fraction must be in [0, 1]")
 
 
-def _layout_chunks(layout: str, pp: int) -> list[str]:
-    stages = layout.split("|")
-    if len(stages) % pp:
-        raise Rejected(f"The length of pipeline_model_parallel_layout must be divisible by "
-                       f"pipeline_model_parallel_size (num_stages={len(stages)}, "
-                       f"pipeline_model_parallel_size={pp})")
-    for stage in stages:
-        if set(stage) - set("EtmL"):
-            raise Rejected(f"unknown layer type in layout stage {stage!r}")
-    flat = "".join(stages)
-    if not flat.startswith("E") or not flat.endswith("L") or flat.count("E") != 1 or \
-            flat.count("L") != 1:
-        raise Rejected("the layout must hold the embedding first and the loss last, once each")
-    return stages
+def _layout_chunks(layout: str, pp: int, num_layers: int) -> list[list[int]]:
+    """PipelineParallelLayerLayout's parse and validate_layer_layout (no MTP layers: this
+    reference takes no --mtp-num-layers), through the planner's one reader of the syntax:
+    the decoder layers of each rank's chunks, ``[rank][virtual stage]``."""
+    try:
+        parsed = parse_layout(layout)
+        parsed.virtual_stages(pp)
+        parsed.megatron_check(num_layers)
+    except PlannerError as error:
+        raise Rejected(error.message) from None
+    return parsed.rank_blocks(pp)
 
 
 def megatron(args: list[str], *, world_size: int, env: dict[str, str],
@@ -206,12 +206,8 @@ def megatron(args: list[str], *, world_size: int, env: dict[str, str],
         if first is not None or last is not None:
             raise Rejected("--pipeline-model-parallel-layout excludes the "
                            "--decoder-first/last-pipeline-num-layers arguments")
-        stages = _layout_chunks(a.pipeline_model_parallel_layout, pp)
-        vpp = len(stages) // pp
-        chunks = [[stages[k * pp + r].count("t") for k in range(vpp)] for r in range(pp)]
-        if sum(map(sum, chunks)) != layers:
-            raise Rejected(f"the layout holds {sum(map(sum, chunks))} decoder layers, "
-                           f"--num-layers is {layers}")
+        chunks = _layout_chunks(a.pipeline_model_parallel_layout, pp, layers)
+        vpp = len(chunks[0])
     else:
         if a.num_layers_per_virtual_pipeline_stage is not None:
             if first is not None or last is not None:

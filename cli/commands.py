@@ -74,6 +74,17 @@ runtime_option = click.option(
     "--runtime", type=click.Choice(RUNTIME_CHOICES), default="megatron", show_default=True,
     help="Target runtime profile (megatron, torchtitan, deepspeed, fsdp): what it can run, its "
          "memory layout and overlap. Legacy state-layout names are accepted.")
+compile_option = click.option(
+    "--compile/--no-compile", "compiled", default=False, show_default=True,
+    help="The runtime runs under torch.compile (torchtitan --compile.enable, llm-foundry "
+         "compile_config): its element-wise ops fused, and torchtitan's async TP. Recorded in "
+         "the plan; the torchtitan export then enables compile.")
+elementwise_option = click.option(
+    "--elementwise", type=click.Choice(["fused", "eager"]), default=None,
+    help="The runtime's element-wise ops (norms, RoPE, activations): fused kernels (torch."
+         "compile, or Transformer Engine's fused modules without it, as NeMo AutoModel's TE "
+         "backend) or eager PyTorch (default: fused with --compile or where the runtime's "
+         "kernels are fused, megatron and deepspeed; eager for torchtitan and fsdp).")
 calibration_option = click.option(
     "--calibration", "calibration", default=None, metavar="PROFILE.yaml",
     type=click.Path(dir_okay=False),
@@ -128,26 +139,36 @@ def time_limit_slack_s(limit_s: float) -> float:
               show_default=True, help="Activation recomputation of every block.")
 @click.option("--sp/--no-sp", default=None,
               help="Sequence parallelism (default: on when tp > 1).")
-@click.option("--virtual-stages", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Interleaved 1F1B model chunks per pipeline rank.")
+@click.option("--virtual-stages", type=click.IntRange(min=1), default=None,
+              help="Interleaved 1F1B model chunks per pipeline rank (default: 1, or what "
+                   "--pipeline-layout's chunk count gives).")
 @click.option("--schedule", type=click.Choice(list(SCHEDULES)), default=None,
               help="Pipeline schedule (default: 1f1b, or interleaved-1f1b with "
                    "--virtual-stages > 1; zbv and dualpipev take --virtual-stages 2).")
 @click.option("--pp-partition", default=None,
               help="DeepSpeed's PipelineModule partition_method 'type:REGEX' for the stage "
                    "split (--runtime deepspeed; default Megatron-DeepSpeed's type:transformer).")
+@click.option("--pipeline-layout", default=None, metavar="LAYOUT",
+              help="Place the layers as Megatron-Core's --pipeline-model-parallel-layout "
+                   "writes them: E embedding, t decoder layer, m MTP layer, L loss, | between "
+                   "the pp x v model chunks (chunk k on rank k mod pp), (...)*N and x*N "
+                   "repeat; e.g. 'Et|(tt|)*62tL' (Llama 3.1 405B, pp 16 x 4). Needs a "
+                   "runtime that runs uneven chunks (megatron, torchtitan).")
 @dp_shard_option
 @hpz_option
 @dtype_option
 @attention_option
 @dropout_option
 @runtime_option
+@compile_option
+@elementwise_option
 @calibration_option
 @moe_option
 @json_option
 def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, etp, micro_batch,
-             zero_stage, recompute, sp, virtual_stages, schedule, pp_partition, dp_shard, hpz,
-             dtype, attention_kernel, dropout, runtime, calibration, as_json, **moe):
+             zero_stage, recompute, sp, virtual_stages, schedule, pp_partition, pipeline_layout,
+             dp_shard, hpz, dtype, attention_kernel, dropout, runtime, compiled, elementwise,
+             calibration, as_json, **moe):
     """Predict step time and per-GPU memory of one given configuration."""
     from planner.calibration.session import prediction_intervals, runtime_setup
     from planner.cost.model import evaluate as run
@@ -159,16 +180,23 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
                           moe=moe_options_from(moe),
                           recompute_modules=recompute_modules_from(moe),
                           cross_entropy=cross_entropy_from(moe),
-                          fp8_attention=fp8_attention_from(moe), dropout=dropout)
+                          fp8_attention=fp8_attention_from(moe), dropout=dropout,
+                          compiled=compiled, elementwise=elementwise)
     hw = setup.cluster
     if dp is None:
         dp = resolve_dp(hw.num_gpus, tp, pp, cp)
+    if pipeline_layout is not None:  # Megatron's syntax (planner/pipeline_layout.py)
+        from planner.pipeline_layout import parse_layout
+
+        layout = parse_layout(pipeline_layout)
+        if virtual_stages is None:  # the layout's chunks per rank
+            virtual_stages = layout.virtual_stages(pp)
     config = ParallelConfig(
         tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp or 0, global_batch=global_batch,
         seq_len=graph.default_seq_len, sp=(tp > 1) if sp is None else sp,
-        zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages,
+        zero_stage=int(zero_stage), micro_batch=micro_batch, virtual_stages=virtual_stages or 1,
         dtype=dtype, dp_shard=0 if dp_shard in (None, dp) else dp_shard,
-        pipeline_schedule=schedule or "", hpz=hpz)
+        pipeline_schedule=schedule or "", hpz=hpz, pipeline_layout=pipeline_layout or "")
     options = setup.options
     config.validate(graph, hw)
     placement = runtime_placement(graph, config, setup.profile, LayerOption(Recompute(recompute)),
@@ -280,6 +308,8 @@ def clusters_command(as_json):
 @attention_option
 @dropout_option
 @runtime_option
+@compile_option
+@elementwise_option
 @calibration_option
 @moe_option
 @click.option("-o", "--output", default=None, metavar="FILE",
@@ -294,8 +324,9 @@ def clusters_command(as_json):
               help="Churn budget of the fallbacks: layers that may change stage (default any).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
-         top_k, pins, dp_shard, memory_headroom, attention_kernel, dropout, runtime, calibration,
-         output, force, timings, fallbacks, fallback_max_moved_layers, as_json, **moe):
+         top_k, pins, dp_shard, memory_headroom, attention_kernel, dropout, runtime, compiled,
+         elementwise, calibration, output, force, timings, fallbacks, fallback_max_moved_layers,
+         as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.plan import make_plan
     from planner.report import rounded
@@ -328,7 +359,8 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
                               attention_kernel, calibration, moe=moe_options_from(moe),
                               recompute_modules=recompute_modules_from(moe),
                               cross_entropy=cross_entropy_from(moe),
-                              fp8_attention=fp8_attention_from(moe), dropout=dropout)
+                              fp8_attention=fp8_attention_from(moe), dropout=dropout,
+                              compiled=compiled, elementwise=elementwise)
         hw = setup.cluster if pools is None else pools
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options,

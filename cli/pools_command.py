@@ -7,9 +7,9 @@ import click
 
 from cli import signals
 from cli.app import emit_json
-from cli.commands import (MAX_TIME_LIMIT_S, calibration_option, dtype_option,
-                          global_batch_option, json_option, model_option, runtime_option,
-                          seq_len_option, time_limit_slack_s)
+from cli.commands import (MAX_TIME_LIMIT_S, calibration_option, compile_option, dtype_option,
+                          elementwise_option, global_batch_option, json_option, model_option,
+                          runtime_option, seq_len_option, time_limit_slack_s)
 from cli.params import pin_pairs
 
 
@@ -25,11 +25,13 @@ from cli.params import pin_pairs
 @click.option("--pin", "pins", multiple=True, metavar="KEY=VALUE",
               help="Fix a choice: tp, pp, dp, cp, sp, zero, micro_batch, recompute.")
 @runtime_option
+@compile_option
+@elementwise_option
 @calibration_option
 @click.option("--timings", is_flag=True, help="Record the solve's wall-clock time.")
 @json_option
 def plan_pools(model, cluster, global_batch, seq_len, dtype, time_limit, pins, runtime,
-               calibration, timings, as_json):
+               compiled, elementwise, calibration, timings, as_json):
     """Plan across the GPU pools of a cluster; print the stages, their pools and the step."""
     from clusters import load_cluster
     from models import load_model
@@ -49,7 +51,8 @@ def plan_pools(model, cluster, global_batch, seq_len, dtype, time_limit, pins, r
         # (cli/commands.py, planner/hetero/planning.py): same inputs, same plan
         pools = hw if isinstance(hw, MultiPoolCluster) else None
         setup = runtime_setup(hw if pools is None else hw.pools[0].as_cluster(), runtime, dtype,
-                              calibration=calibration)
+                              calibration=calibration, compiled=compiled,
+                              elementwise=elementwise)
         options = setup.options
         if pools is not None:
             options = pool_options(options, pools, setup.calibration.constants

@@ -85,9 +85,11 @@ def memory_table(stages: list[dict[str, Any]], capacity_gib: float, title: str) 
 
 def _chunks(p: dict[str, Any]) -> str:
     """The model chunks per pipeline rank, where the schedule has several (the runtimes'
-    --num-virtual-stages-per-pipeline-rank / the number of model parts per rank)."""
+    --num-virtual-stages-per-pipeline-rank / the number of model parts per rank) and an
+    explicit pipeline layout (evaluate --pipeline-layout)."""
     v = p.get("virtual_stages", 1)
-    return f" with {v} chunks per rank" if v > 1 else ""
+    layout = f" (layout {p['pipeline_layout']})" if p.get("pipeline_layout") else ""
+    return (f" with {v} chunks per rank" if v > 1 else "") + layout
 
 
 def _sharding(p: dict[str, Any]) -> str:

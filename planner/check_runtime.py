@@ -162,15 +162,16 @@ def runtime_options(plan: Plan, runtime: str, calibration: str | None = None
                     ) -> tuple[RuntimeProfile, RuntimeOptions]:
     """The profile ``runtime`` and the options the cost model uses for it: the runtime's
     state layout, overlap and calibrated constants; the plan's kernel, dropout, MoE options,
-    recompute modules and loss (properties of the model and job, not of the runtime), and the
+    recompute modules and loss (properties of the model and job, not of the runtime), the
+    plan's torch.compile and element-wise choice where the runtime can mean them, and the
     plan's FP8 attention where the runtime has it."""
-    from planner.calibration.session import runtime_setup
+    from planner.calibration.session import carried_compile, runtime_setup
 
     prof = profile(runtime)
     pools = plan.cluster if plan.across_pools else None
     setup = runtime_setup(plan.cluster if pools is None else pools.pools[0].as_cluster(),
                           runtime, plan.config.dtype, plan.runtime.attention_kernel, calibration,
-                          moe=plan.runtime.moe)
+                          moe=plan.runtime.moe, **carried_compile(plan.runtime, prof))
     options: RuntimeOptions = replace(setup.options, dropout=plan.runtime.dropout,
                                       recompute_modules=plan.runtime.recompute_modules,
                                       cross_entropy=plan.runtime.cross_entropy,

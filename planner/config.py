@@ -55,6 +55,11 @@ class ParallelConfig:
     # pipeline schedule (planner.cost.pipeline.SCHEDULES); "" = the default for virtual_stages
     # (1F1B, interleaved 1F1B). Normalised: the default is written as "".
     pipeline_schedule: str = ""
+    # an explicit pipeline layout, Megatron-Core's --pipeline-model-parallel-layout syntax
+    # (planner/pipeline_layout.py): the blocks of each of the pp x virtual_stages chunks as
+    # written, chunk k on rank k mod pp; "" = the runtime's default split
+    # (planner.strategy.default_placement)
+    pipeline_layout: str = ""
 
     def __post_init__(self):
         if self.pipeline_schedule and \
@@ -110,6 +115,23 @@ class ParallelConfig:
                           f"{spec.min_micro_batches_per_rank * self.pp} micro-batches, the "
                           f"plan has {self.num_micro_batches}",
                           "raise the global batch or lower the micro-batch size")
+
+    def _validate_layout(self, model: ModelGraph) -> None:
+        """An explicit pipeline layout: Megatron's rules (planner.pipeline_layout) against the
+        model's blocks and MTP layers, pp x virtual_stages chunks, on a looped schedule."""
+        from planner.pipeline_layout import parse_layout
+
+        if not isinstance(self.pipeline_layout, str):
+            raise invalid(f"--pipeline-layout must be a string, got {self.pipeline_layout!r}")
+        if self.pp == 1:
+            raise invalid("--pipeline-layout needs --pp > 1 (it splits the layers into pipeline "
+                          "chunks)")
+        parse_layout(self.pipeline_layout).validate(self.pp, self.virtual_stages,
+                                                    model.num_blocks, model.num_mtp, model.name)
+        if self.schedule in SCHEDULES and self.schedule_spec.placement != "loop":
+            raise invalid(f"--pipeline-layout places chunk k on rank k mod pp (Megatron's "
+                          f"order); the {self.schedule} schedule runs its chunks in a V",
+                          "use --schedule 1f1b, interleaved-1f1b or zb-h1")
 
     def _validate_hpz(self, model: ModelGraph) -> None:
         """ZeRO++ hpZ: ZeRO-3, a proper divisor of dp, and ranks that are dp ranks only:
@@ -189,6 +211,8 @@ class ParallelConfig:
                 f"{self.micro_batch} x {self.dp} = {self.micro_batch * self.dp}",
                 "pick a global batch that is a multiple of micro_batch * dp")
         blocks = model.num_blocks
+        if self.pipeline_layout:
+            self._validate_layout(model)
         if self.pp * self.virtual_stages > max(blocks, 1):
             raise invalid(
                 f"pp x virtual stages = {self.pp} x {self.virtual_stages} exceeds the "
@@ -336,6 +360,12 @@ class RuntimeOptions:
     micro_batch_overhead_s: float = 0.0  # fixed host/launch seconds per micro-batch per stage
     block_overhead_s: float = 0.0  # fixed host seconds per block per forward / backward pass
     elementwise_factor: float = 1.0  # element-wise HBM traffic vs fused kernels (eager > 1)
+    # what elementwise_factor and tp_comm_overlap were calibrated for (a record: the plan
+    # keeps it, `check --runtime` and the torchtitan export read it): the runtime runs under
+    # torch.compile; its element-wise ops "fused" or "eager" where that is not the profile's
+    # default for ``compiled`` ("": the default; planner.calibration.apply)
+    compiled: bool = False
+    elementwise: str = ""
     fp8_gemm_factor: float = 1.0  # FP8 GEMM efficiency relative to 16-bit (of the FP8 peak)
     fp8_saved_inputs: bool = False  # GEMM inputs kept for backward in FP8 (Transformer Engine)
     # calibrated efficiencies of the GPU's generation (None: the GPU preset's own values)

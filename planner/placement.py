@@ -17,7 +17,7 @@ from functools import lru_cache
 
 from planner.errors import invalid
 from planner.ir import LayerKind, ModelGraph
-from planner.profiles import RuntimeProfile
+from planner.profiles import PROFILES, RuntimeProfile
 from planner.strategy import NO_OPTION, LayerOption, LayerPlacement, default_placement
 
 # The class names DeepSpeed's ``partition_method="type:REGEX"`` matches for each layer of a
@@ -82,7 +82,20 @@ def runtime_placement(model: ModelGraph, config, prof: RuntimeProfile,
                       ) -> LayerPlacement:
     """The stages ``prof``'s runtime places the layers on by default (``partition``: a published
     ``partition_method`` overriding the profile's), ``block_option`` on every block. A DeepSpeed
-    ``type:`` partition applies to a plain (non-interleaved) pipeline."""
+    ``type:`` partition applies to a plain (non-interleaved) pipeline. An explicit
+    ``config.pipeline_layout`` (planner/pipeline_layout.py) needs a runtime that runs uneven
+    chunks (the profile's ``uneven_chunks``: Megatron's --pipeline-model-parallel-layout,
+    torchtitan's per-stage layer counts) and excludes ``partition``."""
+    if getattr(config, "pipeline_layout", ""):
+        if not prof.uneven_chunks:
+            runs = ", ".join(p.name for p in PROFILES.values() if p.uneven_chunks)
+            raise invalid(f"runtime {prof.name} cannot run an explicit pipeline layout: its "
+                          f"pipeline stages are not set layer by layer (profile uneven_chunks "
+                          f"is off)", f"use --runtime {runs.split(', ')[0]} (runtimes that take "
+                          f"one: {runs}), or leave --pipeline-layout out")
+        if partition:
+            raise invalid("--pipeline-layout and --pp-partition both set the pipeline split; "
+                          "give one")
     base = default_placement(model, config, block_option)
     if partition and not prof.pp_partition:
         raise invalid(f"runtime {prof.name} has no pipeline partition method (got "

@@ -44,7 +44,7 @@ _RUNTIME_KEYS = ("runtime", "attention_kernel", "dropout", "overlap_grad_reduce"
                  "block_overhead_s", "elementwise_factor", "fp8_gemm_factor", "fp8_saved_inputs",
                  "matmul_efficiency", "attention_efficiency", "pool_efficiency",
                  "recompute_modules", "cross_entropy", "fp8_attention", "fp8_bf16_gemms",
-                 "expert_gemm_per_expert")
+                 "expert_gemm_per_expert", "compiled", "elementwise")
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,7 +111,8 @@ class Plan:
                                     etp=0 if p.get("etp", p["tp"]) == p["tp"] else p["etp"],
                                     dp_shard=int(p.get("dp_shard", 0)),
                                     hpz=int(p.get("hpz", 0)),
-                                    pipeline_schedule=str(p.get("schedule", "")))
+                                    pipeline_schedule=str(p.get("schedule", "")),
+                                    pipeline_layout=str(p.get("pipeline_layout", "")))
             layers = sorted(doc["layers"], key=lambda layer: layer["index"])
             placement = LayerPlacement(
                 tuple(int(layer["stage"]) for layer in layers),

@@ -99,6 +99,12 @@ class RuntimeProfile:
     pp_keeps_unsharded: bool = False
     pipeline_zero_stages: tuple[int, ...] | None = None  # stages it runs with pp > 1 (None: all)
     tp_overlap_needs_compile: bool = False  # TP overlap only under torch.compile (async TP)
+    # its element-wise ops (norms, RoPE, activation, bias / residual adds) without
+    # torch.compile: "fused" (hand-fused kernels: Megatron's fused bias-GeLU / bias-SwiGLU /
+    # bias-dropout-add and Transformer Engine's norms, the cost model's reference traffic), or
+    # "eager" (one PyTorch kernel per op, calibrated as unfused_elementwise.<name>;
+    # torch.compile or Transformer Engine's fused modules fuse them: compiled_elementwise)
+    elementwise: str = "fused"
     # expert tensor parallel degrees it runs (MoE): "any" divisor of the stage (Megatron-Core's
     # --expert-tensor-parallel-size), "one-or-tp" (experts whole or split like the dense TP),
     # "one" (no expert tensor parallelism)
@@ -192,6 +198,12 @@ class RuntimeProfile:
     def state_layout_for(self, dtype: str) -> str:
         return self.state_layout_fp16 if dtype == "fp16" else self.state_layout
 
+    @property
+    def compile_changes_cost(self) -> bool:
+        """torch.compile changes what the cost model counts for this runtime: it fuses the
+        eager element-wise ops, or it is what a TP overlap needs (torchtitan's async TP)."""
+        return self.elementwise == "eager" or self.tp_overlap_needs_compile
+
 
 _NONE = RecomputePolicy("none", "none", description="keep every activation")
 
@@ -276,6 +288,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # async TP (enable_async_tensor_parallel) raises "Async TP requires torch.compile"
         # without --compile.enable (torchtitan/distributed/tensor_parallel.py)
         tp_overlap_needs_compile=True,
+        # torchtitan's models are plain nn.Modules (RMSNorm, apply_rotary_emb, F.silu(w1(x)) *
+        # w3(x)): fused only under --compile.enable (torchtitan/models/llama3/model.py)
+        elementwise="eager",
         # torchao conversion filters: Float8Converter swapped every nn.Linear but "output"
         # (module_filter_fn=lambda mod, fqn: fqn != "output"), the MX converter's filter_fqns
         # default to ["output"], and the MoE configs (Llama 4, DeepSeek-V3) filter
@@ -340,7 +355,10 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         per_phase_prefetch=True, fp8_saved_inputs=False,
         allocator="pytorch caching allocator, nvidia-smi reading",
         notes=("flat parameters, fp32 master sharded, bf16 compute (mixed_precision PURE/DEFAULT)",),
-        recompute_rule="uniform"),
+        recompute_rule="uniform",
+        # Hugging Face / llm-foundry / fms-fsdp modules in eager PyTorch; fused under
+        # torch.compile (llm-foundry compile_config, fms-fsdp use_torch_compile)
+        elementwise="eager"),
 })
 
 # Old --runtime values named optimizer-state layouts; each keeps its layout and maps to the
@@ -369,6 +387,12 @@ def resolve_runtime(name: str, dtype: str = "bf16") -> tuple[RuntimeProfile, str
     prof = profile(key)
     layout = key if key in LEGACY_LAYOUTS else prof.state_layout_for(dtype)
     return prof, layout
+
+
+def framework_compiled(framework: str) -> bool:
+    """Whether a framework description ('torchtitan (FSDP + torch.compile)', calibration
+    files' ``training.framework``) runs under torch.compile: ``plan --compile``."""
+    return "compile" in (framework or "").lower()
 
 
 def profile_for_framework(framework: str) -> RuntimeProfile:

@@ -58,6 +58,8 @@ def parallelism_dict(ev: Evaluation) -> dict[str, Any]:
         out["dp_shard"] = c.dp_shard
     if c.hpz:  # ZeRO++ hpZ's secondary partition (planner.config): written only when used
         out["hpz"] = c.hpz
+    if c.pipeline_layout:  # an explicit pipeline layout (planner/pipeline_layout.py), as given
+        out["pipeline_layout"] = c.pipeline_layout
     return out
 
 
@@ -124,6 +126,10 @@ def runtime_dict(o) -> dict[str, Any]:
         out["fp8_bf16_gemms"] = list(o.fp8_bf16_gemms)
     if o.expert_gemm_per_expert:  # one GEMM per local expert (planner.cost.compute.gemm_time_s)
         out["expert_gemm_per_expert"] = True
+    if o.compiled:  # under torch.compile (planner.calibration.apply)
+        out["compiled"] = True
+    if o.elementwise:  # element-wise fusion other than the profile's default
+        out["elementwise"] = o.elementwise
     return out
 
 

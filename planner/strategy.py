@@ -214,7 +214,10 @@ def default_placement(model: ModelGraph, config, block_option: LayerOption = NO_
     """Megatron-LM's default split: blocks spread evenly over pp stages (earlier stages take the
     remainder; round-robin chunks when interleaved), the embedding on the first stage, the head
     on the last; ``block_option`` for every block (embedding and head: :data:`NO_OPTION`).
-    ``config`` is anything with ``pp`` and ``virtual_stages`` (a ParallelConfig)."""
+    ``config`` is anything with ``pp`` and ``virtual_stages`` (a ParallelConfig); one with a
+    ``pipeline_layout`` places the layers as it says instead (:func:`layout_placement`)."""
+    if getattr(config, "pipeline_layout", ""):
+        return layout_placement(model, config, block_option)
     pp, virtual_stages = config.pp, config.virtual_stages
     blocks = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.BLOCK]
     per_stage, extra = divmod(len(blocks), pp)
@@ -241,6 +244,20 @@ def default_placement(model: ModelGraph, config, block_option: LayerOption = NO_
     options = tuple(block_option if layer.kind is LayerKind.BLOCK else NO_OPTION
                     for layer in model.layers)
     return LayerPlacement(tuple(stages), options)
+
+
+def layout_placement(model: ModelGraph, config, block_option: LayerOption = NO_OPTION
+                     ) -> LayerPlacement:
+    """The layers where ``config.pipeline_layout`` puts them (Megatron-Core's
+    ``--pipeline-model-parallel-layout``, planner/pipeline_layout.py): chunk k of pp x v on
+    rank k mod pp; ``block_option`` for every block."""
+    from planner.cost.pipeline import chunk_rank
+    from planner.pipeline_layout import layer_chunks, parse_layout
+
+    chunks = layer_chunks(model, parse_layout(config.pipeline_layout))
+    options = tuple(block_option if layer.kind is LayerKind.BLOCK else NO_OPTION
+                    for layer in model.layers)
+    return LayerPlacement(tuple(chunk_rank(k, config.pp) for k in chunks), options)
 
 
 def uniform(model: ModelGraph, config,

@@ -12,6 +12,7 @@ from planner.export import FORMATS, export_plan
 from planner.plan_types import Plan
 from planner.export.base import blocks_per_rank
 from planner.export.megatron import ARRAY, parse_args_file
+from planner.pipeline_layout import parse_layout
 from conftest import MIXTRAL, build_plan, run_cli, write
 
 try:
@@ -51,15 +52,11 @@ def _megatron_flags(text: str) -> dict[str, str | None]:
 
 
 def _layout_blocks_per_rank(layout: str, pp: int) -> tuple[list[int], str]:
-    """Megatron's reading of a layout (pipeline_parallel_layer_layout.py): segments in
-    VPP-major order, segment k on pp rank k mod pp; returns decoder layers per rank and the
-    flattened layer sequence."""
-    segments = layout.split("|")
-    assert len(segments) % pp == 0
-    counts = [0] * pp
-    for k, segment in enumerate(segments):
-        counts[k % pp] += segment.count("t")
-    return counts, "".join(segments)
+    """Megatron's reading of a layout (pipeline_parallel_layer_layout.py, through
+    planner/pipeline_layout.py): segments in VPP-major order, segment k on pp rank k mod pp;
+    returns decoder layers per rank and the flattened layer sequence."""
+    parsed = parse_layout(layout)
+    return [sum(chunks) for chunks in parsed.rank_blocks(pp)], "".join(parsed.chunks)
 
 
 def test_megatron_round_trip(plan):

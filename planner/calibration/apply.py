@@ -17,18 +17,46 @@ from planner.hardware import Cluster
 from planner.profiles import profile
 
 
+def elementwise_fused(profile_name: str, compiled: bool, elementwise: str = "") -> bool:
+    """Whether the runtime's element-wise ops run fused: ``elementwise`` ("fused" / "eager")
+    where given, else fused under torch.compile or where the profile's own kernels are fused
+    (planner.profiles.RuntimeProfile.elementwise)."""
+    if elementwise:
+        return elementwise == "fused"
+    return compiled or profile(profile_name).elementwise == "fused"
+
+
+def recorded_elementwise(profile_name: str, compiled: bool, fused: bool | None) -> str:
+    """RuntimeOptions.elementwise for a fusion choice: "" where ``fused`` (None: not chosen)
+    is the default for the profile and ``compiled``, so that a plan made without the choice
+    and one made with the default chosen are the same bytes."""
+    if fused is None or fused == elementwise_fused(profile_name, compiled):
+        return ""
+    return "fused" if fused else "eager"
+
+
 def calibrated_options(options: RuntimeOptions, constants: Constants, gpu_name: str,
-                       compiled: bool = False,
+                       compiled: bool | None = None,
                        fused_elementwise: bool | None = None) -> RuntimeOptions:
     """``compiled``: the runtime runs under torch.compile (fused element-wise ops, and async TP
-    where the profile needs compile for it); eager otherwise. ``fused_elementwise``: the
-    runtime fuses its element-wise ops without torch.compile (Transformer Engine's fused
-    norms, RoPE and activations in place of eager PyTorch's); ``None``: as ``compiled``. The
-    GPU generation's efficiencies go into the options, not the cluster: the cluster stays the
-    preset the user named (its content hash is the plan's input identity)."""
+    where the profile needs compile for it); eager otherwise; None: ``options.compiled``.
+    ``fused_elementwise``: the runtime fuses its element-wise ops without torch.compile
+    (Transformer Engine's fused norms, RoPE and activations in place of eager PyTorch's);
+    ``None``: ``options.elementwise``, or as the profile does (:func:`elementwise_fused`).
+    A profile whose own kernels are fused (``RuntimeProfile.elementwise``, Megatron's) keeps
+    their traffic, the reference of ``x fused HBM bytes``; an eager one costs
+    ``unfused_elementwise.<profile>`` eager and ``compiled_elementwise`` fused. The choice is
+    recorded in the options (``compiled``, ``elementwise``). The GPU generation's
+    efficiencies go into the options, not the cluster: the cluster stays the preset the user
+    named (its content hash is the plan's input identity)."""
     prof = profile(options.profile)
     name = prof.name
-    changes: dict = {}
+    compiled = options.compiled if compiled is None else compiled
+    choice = ("" if fused_elementwise is None else "fused" if fused_elementwise else "eager") \
+        or options.elementwise
+    fused = elementwise_fused(name, compiled, choice)
+    changes: dict = {"compiled": compiled,
+                     "elementwise": recorded_elementwise(name, compiled, fused)}
     gen = gpu_generation(gpu_name)
     if f"matmul_efficiency.{gen}" in PARAM_NAMES:  # generations not calibrated keep presets
         changes["matmul_efficiency"] = constants.get(f"matmul_efficiency.{gen}")
@@ -45,10 +73,11 @@ def calibrated_options(options: RuntimeOptions, constants: Constants, gpu_name: 
         "fp8_bf16_gemms": prof.fp8_bf16_gemms,
         "expert_gemm_per_expert": prof.expert_gemm_per_expert,
     })
-    key = f"unfused_elementwise.{name}"
-    fused = compiled if fused_elementwise is None else fused_elementwise
-    changes["elementwise_factor"] = constants.get("compiled_elementwise") if fused else \
-        constants.get(key) if key in PARAM_NAMES else 1.0
+    if prof.elementwise == "fused":  # its own fused kernels: the reference traffic
+        changes["elementwise_factor"] = 1.0
+    else:
+        changes["elementwise_factor"] = constants.get(
+            "compiled_elementwise" if fused else f"unfused_elementwise.{name}")
     key = f"tp_comm_overlap.{name}"
     if prof.tp_comm_overlap and key in PARAM_NAMES and \
             (compiled or not prof.tp_overlap_needs_compile):
@@ -57,7 +86,7 @@ def calibrated_options(options: RuntimeOptions, constants: Constants, gpu_name: 
 
 
 def calibrate(cluster: Cluster, options: RuntimeOptions, constants: Constants | None,
-              compiled: bool = False) -> tuple[Cluster, RuntimeOptions]:
+              compiled: bool | None = None) -> tuple[Cluster, RuntimeOptions]:
     """Both at once; ``constants`` None leaves the inputs as they are (raw preset values)."""
     if constants is None:
         return cluster, options

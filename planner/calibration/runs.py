@@ -51,7 +51,7 @@ from planner.calibration.regimes import Regime, regime_of
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.hardware import GB, GIB, Cluster
 from planner.ir import ModelGraph
-from planner.profiles import RuntimeProfile, profile_for_framework
+from planner.profiles import RuntimeProfile, framework_compiled, profile_for_framework
 from planner.strategy import Recompute
 
 
@@ -294,7 +294,7 @@ def run_of(entry: Mapping[str, Any], model: ModelGraph, cluster: Cluster) -> Cal
         regime=regime_of(prof.name, cluster.gpu.name, tp, pp, cp, zero),
         assumptions=tuple(assumptions), model_shape=shape, recompute=recompute,
         recompute_published=recompute_text is not None, every_nth=every_nth,
-        compiled="compile" in framework.lower(), offloaded_layers=offloaded,
+        compiled=framework_compiled(framework), offloaded_layers=offloaded,
         pp_partition=(_text(t.get("pp_partition")).split() or [""])[0] if pp > 1 else "")
 
 

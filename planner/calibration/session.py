@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from planner.calibration.apply import calibrate
+from planner.calibration.apply import calibrate, recorded_elementwise
 from planner.calibration.bands import NOMINAL_COVERAGE, band, mfu_reason
 from planner.calibration.regimes import band_labels, recompute_kinds, regime_of
 from planner.calibration.store import CalibrationProfile, load, shipped
@@ -34,15 +34,19 @@ def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf1
                   attention_kernel: str = "flash", calibration: str | Path | None = None,
                   compiled: bool = False, moe=None, recompute_modules=None,
                   cross_entropy: str | None = None, fp8_attention: bool = False,
-                  dropout: bool = False) -> Setup:
+                  dropout: bool = False, elementwise: str | None = None) -> Setup:
     """``moe``: MoE routing / dispatch options (planner.moe.MoeOptions) of the runtime;
     ``recompute_modules``: what selective recomputation repeats (Megatron
     ``--recompute-modules``; planner/cost/recompute_modules.py); ``cross_entropy``: the loss's
     logit precision (planner.cost.memory.LOGIT_BYTES); ``fp8_attention``: the attention core in
     FP8 (RuntimeOptions.fp8_attention), refused unless the dtype is fp8 and the runtime has
     it; ``dropout``: the run trains with attention and hidden dropout (RuntimeOptions.dropout:
-    the 1-byte masks, their element-wise traffic, and the eager attention core's dropout)."""
+    the 1-byte masks, their element-wise traffic, and the eager attention core's dropout);
+    ``compiled`` / ``elementwise``: the runtime runs under torch.compile, its element-wise ops
+    "fused" or "eager" (None: fused when compiled or where the profile's kernels are;
+    :func:`compile_choice` refuses what the runtime cannot mean)."""
     prof, layout = resolve_runtime(runtime, dtype)
+    fused = compile_choice(prof, compiled, elementwise)
     if fp8_attention and dtype != "fp8":
         raise invalid(f"--fp8-attention needs FP8 GEMMs (--dtype fp8), not --dtype {dtype}")
     if fp8_attention and not prof.fp8_attention:
@@ -67,8 +71,45 @@ def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf1
         options = replace(options, fp8_attention=True)
     if dropout:
         options = replace(options, dropout=True)
-    cluster, options = calibrate(cluster, options, cal.constants if cal else None, compiled)
+    options = replace(options, compiled=compiled,
+                      elementwise=recorded_elementwise(prof.name, compiled, fused))
+    cluster, options = calibrate(cluster, options, cal.constants if cal else None)
     return Setup(cluster, options, prof, cal)
+
+
+def compile_choice(prof: RuntimeProfile, compiled: bool, elementwise: str | None
+                   ) -> bool | None:
+    """``--compile`` / ``--elementwise`` for runtime ``prof``: whether its element-wise ops are
+    fused (None: not chosen, the default), or INVALID_INPUT where the choice means nothing the
+    cost model can count: compile on a runtime whose kernels are fused already and that has no
+    compiled-only overlap, eager element-wise ops under compile (Inductor fuses them), or eager
+    ones on a runtime whose calibration knows only its fused kernels."""
+    if elementwise not in (None, "fused", "eager"):
+        raise invalid(f"--elementwise must be fused or eager, not {elementwise!r}")
+    if compiled and not prof.compile_changes_cost:
+        raise invalid(f"--compile: runtime {prof.name} runs its element-wise ops as fused "
+                      f"kernels already and none of its overlaps needs torch.compile, so "
+                      f"compiling changes nothing the cost model counts",
+                      "drop --compile (it matters for --runtime torchtitan and fsdp)")
+    if elementwise == "eager" and compiled:
+        raise invalid("--elementwise eager with --compile: torch.compile (Inductor) fuses the "
+                      "element-wise ops", "drop one of them")
+    if elementwise == "eager" and prof.elementwise == "fused":
+        raise invalid(f"--elementwise eager: runtime {prof.name} runs its element-wise ops as "
+                      f"fused kernels (Megatron's fused bias-activation and bias-dropout-add, "
+                      f"Transformer Engine's norms); the calibration has no eager constant for "
+                      f"it", "drop --elementwise, or plan --runtime torchtitan or fsdp")
+    return None if elementwise is None else elementwise == "fused"
+
+
+def carried_compile(options: RuntimeOptions, prof: RuntimeProfile) -> dict:
+    """``compiled`` / ``elementwise`` (runtime_setup's keywords) that carry a plan's recorded
+    choice (``options``) over to runtime ``prof`` (``check --runtime``, an export to another
+    runtime): compile where it changes ``prof``'s cost, an explicit element-wise choice where
+    ``prof`` runs eager and uncompiled; what ``prof`` cannot mean is left at its default."""
+    compiled = options.compiled and prof.compile_changes_cost
+    keep = options.elementwise and not compiled and prof.elementwise == "eager"
+    return {"compiled": compiled, "elementwise": options.elementwise if keep else None}
 
 
 def prediction_intervals(ev, calibration: CalibrationProfile | None,

@@ -64,6 +64,7 @@ from planner.cost.pipeline_sim import uneven_chunk_excess
 from planner.hardware import GIB, Gpu
 from planner.hashing import cached_hash
 from planner.ir import Layer, LayerKind, ModelGraph
+from planner.pipeline_layout import layer_chunks, parse_layout
 from planner.profiles import profile
 from planner.strategy import (ACT_OFFLOAD_RECOMPUTE, LayerOption, Layout, Recompute,
                               interleaved_chunk)
@@ -270,16 +271,17 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
         host_capacity_bytes=(ctx.cluster.cpu_memory.capacity_bytes if ctx.cluster.cpu_memory is not None
                              else float("inf")),
         bubble_pieces=bubble_pieces(spec, c.pp), pipeline_schedule=c.schedule,
-        chunk_weights=(chunk_weights(ctx.model, c.pp * c.virtual_stages)
+        chunk_weights=(chunk_weights(ctx.model, c.pp * c.virtual_stages, c.pipeline_layout)
                        if c.pp > 1 and c.virtual_stages > 1 else ()),
         head_stage=0 if c.pp > 1 and spec.placement == "v" else -1)
 
 
 @lru_cache(maxsize=1024)
-def chunk_weights(model: ModelGraph, chunks: int) -> tuple[float, ...]:
+def chunk_weights(model: ModelGraph, chunks: int, layout: str = "") -> tuple[float, ...]:
     """Each model chunk's share of the work, in mean blocks, as the blocks split into
-    ``chunks`` (:func:`planner.strategy.interleaved_chunk`; the layers before the first block
-    with chunk 0, those after the last with the last): a block weighs its active parameters, a
+    ``chunks`` (:func:`planner.strategy.interleaved_chunk`, or as an explicit pipeline
+    ``layout`` writes them, planner.pipeline_layout.layer_chunks; the layers before the first
+    block with chunk 0, those after the last with the last): a block weighs its active parameters, a
     head its vocabulary x hidden output projection, other layers nothing (the GEMM flops per
     token; attention's quadratic part is left out, which makes the head's chunk heavier, the
     conservative side). Rounded to 1/16."""
@@ -289,11 +291,14 @@ def chunk_weights(model: ModelGraph, chunks: int) -> tuple[float, ...]:
     mean = sum(model.layers[i].active_params for i in blocks) / len(blocks) or 1.0
     out = [0.0] * chunks
     index = {layer: k for k, layer in enumerate(blocks)}
+    written = layer_chunks(model, parse_layout(layout)) if layout else None
     for i, layer in enumerate(model.layers):
         if layer.kind is LayerKind.BLOCK:
-            chunk, work = interleaved_chunk(index[i], len(blocks), chunks), layer.active_params
+            work = layer.active_params
+            chunk = interleaved_chunk(index[i], len(blocks), chunks) if written is None else \
+                written[i]
         else:
-            chunk = 0 if i < blocks[0] else chunks - 1
+            chunk = (0 if i < blocks[0] else chunks - 1) if written is None else written[i]
             work = layer.vocab * layer.hidden if layer.kind is LayerKind.HEAD else 0
         out[chunk] += work / mean
     return tuple(round(x * 16) / 16 for x in out)

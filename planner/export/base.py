@@ -36,6 +36,7 @@ class Chunk:
     has_head: bool
     block_indices: tuple[int, ...]  # block numbers (0-based among blocks) in this chunk
     recompute: tuple[str, ...]
+    num_mtp: int = 0  # multi-token-prediction modules (layers of kind mtp, models/mtp.py)
 
     @property
     def num_blocks(self) -> int:
@@ -86,7 +87,8 @@ def chunks(doc: dict[str, Any]) -> list[Chunk]:
                          has_embedding=any(x["kind"] == "embedding" for x in run),
                          has_head=any(x["kind"] == "head" for x in run),
                          block_indices=tuple(blocks),
-                         recompute=tuple(x["recompute"] for x in run if x["kind"] == "block")))
+                         recompute=tuple(x["recompute"] for x in run if x["kind"] == "block"),
+                         num_mtp=sum(x["kind"] == "mtp" for x in run)))
     return out
 
 

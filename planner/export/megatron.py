@@ -31,6 +31,7 @@ from typing import Any
 from planner.cost.recompute_modules import DEFAULT_RECOMPUTE_MODULES
 from planner.moe import DEFAULT_A2A_OVERLAP, SYNC_FREE_RANK_CAPACITY
 from planner.offload_rules import offloaded_blocks, plan_refusals
+from planner.pipeline_layout import chunk_symbols, format_layout, parse_layout
 from planner.plan_types import Plan
 from planner.export.base import (ExportResult, blocks_per_rank, chunks, describe_recompute,
                                  headline, launch_size, memory_note, recompute_counts)
@@ -44,9 +45,15 @@ ARRAY = "MEGATRON_PARALLEL_ARGS"
 
 
 def layout_string(doc: dict[str, Any]) -> str:
-    """The exact ``--pipeline-model-parallel-layout`` of the plan: one segment per chunk."""
-    return "|".join(("E" if c.has_embedding else "") + "t" * c.num_blocks +
-                    ("L" if c.has_head else "") for c in chunks(doc))
+    """The exact ``--pipeline-model-parallel-layout`` of the plan: one segment per chunk
+    (planner/pipeline_layout.py), or the plan's recorded ``pipeline_layout`` as written where
+    it says the same (``evaluate --pipeline-layout``)."""
+    parts = tuple(chunk_symbols(c.has_embedding, c.num_blocks, c.num_mtp, c.has_head)
+                  for c in chunks(doc))
+    recorded = doc["parallelism"].get("pipeline_layout")
+    if recorded and parse_layout(recorded).chunks == parts:
+        return recorded
+    return format_layout(parts)
 
 
 def _pipeline(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
@@ -62,6 +69,9 @@ def _pipeline(doc: dict[str, Any], args: list, warnings: list[str]) -> None:
                                                     if v > 1 else ""))
     parts = chunks(doc)
     counts = [c.num_blocks for c in parts]
+    if p.get("pipeline_layout"):  # an explicit layout stays one
+        args.append(("--pipeline-model-parallel-layout", layout_string(doc)))
+        return
     if v > 1:
         if len(set(counts)) == 1 and len(parts) == pp * v:
             args.append(("--num-virtual-stages-per-pipeline-rank", v))

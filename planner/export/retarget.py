@@ -50,17 +50,18 @@ def made_for(plan: Plan, runtime: str) -> bool:
 
 def target_options(plan: Plan, runtime: str) -> RuntimeOptions:
     """The runtime options ``plan --runtime RUNTIME`` gives the plan's cluster and dtype."""
-    from planner.calibration.session import runtime_setup
+    from planner.calibration.session import carried_compile, runtime_setup
 
+    carried = carried_compile(plan.runtime, PROFILES[runtime])
     if plan.across_pools:  # each pool's generation's efficiencies (planner/hetero/plan_file.py)
         from planner.hetero.plan_file import pool_options
 
         setup = runtime_setup(plan.cluster.pools[0].as_cluster(), runtime, plan.config.dtype,
-                              plan.runtime.attention_kernel, moe=plan.runtime.moe)
+                              plan.runtime.attention_kernel, moe=plan.runtime.moe, **carried)
         return pool_options(setup.options, plan.cluster,
                             setup.calibration.constants if setup.calibration else None)
     setup = runtime_setup(plan.cluster, runtime, plan.config.dtype,
-                          plan.runtime.attention_kernel, moe=plan.runtime.moe)
+                          plan.runtime.attention_kernel, moe=plan.runtime.moe, **carried)
     return setup.options
 
 

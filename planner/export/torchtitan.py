@@ -118,8 +118,10 @@ def _export_cli(plan: Plan) -> ExportResult:
                         f"is efsdp x ep); the plan splits each expert over etp {etp}, "
                         f"torchtitan keeps experts whole on each of the ep {s.ep} ranks, so "
                         f"expert weights take up to {etp}x the planned memory")
+    if s.async_tp or plan.runtime.compiled:  # torchtitan refuses async TP uncompiled
+        rows.append(("--compile.enable",))
     if s.async_tp:
-        rows += [("--compile.enable",), ("--compile.enable_async_tensor_parallel",)]
+        rows.append(("--compile.enable_async_tensor_parallel",))
         _async_tp_message(plan, warnings, notes, "--compile.enable")
     rows.append((f"activation_checkpoint:{_cli_recompute(doc, warnings)}",))
     retarget = retarget_warning(plan, "torchtitan", **s.changes)
@@ -146,7 +148,7 @@ def _async_tp_message(plan: Plan, warnings: list[str], notes: list[str], flag: s
     eager = plan.runtime.elementwise_factor
     cal = shipped()  # torch.compile's residual element-wise traffic (calibrated)
     compiled = cal.constants.get("compiled_elementwise") if cal is not None else 1.0
-    if eager <= max(compiled, 1.0) + 1e-9:  # the plan's element-wise cost is the compiled one
+    if plan.runtime.compiled or eager <= max(compiled, 1.0) + 1e-9:  # costed as compiled
         notes.append(f"torchtitan: async tensor parallelism (the plan's TP overlap) runs only "
                      f"under torch.compile: exported {flag}, as the plan's fused element-wise "
                      f"cost assumes")
@@ -215,8 +217,9 @@ def _export_toml(plan: Plan) -> ExportResult:
                         "planned" + memory_note(plan, sp=True) + "; torchtitan 0.3 can turn it "
                         "off (--target-version 0.3)")
     tables: list[tuple[str, dict[str, Any]]] = []
-    if s.async_tp:  # torchtitan refuses async TP uncompiled
+    if s.async_tp or plan.runtime.compiled:  # torchtitan refuses async TP uncompiled
         tables.append(("compile", {"enable": True}))
+    if s.async_tp:
         _async_tp_message(plan, warnings, notes, "[compile] enable = true")
     if s.pp > 1:
         parallelism["pipeline_parallel_schedule"] = s.schedule

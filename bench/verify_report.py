@@ -90,7 +90,7 @@ MOE = (
           ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
            "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=2",
            "--pin", "zero=1"),
-          "tiny-moe (1 dense block, 3 MoE blocks of 8 experts top-2 + 1 shared) on 4 "
+          "the tiny-moe preset (1 dense block, 3 MoE blocks of 8 experts top-2 + 1 shared) on 4 "
           "processes, 4 experts per rank, dense Adam states over dp 4 and expert ones over edp 2"),
     Shape("moe-ep4", "MoE: expert parallelism ep 4 (dp 4, ZeRO-0)",
           ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
@@ -498,7 +498,10 @@ def main(argv: list[str] | None = None) -> int:
               "data parallelism; FSDP2 combined with TP (2-D mesh) and with pipelining; "
               "pipelining with 1F1B, interleaved 1F1B and GPipe schedules, uneven splits, "
               "TP (and SP) inside pipeline stages; per-layer full and selective activation "
-              "checkpointing inside TP, FSDP2 and pipeline stages.", "",
+              "checkpointing inside TP, FSDP2 and pipeline stages; MoE blocks with expert "
+              "parallelism (dispatch and combine with all_to_all_single and split sizes on "
+              "gloo) under ZeRO 0 and 1, also inside an interleaved pipeline with full "
+              "recomputation.", "",
               "Reproduced in this process by `bench/verify_report.py` (exact messages):", "",
               "| what | outcome on CPU | what the runtime does |", "|---|---|---|"]
     for what, outcome, instead in found:

@@ -25,9 +25,9 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
                                          ScheduleInterleaved1F1B)
 
 from planner.mesh import DIMS, Mesh
+from planner.runtime.experts import A2A
 from planner.runtime.layouts import (MOVED, LayeredPart, Reshard, batch_rows, layout_meshes,
                                      merge_meshes)
-from planner.runtime.experts import A2A
 from planner.runtime.measure import SavedTensorTracker, held_state_bytes, local, unique_params
 from planner.runtime.model import (MEASURE, Block, Decoder, MoeMlp, build_decoder, lm_loss,
                                    synthetic_batch)
@@ -288,4 +288,5 @@ def _run_rank(rank: int, job: dict) -> dict:
             "num_param_tensors": len(params), "grad_layout_differences": grad_layouts,
             "optimizer_param_tensors": sum(len(states) for states in optimizer_states),
             "setup_s": setup_s, "step_s": step_seconds,
-            "reshard_bytes": reshard_bytes, "a2a_bytes": a2a_bytes, "degrees": degrees, "injected_delay_s": delays}
+            "reshard_bytes": reshard_bytes, "a2a_bytes": a2a_bytes, "degrees": degrees,
+            "injected_delay_s": delays}

@@ -136,7 +136,13 @@ def prediction_intervals(ev, calibration: CalibrationProfile | None,
     # memory bands (only some sources publish memory)
     reasons = {f"step time: {r}" for r in t.extrapolating} | \
         {f"peak memory: {r}" for r in m.extrapolating}
-    high = mfu_reason(calibration.bands, ev.mfu, regime.generation, regime.key, regime.runtime)
+    # the MFU as the plan records it (planner.report.rounded) and the headline prints it: a
+    # note formatted from the unrounded value could print another last digit (65.3 % against
+    # the headline's 65.2 % for a recorded 0.6525)
+    from planner.report import rounded
+
+    high = mfu_reason(calibration.bands, rounded(ev.mfu), regime.generation, regime.key,
+                      regime.runtime)
     if high:
         reasons.add(high)
     reasons = sorted(reasons)

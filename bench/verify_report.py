@@ -85,6 +85,29 @@ EXTRAS = (
 )
 
 
+MOE = (
+    Shape("moe-ep2", "MoE: expert parallelism ep 2 x edp 2 (dp 4, ZeRO-1)",
+          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
+           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=2",
+           "--pin", "zero=1"),
+          "the tiny-moe preset (1 dense block, 3 MoE blocks of 8 experts top-2 + 1 shared) on 4 "
+          "processes, 4 experts per rank, dense Adam states over dp 4 and expert ones over edp 2"),
+    Shape("moe-ep4", "MoE: expert parallelism ep 4 (dp 4, ZeRO-0)",
+          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
+           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=4",
+           "--pin", "zero=0"),
+          "2 experts per rank, every expert gradient complete after the combine's backward "
+          "(edp 1)"),
+    Shape("moe-pp-ep2", "MoE: interleaved pipeline pp 2 x dp 2, ep 2, full recompute",
+          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
+           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=2", "--pin", "virtual_stages=2",
+           "--pin", "ep=2", "--pin", "zero=0", "--pin", "recompute=full",
+           "--pin", "micro_batch=1"),
+          "the recomputed forward dispatches and combines again: 3 passes, forward bytes "
+          "twice the backward's"),
+)
+
+
 def make_plan(shape: Shape, folder: Path) -> Path:
     from cli.main import main
 
@@ -127,7 +150,9 @@ def shape_section(shape: Shape, plan: dict, doc: dict) -> list[str]:
            f"tp {par['tp']}, pp {par['pp']}, dp {par['dp']}, sp {par['sp']}, ZeRO "
            f"{par['zero_stage']}, micro-batch {par['micro_batch']} x "
            f"{par['num_micro_batches']} per dp rank, global batch {par['global_batch']}, "
-           f"seq {par['seq_len']}, schedule {par['schedule']}, recompute {par['recompute']}; "
+           f"seq {par['seq_len']}, schedule {par['schedule']}, recompute {par['recompute']}"
+           + (f", ep {par['ep']}, etp {par['etp']}, edp {par['edp']}" if par.get("ep", 1) > 1
+              else "") + "; "
            f"{doc['world_size']} processes.", ""]
     for key, text in doc["implementation"].items():
         out.append(f"* {key}: {text}")
@@ -180,6 +205,27 @@ def shape_section(shape: Shape, plan: dict, doc: dict) -> list[str]:
             out.append(f"* {', '.join(f'`{n}`' for n in names)}: parameter "
                        f"{f['param_placements']} local {f['param_local_shape']}, gradient "
                        f"{f['grad_placements']} local {f['grad_local_shape']}")
+    if doc.get("a2a"):
+        out += ["", "Expert all-to-all bytes each rank received per step (dispatch + combine, "
+                    "forward + backward, fp32), predicted by the cost model "
+                    "(`planner.runtime.support.a2a_prediction`) / moved (from the split sizes "
+                    "of every `all_to_all_single`), and the routed experts' states, predicted / "
+                    "held:", "",
+                "| rank | a2a predicted | a2a moved (forward + backward) | expert params | "
+                "expert grads | expert Adam | result |", "|---:|---:|---:|---:|---:|---:|:---:|"]
+        experts = {row["rank"]: row for row in doc.get("expert_states", [])}
+        for row in doc["a2a"]:
+            e = experts[row["rank"]]
+            moved = sorted(set(row["moved_bytes_per_step"]))
+            fwd, bwd = row["forward_bytes_per_step"][0], row["backward_bytes_per_step"][0]
+            cells = [f"{fmt_bytes(e[k]['predicted_bytes'])} / {fmt_bytes(e[k]['held_bytes'])}"
+                     for k in ("params", "grads", "optimizer")]
+            verdicts = {e[k]["verdict"] for k in ("params", "grads", "optimizer")}
+            ok = row["ok"] and e["ok"]
+            out.append(f"| {row['rank']} | {fmt_bytes(row['predicted_bytes_per_step'])} | "
+                       f"{', '.join(fmt_bytes(m) for m in moved)} ({fmt_bytes(fwd)} + "
+                       f"{fmt_bytes(bwd)}) | {' | '.join(cells)} | "
+                       f"{', '.join(sorted(verdicts)) if ok else '**mismatch**'} |")
     secs = doc["seconds"]
     out += ["", f"Run time: reference {secs['reference']:.1f} s, distributed "
                 f"{secs['distributed']:.1f} s (process start, {doc['steps']} steps, "
@@ -302,6 +348,32 @@ that run ({platform}, PyTorch {torch}).
   parameter count equals the IR's exactly, layer by layer (tested, also for the Llama presets
   built on the meta device). Every process builds the whole model from the same seed and keeps
   its pipeline stage's layers.
+* **Mixture of experts** (`planner/runtime/model.py` `MoeMlp`, `planner/runtime/experts.py`):
+  a MoE block's MLP is a bias-free router (hidden × E), E SwiGLU experts of the expert width
+  and the shared experts as one SwiGLU of their total width, parameter counts exactly the IR's
+  (dense first blocks stay dense). Routing is force-balanced as the benchmark runs the cost
+  model is calibrated on (Megatron-Core `--moe-router-force-load-balancing` replaces the
+  logits by random ones, balanced on average; the cost model's `--moe-imbalance 1`): copy j of
+  the token at position s goes to expert (s·top_k + j) mod E, so with E | seq·top_k (else
+  refused) every expert gets exactly its share of any batch of whole sequences and the
+  reference run routes identically; the router's logits at those experts, softmaxed over the
+  top_k, are the gate weights, so the router trains. The IR names no router score function;
+  the runtime uses softmax.
+* **Expert parallelism**: the expert mesh of `planner.mesh.Mesh` (etp × ep × edp folding the
+  stage's ranks; executed with tp 1 and etp 1, ep dividing dp, ZeRO 0 or 1, with and without
+  pipelining) as a DeviceMesh (pp, edp, ep, etp); each rank keeps E/ep experts of every MoE
+  block. Dispatch: the per-expert counts are exchanged with `all_to_all_single`, then the
+  routed copies (sorted by expert) go to their expert's rank with `all_to_all_single` and
+  split sizes (dropless); combine sends the outputs back the same way; backward runs the
+  transposed exchanges. Expert gradients are all-reduced over edp (they already hold the EP
+  group's tokens), dense ones over dp; under ZeRO-1 one `ZeroRedundancyOptimizer` over dp
+  holds the dense Adam states and one over edp the experts'. Checked beyond the losses and
+  state totals: the bytes each rank receives from its EP peers per step must equal the cost
+  model's dispatch + combine volume (`planner.cost.moe.dispatch_combine_s` on a 1 byte/s
+  link: (ep − 1)/ep of micro_batch × seq × top_k × hidden, per dispatch and per combine,
+  forward, backward and a recomputed forward, × micro-batches, in fp32), and each rank's
+  routed-expert parameter, gradient and Adam bytes must equal the cost model's
+  (`layer_terms(...).expert_params` through `zero_state_bytes` over edp), exactly.
 * **Mesh.** `init_device_mesh("cpu", (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp",
   "tp"))`: TP innermost, so global rank `((pp_rank*dp + dp_rank)*cp + cp_rank)*tp + tp_rank`,
   the layout the cost model assumes.
@@ -382,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results = []
     with tempfile.TemporaryDirectory(prefix="verify-report-") as folder:
-        for shape in SHAPES + (() if args.no_extras else EXTRAS):
+        for shape in SHAPES + MOE + (() if args.no_extras else EXTRAS):
             t0 = time.perf_counter()
             path = make_plan(shape, Path(folder))
             plan = json.loads(path.read_text())
@@ -409,10 +481,16 @@ def main(argv: list[str] | None = None) -> int:
                      f"{'-' if max_rel is None else f'{max_rel:.1e}'} | {', '.join(verdicts)} | "
                      f"{'pass' if doc['ok'] else '**FAIL**'} |")
     lines += ["", f"{args.steps} steps each, Adam lr {results[0][2]['lr']:g}, seed "
-                  f"{results[0][2]['seed']}. Rows 1–4 are the four plan shapes; the rest are "
-                  "further combinations the runtime executes (details at the end).", "",
+                  f"{results[0][2]['seed']}. Rows 1–4 are the four plan shapes, the MoE rows "
+                  "run expert parallelism (all-to-all bytes and expert states exact on every "
+                  "rank, see their section); the rest are further combinations the runtime "
+                  "executes (details at the end).", "",
               "## The four plan shapes", ""]
     for shape, plan, doc in results[:len(SHAPES)]:
+        lines += shape_section(shape, plan, doc)
+    moe = results[len(SHAPES):len(SHAPES) + len(MOE)]
+    lines += ["## Mixture of experts with expert parallelism", ""]
+    for shape, plan, doc in moe:
         lines += shape_section(shape, plan, doc)
     lines += ["## What runs on CPU (gloo) and what does not", "",
               f"Executed and verified above with PyTorch {torch.__version__}: DTensor tensor "
@@ -420,16 +498,21 @@ def main(argv: list[str] | None = None) -> int:
               "data parallelism; FSDP2 combined with TP (2-D mesh) and with pipelining; "
               "pipelining with 1F1B, interleaved 1F1B and GPipe schedules, uneven splits, "
               "TP (and SP) inside pipeline stages; per-layer full and selective activation "
-              "checkpointing inside TP, FSDP2 and pipeline stages.", "",
+              "checkpointing inside TP, FSDP2 and pipeline stages; MoE blocks with expert "
+              "parallelism (dispatch and combine with all_to_all_single and split sizes on "
+              "gloo) under ZeRO 0 and 1, also inside an interleaved pipeline with full "
+              "recomputation.", "",
               "Reproduced in this process by `bench/verify_report.py` (exact messages):", "",
               "| what | outcome on CPU | what the runtime does |", "|---|---|---|"]
     for what, outcome, instead in found:
         lines.append(f"| {what} | `{outcome}` | {instead} |")
-    lines += ["", "Not executed: expert parallelism and MoE, MLA, biases, LayerNorm, learned "
-                  "positions, sliding windows (the model builder refuses them, exit code 2); "
-                  "tied embeddings with TP or PP; dropout (a plan that assumes it is run "
-                  "without, with a note).", ""]
-    extras = results[len(SHAPES):]
+    lines += ["", "Not executed: MLA, biases, LayerNorm, learned positions, sliding windows, "
+                  "MoE routers with a bias and shared-expert gates (the model builder refuses "
+                  "them, exit code 2); MoE blocks with tensor or expert-tensor parallelism, "
+                  "expert parallelism with ZeRO-2/3, hybrid sharding or per-layer layouts "
+                  "(refused, exit code 2); tied embeddings with TP or PP; dropout (a plan that "
+                  "assumes it is run without, with a note).", ""]
+    extras = results[len(SHAPES) + len(MOE):]
     if extras:
         lines += ["## Further combinations", ""]
         for shape, plan, doc in extras:

@@ -380,6 +380,7 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
                     b.model, b.cluster, b.config, b.placement, b.options, fallbacks,
                     max_moved_layers=fallback_max_moved_layers,
                     stage_pools=b.stage_pools.pools))
+            _record_calibration(doc, setup, calibration)
             _finish_plan(doc, output, force, plan_to_stdout, as_json,
                          pool_result.record["solve_time_s"])
             return
@@ -401,7 +402,18 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
         doc["fallbacks"] = rounded(compute_fallbacks(
             b.model, b.cluster, b.config, b.placement, b.options, fallbacks,
             max_moved_layers=fallback_max_moved_layers))
+    _record_calibration(doc, setup, calibration)
     _finish_plan(doc, output, force, plan_to_stdout, as_json, result.record.solve_time_s)
+
+
+def _record_calibration(doc: dict, setup, calibration: str | None) -> None:
+    """``inputs.calibration``: the profile given with --calibration, its hash and what it
+    predicts with (planner.calibration.store.profile_record), so that ``check`` reproduces
+    the plan without the file; nothing with the shipped constants (same bytes as before)."""
+    if calibration is not None and setup.calibration is not None:
+        from planner.calibration.store import profile_record
+
+        doc["inputs"]["calibration"] = profile_record(setup.calibration, calibration)
 
 
 def _finish_plan(doc: dict, output, force: bool, plan_to_stdout: bool, as_json: bool,

@@ -66,7 +66,8 @@ def show(plan_path, as_json):
                    "(0.9: the plan must fit with 90 % confidence).")
 @click.option("--calibration", default=None, metavar="PROFILE.yaml",
               type=click.Path(dir_okay=False),
-              help="Calibration profile whose error bands the gate uses (default: shipped).")
+              help="Calibration profile whose error bands the gate uses (default: the one the "
+                   "plan records, else the shipped one); refused unless it is the recorded one.")
 @click.option("--runtime", default=None, metavar="R",
               type=click.Choice(["megatron", "torchtitan", "deepspeed", "fsdp", "deepspeed-bf16",
                                  "torch-fp32", "zero-paper"]),

@@ -3,6 +3,8 @@ ranks), under a churn budget, reported against the old plan. A thin shell over
 :func:`planner.hetero.replan.replan` (docs/heterogeneous.md, "Failures and stragglers")."""
 from __future__ import annotations
 
+import copy
+
 import click
 
 from cli import signals
@@ -125,6 +127,8 @@ def replan_command(plan_path, failed, slow, slow_from, max_moved_layers, allow_b
         doc = make_plan(new, model_spec=inputs["model"]["spec"],
                         cluster_spec=inputs["cluster"]["spec"], nodes=chosen.cluster.num_nodes,
                         solver=solver)
+    if "calibration" in inputs:  # the old plan's profile made its runtime options
+        doc["inputs"]["calibration"] = copy.deepcopy(inputs["calibration"])
     doc["replan"] = result.as_dict() | {"old_plan": str(plan_path)}
     deliver_plan(doc, output, force=force, to_stdout=to_stdout)
     if not as_json:

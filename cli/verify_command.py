@@ -185,10 +185,26 @@ def print_verify(doc: dict[str, Any]) -> None:
                         if s["note"]})
         for note in notes:
             console.print(line("  ", ("note", "yellow"), f": {note}"))
+    for row in doc.get("a2a", []):
+        moved = sorted(set(row["moved_bytes_per_step"]))
+        console.print(line("  ", ("expert all-to-all", "dim"),
+                           f": rank {row['rank']}: {row['predicted_bytes_per_step']:,.0f} B per "
+                           f"step predicted, {', '.join(f'{m:,}' for m in moved)} moved "
+                           f"({'exact' if row['ok'] else 'MISMATCH'})"))
+    for row in doc.get("expert_states", []):
+        console.print(line("  ", ("expert states", "dim"), f": rank {row['rank']}: " + ", ".join(
+            f"{k} {row[k]['predicted_bytes']:,.0f} / {row[k]['held_bytes']:,} B"
+            for k in ("params", "grads", "optimizer"))
+            + " predicted / held (" + ", ".join(sorted({row[k]["verdict"] for k in (
+                "params", "grads", "optimizer")})) + ")"))
     for note in doc["notes"]:
         console.print(line("  ", ("note", "dim"), f": {note}"))
     status = ("OK", "bold green") if doc["ok"] else ("FAILED", "bold red")
     max_rel = loss["max_rel_diff"]
+    experts_ok = doc.get("a2a_ok", True) and doc.get("expert_states_ok", True)
     console.print(line(status, f": losses {'agree' if loss['ok'] else 'DIFFER'} (max rel. "
                        f"difference {'-' if max_rel is None else f'{max_rel:.2e}'}), states "
-                       f"{'match' if doc['states_ok'] else 'DO NOT MATCH'}"))
+                       f"{'match' if doc['states_ok'] else 'DO NOT MATCH'}"
+                       + (f", expert all-to-all bytes and states "
+                          f"{'match' if experts_ok else 'DO NOT MATCH'}"
+                          if doc.get("a2a") or doc.get("expert_states") else "")))

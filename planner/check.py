@@ -41,21 +41,23 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                calibration: str | None = None, runtime: str | None = None) -> CheckReport:
     """Check a plan; ``model`` / ``cluster`` (loaded anew by the caller) replace the embedded
     ones. ``runtime``: check it against that runtime profile's capabilities and memory layout
-    (default: the plan's recorded runtime options, no capability check). ``memory_confidence``: the quantile of the predicted peak's error band the memory
-    gate uses (0.5: the prediction itself; 0.9: it must fit with 90 % confidence)."""
+    (default: the plan's recorded runtime options, no capability check). ``memory_confidence``:
+    the quantile of the predicted peak's error band the memory gate uses (0.5: the prediction
+    itself; 0.9: it must fit with 90 % confidence). ``calibration``: a profile file for the
+    bands and ``runtime``'s constants; by default the one the plan records
+    (:func:`check_calibration`)."""
     if not 0 < memory_confidence < 1:
         raise invalid(f"--memory-confidence must be in (0, 1), got {memory_confidence!r}")
-    if calibration is not None and runtime is None:  # with --runtime, runtime_setup checks it
-        from planner.calibration.store import load
-
-        fitted = load(calibration).runtime
+    problems: list[Problem] = []
+    cal = check_calibration(plan, calibration, problems)
+    if cal is not None and runtime is None:  # with --runtime, runtime_setup checks it
+        fitted = cal.runtime
         if fitted is not None and fitted != plan.runtime.profile:  # plan / evaluate's rule
-            raise invalid(f"calibration profile {calibration} was fitted for runtime {fitted}, "
-                          f"not {plan.runtime.profile} (the plan's runtime)",
+            raise invalid(f"calibration profile {cal.constants.source} was fitted for runtime "
+                          f"{fitted}, not {plan.runtime.profile} (the plan's runtime)",
                           f"check with --runtime {fitted}, or calibrate "
                           f"{plan.runtime.profile} runs")
     doc = plan.document
-    problems: list[Problem] = []
     inputs = doc["inputs"]
     embedded_m = model is None
     embedded_c = cluster is None
@@ -82,7 +84,7 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
     problems += plan_problems(plan, model, cluster)
     options = plan.runtime
     if runtime is not None:
-        prof, options = runtime_options(plan, runtime, calibration)
+        prof, options = runtime_options(plan, runtime, cal)
         problems += runtime_problems(plan, prof)
     if plan.document.get("fallbacks"):  # planner/hetero/fallbacks.py
         from planner.hetero.fallbacks import fallback_problems
@@ -122,7 +124,7 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                                                   f"{cluster.gpu.name}"))
             if over:
                 remedies = tuple(find_remedies(model, cluster, config, placement, options, ev))
-            verdict = memory_verdict(ev, memory_confidence, calibration)
+            verdict = memory_verdict(ev, memory_confidence, cal)
             if verdict is not None:
                 text, interval, gate = verdict
                 if gate > capacity / GIB and not over:
@@ -161,15 +163,42 @@ def _check_across_pools(plan: Plan, model, cluster, checks, problems: list[Probl
                        memory_confidence=memory_confidence, runtime=options.profile)
 
 
-def memory_verdict(ev, confidence: float, calibration: str | None = None
+def check_calibration(plan: Plan, calibration: str | None, problems: list[Problem]):
+    """The calibration profile ``check`` uses: the one given (``--calibration``), which must
+    be the one the plan records if it records one; else the one the plan records
+    (``inputs.calibration``, written by ``plan --calibration``); else the shipped constants.
+    A recorded profile whose content no longer matches its hash is an integrity problem."""
+    from planner.calibration.store import load, profile_hash, shipped
+
+    record = plan.document["inputs"].get("calibration")
+    recorded = plan.recorded_calibration()
+    if recorded is not None and profile_hash(recorded) != record["sha256"]:
+        problems.append(Problem("integrity", "the calibration embedded in the plan does not "
+                                             "match inputs.calibration.sha256: the plan was "
+                                             "edited after it was written"))
+    if calibration is None:
+        return recorded if recorded is not None else shipped()
+    given = load(calibration)
+    if record is not None and profile_hash(given) != record["sha256"]:
+        raise invalid(f"calibration profile {calibration} ({profile_hash(given)[:19]}...) is not "
+                      f"the one the plan was made with ({record['spec']}, "
+                      f"{record['sha256'][:19]}...)",
+                      "drop --calibration: check uses the profile recorded in the plan; or "
+                      f"re-plan with --calibration {calibration}")
+    return given
+
+
+def memory_verdict(ev, confidence: float, calibration=None
                    ) -> tuple[str, tuple[float, float], float] | None:
     """(verdict, 80 % memory interval in GiB, peak at the ``confidence`` quantile) from the
-    calibration's error bands (planner/calibration/bands.py); None without bands."""
+    calibration's error bands (planner/calibration/bands.py; ``calibration``: a profile, a
+    profile file, or None for the shipped one); None without bands."""
     from planner.calibration.bands import NOMINAL_COVERAGE, band
-    from planner.calibration.regimes import band_labels, regime_of
-    from planner.calibration.store import load, shipped
+    from planner.calibration.regimes import band_labels, recompute_kinds, regime_of
+    from planner.calibration.store import CalibrationProfile, load, shipped
 
-    cal = load(calibration) if calibration is not None else shipped()
+    cal = calibration if isinstance(calibration, CalibrationProfile) else \
+        load(calibration) if calibration is not None else shipped()
     if cal is None or cal.bands is None:
         return None
     c = ev.config
@@ -177,12 +206,15 @@ def memory_verdict(ev, confidence: float, calibration: str | None = None
                                    c.zero_stage))
     peak = ev.peak_memory_bytes / GIB
     args = (cal.bands, "memory", peak, labels, ev.cluster.num_gpus, ev.model.params)
-    nominal = band(*args, NOMINAL_COVERAGE)
+    # the band the plan records (planner.calibration.session.prediction_intervals): widened
+    # where no calibration run used the plan's block recomputation
+    kinds = recompute_kinds(ev.model, ev.placement)
+    nominal = band(*args, NOMINAL_COVERAGE, kinds)
     gate = peak
     if confidence > 0.5:
-        gate = band(*args, 2 * confidence - 1).high
+        gate = band(*args, 2 * confidence - 1, kinds).high
     elif confidence < 0.5:
-        gate = band(*args, 1 - 2 * confidence).low
+        gate = band(*args, 1 - 2 * confidence, kinds).low
     capacity = ev.cluster.memory_bytes_per_gpu / GIB
     if peak > capacity:
         text = "does not fit"

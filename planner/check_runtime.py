@@ -158,13 +158,14 @@ def _chunk_sizes(plan: Plan) -> list[int]:
     return sizes
 
 
-def runtime_options(plan: Plan, runtime: str, calibration: str | None = None
+def runtime_options(plan: Plan, runtime: str, calibration=None
                     ) -> tuple[RuntimeProfile, RuntimeOptions]:
     """The profile ``runtime`` and the options the cost model uses for it: the runtime's
     state layout, overlap and calibrated constants; the plan's kernel, dropout, MoE options,
     recompute modules and loss (properties of the model and job, not of the runtime), the
     plan's torch.compile and element-wise choice where the runtime can mean them, and the
-    plan's FP8 attention where the runtime has it."""
+    plan's FP8 attention where the runtime has it. ``calibration``: a profile (file, or read:
+    planner.calibration.session.runtime_setup); None: the shipped one."""
     from planner.calibration.session import carried_compile, runtime_setup
 
     prof = profile(runtime)

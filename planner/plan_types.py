@@ -85,6 +85,17 @@ class Plan:
                                                              self.config, self.runtime)
         return layer_tensor_degrees(ctx, self.config, self.placement.options)
 
+    def recorded_calibration(self):
+        """The calibration profile the plan was made with (``inputs.calibration``: ``plan
+        --calibration``), decoded and validated; None where the plan records none (made with
+        the shipped constants)."""
+        record = self.document["inputs"].get("calibration")
+        if record is None:
+            return None
+        from planner.calibration.store import profile_from_record
+
+        return profile_from_record(record, f"{record.get('spec')} (recorded in the plan)")
+
     def section(self, name: str) -> Any:
         """A copy of a recorded section of the document (``stages``, ``predicted``, ...)."""
         return copy.deepcopy(self.document[name])

@@ -27,7 +27,7 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("spec", ["tiny", f"{FIXTURES}/verify_wide_vocab.yaml"])
+@pytest.mark.parametrize("spec", ["tiny", f"{FIXTURES}/verify_wide_vocab.yaml", "tiny-moe"])
 def test_decoder_has_exactly_the_graphs_parameters(spec):
     graph = load_model(spec)
     model = build_decoder(graph, seed=0)
@@ -38,7 +38,8 @@ def test_decoder_has_exactly_the_graphs_parameters(spec):
         assert sum(p.numel() for p in module.parameters()) == layer.params
 
 
-@pytest.mark.parametrize("preset", ["llama-3.1-8b", "llama-2-70b", "llama-3.1-405b"])
+@pytest.mark.parametrize("preset", ["llama-3.1-8b", "llama-2-70b", "llama-3.1-405b",
+                                    "mixtral-8x7b"])
 def test_llama_presets_build_with_exact_counts_on_meta(preset):
     graph = load_model(preset)
     with torch.device("meta"):
@@ -58,10 +59,8 @@ def test_tied_embeddings_count_once():
 
 
 @pytest.mark.parametrize("preset, why", [("gpt3-1.3b", "learned position"),
-                                         ("mixtral-8x7b", "mixture-of-experts"),
-                                         # a dense first block: refused for its experts, not
-                                         # as 'blocks differ in shape (block.1)'
-                                         ("tiny-moe", "mixture-of-experts blocks (block.1)"),
+                                         # a MoE model with QK norms (extra weights)
+                                         ("qwen3-30b-a3b", "extra weights"),
                                          ("deepseek-v3", "MLA"),
                                          ("qwen2.5-72b", "biases")])
 def test_graphs_the_runtime_cannot_build_are_refused(preset, why):
@@ -183,3 +182,25 @@ def test_a_graph_imported_model_is_refused_for_what_it_is():
     assert error.value.kind is ErrorKind.UNSUPPORTED
     assert "imported from an operator graph" in error.value.message
     assert "config.json or a preset" in error.value.message
+
+
+def test_moe_routing_is_balanced_and_the_router_trains():
+    """Force-balanced routing (planner.runtime.experts): every expert gets the same number of
+    token copies of any batch of whole sequences, a token's top_k experts are distinct, and the
+    router's logits are the gate weights, so it receives gradients."""
+    from planner.runtime.experts import balanced_experts
+    from planner.runtime.model import MoeMlp
+
+    graph = load_model("tiny-moe", seq_len=64)
+    shape = decoder_shape(graph)
+    assert shape.moe is not None and shape.moe_layers == {2, 3, 4}  # block.0 is dense
+    chosen = balanced_experts(64, shape.moe.top_k, shape.moe.num_experts)
+    assert torch.bincount(chosen.flatten(), minlength=8).tolist() == [16] * 8
+    assert all(len(set(row.tolist())) == shape.moe.top_k for row in chosen)
+    model = build_decoder(graph, seed=0)
+    moe = model.layers["2"].mlp
+    assert isinstance(moe, MoeMlp) and len(moe.experts) == 8 and moe.shared is not None
+    x, y = synthetic_batch(0, 0, 2, 64, graph.vocab)
+    lm_loss(model(x), y).backward()
+    assert float(moe.router.weight.grad.abs().sum()) > 0
+    assert all(float(e.down_proj.weight.grad.abs().sum()) > 0 for e in moe.experts.values())

@@ -59,10 +59,15 @@ class Spread:
     # median of the sources' median residuals, not of the runs'
     sources: int = 0
 
-    def to_plain(self) -> dict:
-        out = {"n": self.n, "mu": round(self.mu, 5), "sigma": round(self.sigma, 5),
-               "max_gpus": self.max_gpus, "max_params": float(f"{self.max_params:.4g}"),
-               "max_mfu": round(self.max_mfu, 4)}
+    def to_plain(self, exact: bool = False) -> dict:
+        """Rounded for a profile file; ``exact``: as held (a plan's record of its profile)."""
+        if exact:
+            out = {"n": self.n, "mu": self.mu, "sigma": self.sigma, "max_gpus": self.max_gpus,
+                   "max_params": self.max_params, "max_mfu": self.max_mfu}
+        else:
+            out = {"n": self.n, "mu": round(self.mu, 5), "sigma": round(self.sigma, 5),
+                   "max_gpus": self.max_gpus, "max_params": float(f"{self.max_params:.4g}"),
+                   "max_mfu": round(self.max_mfu, 4)}
         if self.recompute:
             out["recompute"] = list(self.recompute)
         if self.sources:
@@ -86,9 +91,10 @@ class BandTable:
     pooled: Mapping[str, Spread]
     labels: Mapping[str, Mapping[str, Spread]] = field(default_factory=dict)
 
-    def to_plain(self) -> dict:
-        return {q: {"pooled": self.pooled[q].to_plain(),
-                    "labels": {k: v.to_plain() for k, v in sorted(self.labels.get(q, {}).items())}}
+    def to_plain(self, exact: bool = False) -> dict:
+        return {q: {"pooled": self.pooled[q].to_plain(exact),
+                    "labels": {k: v.to_plain(exact)
+                               for k, v in sorted(self.labels.get(q, {}).items())}}
                 for q in sorted(self.pooled)}
 
     @staticmethod

@@ -31,11 +31,13 @@ class Setup:
 
 
 def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf16",
-                  attention_kernel: str = "flash", calibration: str | Path | None = None,
+                  attention_kernel: str = "flash",
+                  calibration: str | Path | CalibrationProfile | None = None,
                   compiled: bool = False, moe=None, recompute_modules=None,
                   cross_entropy: str | None = None, fp8_attention: bool = False,
                   dropout: bool = False, elementwise: str | None = None) -> Setup:
-    """``moe``: MoE routing / dispatch options (planner.moe.MoeOptions) of the runtime;
+    """``calibration``: a profile file, or a profile already read (a plan's recorded one);
+    None: the shipped constants. ``moe``: MoE routing / dispatch options (planner.moe.MoeOptions) of the runtime;
     ``recompute_modules``: what selective recomputation repeats (Megatron
     ``--recompute-modules``; planner/cost/recompute_modules.py); ``cross_entropy``: the loss's
     logit precision (planner.cost.memory.LOGIT_BYTES); ``fp8_attention``: the attention core in
@@ -52,11 +54,12 @@ def runtime_setup(cluster: Cluster, runtime: str = "megatron", dtype: str = "bf1
     if fp8_attention and not prof.fp8_attention:
         raise invalid(f"--fp8-attention: runtime {prof.name} has no FP8 attention",
                       "use --runtime megatron (--fp8-dot-product-attention), or drop the option")
-    cal = load(calibration) if calibration is not None else shipped()
+    cal = calibration if isinstance(calibration, CalibrationProfile) else \
+        load(calibration) if calibration is not None else shipped()
     if cal is not None and cal.runtime is not None and cal.runtime != prof.name:
-        raise invalid(f"calibration profile {calibration} was fitted for runtime {cal.runtime}, "
-                      f"not {prof.name}", f"pass --runtime {cal.runtime}, or calibrate "
-                                          f"{prof.name} runs")
+        raise invalid(f"calibration profile {cal.constants.source} was fitted for runtime "
+                      f"{cal.runtime}, not {prof.name}",
+                      f"pass --runtime {cal.runtime}, or calibrate {prof.name} runs")
     overlap = prof.grad_reduce_overlap and prof.name != "deepspeed"
     options = RuntimeOptions(runtime=layout, profile=prof.name, attention_kernel=attention_kernel,
                              overlap_grad_reduce=overlap,
@@ -133,7 +136,13 @@ def prediction_intervals(ev, calibration: CalibrationProfile | None,
     # memory bands (only some sources publish memory)
     reasons = {f"step time: {r}" for r in t.extrapolating} | \
         {f"peak memory: {r}" for r in m.extrapolating}
-    high = mfu_reason(calibration.bands, ev.mfu, regime.generation, regime.key, regime.runtime)
+    # the MFU as the plan records it (planner.report.rounded) and the headline prints it: a
+    # note formatted from the unrounded value could print another last digit (65.3 % against
+    # the headline's 65.2 % for a recorded 0.6525)
+    from planner.report import rounded
+
+    high = mfu_reason(calibration.bands, rounded(ev.mfu), regime.generation, regime.key,
+                      regime.runtime)
     if high:
         reasons.add(high)
     reasons = sorted(reasons)

@@ -14,6 +14,8 @@ the key), like every other input of the planner.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -73,6 +75,40 @@ def parse(data: Any, where: str) -> CalibrationProfile:
         raise invalid(f"{where}: fit: expected a mapping")
     return CalibrationProfile(Constants(MappingProxyType(values), where), bands, runtime,
                               str(data.get("description") or ""), MappingProxyType(dict(fit)))
+
+
+def _identity(profile: CalibrationProfile) -> dict:
+    """What a profile predicts with, exactly: its runtime, constants and error bands (not its
+    description or fit report)."""
+    return {"runtime": profile.runtime,
+            "constants": {k: float(v) for k, v in sorted(profile.constants.values.items())},
+            "bands": profile.bands.to_plain(exact=True) if profile.bands else None}
+
+
+def profile_hash(profile: CalibrationProfile) -> str:
+    """``sha256:`` + the SHA-256 of the canonical JSON of :func:`_identity`: two files that
+    predict the same (other comments, description or fit report) have the same hash."""
+    text = json.dumps(_identity(profile), sort_keys=True, separators=(",", ":"),
+                      allow_nan=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def profile_record(profile: CalibrationProfile, spec: str) -> dict:
+    """A plan's ``inputs.calibration``: the profile given as ``spec`` (``plan --calibration``),
+    its hash and what it predicts with, so that ``check`` needs no file to reproduce the
+    plan's runtime options and error bands."""
+    return {"spec": str(spec), "sha256": profile_hash(profile), **_identity(profile)}
+
+
+def profile_from_record(record: Mapping, where: str) -> CalibrationProfile:
+    """The profile of a plan's ``inputs.calibration``, validated as a profile file is
+    (INVALID_INPUT naming ``where`` otherwise)."""
+    try:
+        data = {FORMAT_KEY: 1, "runtime": record["runtime"], "constants": record["constants"],
+                "bands": record["bands"]}
+    except (KeyError, TypeError):
+        raise invalid(f"{where}: expected runtime, constants and bands") from None
+    return parse(data, where)
 
 
 def load(path: str | Path) -> CalibrationProfile:

@@ -6,10 +6,13 @@ stage, recomputation) map one to one onto modules:
 * ``EmbeddingLayer``: ``tok_embeddings`` (vocab x hidden).
 * ``Block``: ``attention_norm`` (RMSNorm), ``attention`` (``q_proj``, ``k_proj``, ``v_proj``,
   ``o_proj``, no bias, RoPE, causal SDPA, grouped-query heads), ``ffn_norm`` (RMSNorm), ``mlp``
-  (SwiGLU: ``gate_proj``, ``up_proj``, ``down_proj``).
+  (SwiGLU: ``gate_proj``, ``up_proj``, ``down_proj``), or in a mixture-of-experts block
+  :class:`MoeMlp`: ``router`` (hidden x E, no bias), ``experts["e"]`` (E SwiGLU MLPs of the
+  expert width) and ``shared`` (one SwiGLU of the shared experts' total width, if any), routed
+  force-balanced (:mod:`planner.runtime.experts`); a model's first blocks may be dense.
 * ``Head``: ``norm`` (RMSNorm) and ``lm_head`` (hidden x vocab, or the embedding when tied).
 
-:func:`build_decoder` refuses a graph it cannot reproduce exactly (MoE, MLA, biases, LayerNorm,
+:func:`build_decoder` refuses a graph it cannot reproduce exactly (MLA, biases, LayerNorm,
 cross attention, sliding windows, learned positions): the module's parameter count must equal
 ``ModelGraph.params`` layer by layer (:func:`check_parameter_counts`).
 
@@ -29,6 +32,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.errors import ErrorKind, PlannerError
 from planner.ir import LayerKind, ModelGraph
+from planner.runtime.experts import AllToAll, balanced_experts, exchange_counts
 
 RMS_EPS = 1e-5
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa
@@ -64,23 +68,42 @@ def keep_for_measure(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 @dataclass(frozen=True)
+class MoeShape:
+    """A MoE block's MLP: ``num_experts`` routed SwiGLU experts of width ``expert_ffn``, each
+    token to ``top_k`` of them, plus always-active shared experts of total width
+    ``shared_ffn`` (0: none)."""
+
+    num_experts: int
+    top_k: int
+    expert_ffn: int
+    shared_ffn: int
+
+    def params(self, h: int) -> int:
+        return h * self.num_experts + 3 * h * (self.num_experts * self.expert_ffn
+                                               + self.shared_ffn)
+
+
+@dataclass(frozen=True)
 class DecoderShape:
     hidden: int
     vocab: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    ffn_hidden: int
+    ffn_hidden: int  # the dense blocks' SwiGLU width (0: every block is MoE)
     tied: bool
     layer_kinds: tuple[LayerKind, ...]
+    moe: MoeShape | None = None
+    moe_layers: frozenset[int] = frozenset()  # IR indices of the MoE blocks
 
     def embedding_params(self) -> int:
         return self.vocab * self.hidden
 
-    def block_params(self) -> int:
+    def block_params(self, moe: bool = False) -> int:
         h, d = self.hidden, self.head_dim
         attention = h * self.num_heads * d * 2 + h * self.num_kv_heads * d * 2
-        return 2 * h + attention + 3 * h * self.ffn_hidden
+        mlp = self.moe.params(h) if moe and self.moe else 3 * h * self.ffn_hidden
+        return 2 * h + attention + mlp
 
     def head_params(self) -> int:
         return self.hidden + (0 if self.tied else self.vocab * self.hidden)
@@ -116,27 +139,36 @@ def decoder_shape(graph: ModelGraph) -> DecoderShape:
                            "attention is built")
     if att.head_dim != att.v_head_dim:
         raise _unsupported(f"{graph.name}: head_dim {att.head_dim} != v_head_dim {att.v_head_dim}")
-    moe = next((layer for layer in graph.layers if layer.mlp is not None and layer.mlp.is_moe),
-               None)
-    if moe is not None:  # a model's first blocks may be dense (DeepSeek-V3, tiny-moe)
-        raise _unsupported(f"{graph.name}: mixture-of-experts blocks ({moe.name}) are not built; "
-                           "only dense gated (SwiGLU) MLPs are")
-    if not mlp.gated:
-        raise _unsupported(f"{graph.name}: only dense gated (SwiGLU) MLPs are built")
+    # a model's first blocks may be dense (DeepSeek-V3, tiny-moe): one dense and one MoE shape
+    blocks = [(i, layer) for i, layer in enumerate(graph.layers) if layer.kind is LayerKind.BLOCK]
+    moe_mlps = {layer.mlp for _, layer in blocks if layer.mlp is not None and layer.mlp.is_moe}
+    dense_mlps = {layer.mlp for _, layer in blocks if layer.mlp is not None
+                  and not layer.mlp.is_moe}
+    if any(not m.gated for m in moe_mlps | dense_mlps):
+        raise _unsupported(f"{graph.name}: only gated (SwiGLU) MLPs and experts are built")
+    moe = None
+    if moe_mlps:
+        m = next(iter(moe_mlps))
+        moe = MoeShape(m.num_experts, m.top_k, m.ffn_hidden, m.shared_ffn_hidden)
+    dense = next(iter(dense_mlps)).ffn_hidden if dense_mlps else 0
     shape = DecoderShape(graph.hidden, graph.vocab, att.num_heads, att.num_kv_heads,
-                         att.head_dim, mlp.ffn_hidden, graph.tied_embeddings, kinds)
-    expected = {LayerKind.EMBEDDING: shape.embedding_params(),
-                LayerKind.BLOCK: shape.block_params(), LayerKind.HEAD: shape.head_params()}
-    for layer in graph.layers:
-        if layer.kind is LayerKind.BLOCK and (layer.attention != att or layer.mlp != mlp
-                                              or layer.num_norms != 2):
+                         att.head_dim, dense, graph.tied_embeddings, kinds, moe,
+                         frozenset(i for i, layer in blocks if layer.mlp in moe_mlps))
+    for index, layer in enumerate(graph.layers):
+        if layer.kind is LayerKind.BLOCK and (layer.attention != att or layer.num_norms != 2
+                                              or len(moe_mlps) > 1 or len(dense_mlps) > 1):
             raise _unsupported(f"{graph.name}: blocks differ in shape ({layer.name}); only "
-                               "uniform decoders are built")
+                               "decoders of uniform blocks (dense ones, then or among them "
+                               "MoE ones of one shape) are built")
+        expected = {LayerKind.EMBEDDING: shape.embedding_params(),
+                    LayerKind.BLOCK: shape.block_params(index in shape.moe_layers),
+                    LayerKind.HEAD: shape.head_params()}
         if layer.params != expected[layer.kind]:
             raise _unsupported(
                 f"{graph.name}: layer {layer.name} has {layer.params:,} parameters; a bias-free "
                 f"llama-style {layer.kind.value} of this shape has {expected[layer.kind]:,} "
-                "(biases, LayerNorm or extra weights are not built)")
+                "(biases, LayerNorm or extra weights, such as a router bias or a shared-expert "
+                "gate, are not built)")
     return shape
 
 
@@ -203,14 +235,84 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
-    def __init__(self, shape: DecoderShape) -> None:
+    """SwiGLU of width ``width`` (a dense block's MLP, one routed expert, the shared ones)."""
+
+    def __init__(self, hidden: int, width: int) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
-        self.up_proj = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
-        self.down_proj = nn.Linear(shape.ffn_hidden, shape.hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, width, bias=False)
+        self.up_proj = nn.Linear(hidden, width, bias=False)
+        self.down_proj = nn.Linear(width, hidden, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class MoeMlp(nn.Module):
+    """A mixture-of-experts MLP: router, ``E`` routed SwiGLU experts (``experts["e"]``, by
+    global index), shared experts. Routing is force-balanced (:mod:`planner.runtime.experts`).
+
+    Expert parallelism (:meth:`shard_experts`): this rank keeps experts ``[r·E/ep, (r+1)·E/ep)``
+    of its EP group; the routed copies, sorted by expert, go to their expert's rank
+    (dispatch), are computed there and come back (combine), each an ``all_to_all_single`` with
+    split sizes after the per-expert counts are exchanged. Without it (``ep`` 1) the same
+    sorted copies are computed locally: the reference run takes this path."""
+
+    def __init__(self, hidden: int, moe: MoeShape) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = moe.num_experts, moe.top_k
+        self.router = nn.Linear(hidden, moe.num_experts, bias=False)
+        self.experts = nn.ModuleDict({str(e): Mlp(hidden, moe.expert_ffn)
+                                      for e in range(moe.num_experts)})
+        self.shared = Mlp(hidden, moe.shared_ffn) if moe.shared_ffn else None
+        self.ep, self.ep_rank, self.ep_group = 1, 0, None
+
+    def shard_experts(self, group, ep_rank: int, ep: int) -> None:
+        """Keep this EP rank's ``E / ep`` experts (the others are deleted)."""
+        if self.num_experts % ep:
+            raise ValueError(f"ep {ep} does not divide the {self.num_experts} experts")
+        per = self.num_experts // ep
+        for e in range(self.num_experts):
+            if not ep_rank * per <= e < (ep_rank + 1) * per:
+                del self.experts[str(e)]
+        self.ep, self.ep_rank, self.ep_group = ep, ep_rank, group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        k, num = self.top_k, self.num_experts
+        flat = x.reshape(b * s, h)
+        chosen = balanced_experts(s, k, num).repeat(b, 1)  # (tokens, k)
+        logits = self.router(flat).float().gather(1, chosen)
+        gates = F.softmax(logits, dim=-1).to(x.dtype)  # over the top_k (post-softmax)
+        expert_of_copy = chosen.reshape(-1)  # copy c = token c // k, its (c % k)-th choice
+        order = torch.argsort(expert_of_copy, stable=True)
+        counts = torch.bincount(expert_of_copy, minlength=num)
+        copies = flat.index_select(0, order // k)  # sorted by expert
+        if self.ep_group is None:
+            out = self._experts(copies, [(e, int(n)) for e, n in enumerate(counts.tolist())])
+        else:
+            per = num // self.ep
+            send = counts.view(self.ep, per).sum(1).tolist()
+            received = exchange_counts(counts, self.ep_group).view(self.ep, per)
+            recv = received.sum(1).tolist()
+            dispatched = AllToAll.apply(copies, recv, send, self.ep_group, self.ep_rank)
+            chunks = [(self.ep_rank * per + e, int(received[src, e]))
+                      for src in range(self.ep) for e in range(per)]
+            out = AllToAll.apply(self._experts(dispatched, chunks), send, recv, self.ep_group,
+                                 self.ep_rank)
+        routed = torch.empty_like(out).index_copy(0, order, out)  # back to copy order
+        routed = (routed.view(b * s, k, h) * gates.unsqueeze(-1)).sum(1)
+        if self.shared is not None:
+            routed = routed + self.shared(flat)
+        return routed.view(b, s, h)
+
+    def _experts(self, rows: torch.Tensor, chunks: list[tuple[int, int]]) -> torch.Tensor:
+        """``rows`` in consecutive chunks of (expert, count), each through its expert."""
+        outs, start = [], 0
+        for expert, n in chunks:
+            if n:
+                outs.append(self.experts[str(expert)](rows[start:start + n]))
+            start += n
+        return torch.cat(outs) if outs else rows[:0]
 
 
 class EmbeddingLayer(nn.Module):
@@ -223,12 +325,13 @@ class EmbeddingLayer(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, shape: DecoderShape, rotary: bool) -> None:
+    def __init__(self, shape: DecoderShape, rotary: bool, moe: bool = False) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(shape.hidden)
         self.attention = Attention(shape, rotary)
         self.ffn_norm = RMSNorm(shape.hidden)
-        self.mlp = Mlp(shape)
+        self.mlp = MoeMlp(shape.hidden, shape.moe) if moe and shape.moe else \
+            Mlp(shape.hidden, shape.ffn_hidden)
         self.recompute = "none"
 
     def set_recompute(self, mode: str) -> None:
@@ -291,7 +394,7 @@ def build_decoder(graph: ModelGraph, seed: int = 0) -> Decoder:
             if kind is LayerKind.EMBEDDING:
                 embedding = layers[index] = EmbeddingLayer(shape)
             elif kind is LayerKind.BLOCK:
-                layers[index] = Block(shape, rotary)
+                layers[index] = Block(shape, rotary, index in shape.moe_layers)
             else:
                 tied = embedding.tok_embeddings if shape.tied and embedding is not None else None
                 layers[index] = Head(shape, tied)
@@ -339,6 +442,7 @@ def synthetic_batch(seed: int, step: int, batch: int, seq_len: int, vocab: int
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
 
 
-__all__ = ["Block", "Decoder", "DecoderShape", "EmbeddingLayer", "Head", "MEASURE", "RMSNorm",
+__all__ = ["Block", "Decoder", "DecoderShape", "EmbeddingLayer", "Head", "MEASURE", "MoeMlp",
+           "MoeShape", "RMSNorm",
            "build_decoder", "check_parameter_counts", "decoder_shape", "lm_loss",
            "synthetic_batch"]

@@ -21,6 +21,7 @@ from planner.runtime.model import decoder_shape
 
 
 MAX_PROCESSES = 16
+MEASURED_ACT_BYTES = 4  # the runtime trains in fp32: activations moved are 4 bytes an element
 
 ZERO_IMPLEMENTATION = {
     0: "replicated parameters; gradients all-reduced (averaged) over dp after the last "
@@ -94,8 +95,8 @@ def check_supported(plan: Plan, max_processes: int = MAX_PROCESSES) -> None:
             "(ring attention) has no rule for the CPU attention kernel (\"NotImplementedError: "
             "Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a "
             "sharding strategy registered.\", PyTorch 2.13)")
-    if c.ep > 1:
-        raise unsupported("expert parallelism is not executed (the runtime builds dense models)")
+    if shape.moe is not None:
+        _check_moe(plan, shape)
     if c.num_gpus > max_processes:
         raise unsupported(f"the plan needs {c.num_gpus} processes; the limit is "
                           f"{max_processes} (--max-processes)")
@@ -127,6 +128,93 @@ def check_supported(plan: Plan, max_processes: int = MAX_PROCESSES) -> None:
             if shape.num_kv_heads % t:
                 raise unsupported(f"a layout of tensor degree {t} does not divide the "
                                   f"{shape.num_kv_heads} KV heads")
+
+
+def _check_moe(plan: Plan, shape) -> None:
+    """What runs of a MoE plan: experts split over ep ranks of each stage's dp ranks (tp 1,
+    etp 1), ZeRO 0 or 1, force-balanced routing that is exact per EP rank."""
+    c, moe = plan.config, shape.moe
+    if c.tp > 1 or c.mesh.expert_tp > 1:
+        raise unsupported(f"MoE blocks with tensor parallelism (tp {c.tp}, etp "
+                          f"{c.mesh.expert_tp}) are not executed: verify runs MoE plans with tp 1 "
+                          "and etp 1 (expert parallelism folds into the data-parallel ranks)")
+    if c.ep > 1 and c.zero_stage > 1:
+        raise unsupported(f"expert parallelism with ZeRO-{c.zero_stage} is not executed: verify "
+                          "runs MoE plans with ep > 1 under ZeRO 0 or 1 (ZeRO-2 gradient "
+                          "partitioning and FSDP2 over two groups, dp for dense and edp for "
+                          "expert states, are not built)")
+    if c.dp_shard:
+        raise unsupported(f"hybrid sharding (dp_shard {c.dp_shard}) of a MoE plan is not "
+                          "executed")
+    if any(t != c.tp for t in layer_degrees(plan)):
+        raise unsupported("per-layer layouts of a MoE plan are not executed")
+    if c.ep > 1 and (c.seq_len * moe.top_k) % moe.num_experts:
+        raise unsupported(
+            f"force-balanced routing needs seq_len x top_k ({c.seq_len} x {moe.top_k}) "
+            f"divisible by the {moe.num_experts} experts (planner.runtime.experts: each "
+            "sequence's copies cover the experts round-robin), so that every EP rank receives "
+            "exactly its share and the all-to-all bytes are exact; choose another --seq-len")
+
+
+def a2a_prediction(plan: Plan) -> list[float]:
+    """Per pipeline stage: the bytes one rank receives per micro-batch in its MoE blocks'
+    token dispatch and combine (all-to-all over the EP group), forward and backward, in fp32 as
+    the runtime moves them. This is the cost model's own term
+    (:func:`planner.cost.moe.dispatch_combine_s`, the flat all-to-all of
+    :func:`planner.cost.comm.all_to_all_s`: each rank keeps 1/ep of its ``tokens / tp x top_k``
+    copies of ``h`` elements and moves ``(ep - 1)/ep`` of them, per dispatch and per combine,
+    forward and backward, again in the recomputed forward) evaluated on a link of 1 byte/s
+    without latency, so its seconds are bytes; at the runtime's routing: balanced (load factor
+    1), the flat dispatcher, nothing hidden. Empty without expert parallelism."""
+    from planner.cost import moe
+    from planner.moe import MoeOptions
+    from planner.topology import Link
+
+    c = plan.config
+    if c.ep <= 1:
+        return []
+    unit = Link(bandwidth_bytes_per_s=1.0, latency_s=0.0, tier="unit", crosses_nodes=False)
+    options = MoeOptions(a2a_overlap=0.0)  # imbalance 1, dropless, flat all-to-all
+    contexts = plan.stage_contexts(runtime_options(plan))
+    out = [0.0] * c.pp
+    for index, layer in enumerate(plan.model.layers):
+        if layer.mlp is None or not layer.mlp.is_moe:
+            continue
+        stage = plan.placement.stage[index]
+        ctx = contexts[stage]
+        # forward, backward and the recomputed forward (planner.cost.terms._layer_work)
+        passes = 3 if plan.placement.recompute[index].value == "full" else 2
+        out[stage] += moe.dispatch_combine_s(
+            ctx.shard.tokens, layer.hidden, layer.mlp, ctx.shard.tp, ctx.mesh.expert_tp, c.ep,
+            MEASURED_ACT_BYTES, options, unit, unit, unit, 1, unit, passes)
+    return out
+
+
+def expert_state_prediction(plan: Plan) -> list[dict[str, float]]:
+    """Per pipeline stage: the bytes of routed-expert parameters, gradients and optimizer
+    states one rank holds, as the cost model counts them: each MoE layer's ``expert_params``
+    on one GPU (:func:`planner.cost.terms.layer_terms`: ``E / (ep x etp)`` experts) through
+    :func:`planner.cost.memory.zero_state_bytes` over the expert data-parallel group
+    (``Mesh.expert_shard_degree``) with the torch-fp32 state layout. Empty without experts."""
+    from planner.cost.memory import zero_state_bytes
+    from planner.cost.terms import layer_terms
+
+    c, model, placement = plan.config, plan.model, plan.placement
+    if not model.is_moe:
+        return []
+    options = runtime_options(plan)
+    state = options.state_bytes(c.zero_stage)
+    contexts = plan.stage_contexts(options)
+    out = [{"params": 0.0, "grads": 0.0, "optimizer": 0.0} for _ in range(c.pp)]
+    for index, layer in enumerate(model.layers):
+        if layer.mlp is None or not layer.mlp.is_moe:
+            continue
+        stage = placement.stage[index]
+        held = layer_terms(contexts[stage], layer, placement.options[index]).expert_params
+        states = zero_state_bytes(held, c.mesh.expert_shard_degree, c.zero_stage, state)
+        for key in out[stage]:
+            out[stage][key] += getattr(states, key)
+    return out
 
 
 def layer_degrees(plan: Plan) -> list[int]:
@@ -205,6 +293,25 @@ def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
                       if model.layers[i].kind is LayerKind.BLOCK) for s in range(c.pp)]
         out["pp"] = (f"torch.distributed.pipelining PipelineStage x {c.pp * c.virtual_stages} + "
                      f"{name}, {c.num_micro_batches} micro-batches; blocks per rank {counts}")
+    moe = next((layer.mlp for layer in model.layers if layer.mlp is not None
+                and layer.mlp.is_moe), None)
+    if moe is not None:
+        mesh = c.mesh
+        shared = (f"shared experts as one SwiGLU of width {moe.shared_ffn_hidden}, "
+                  if moe.shared_ffn_hidden else "")
+        out["moe"] = (f"{moe.num_experts} routed SwiGLU experts (top {moe.top_k}), {shared}a "
+                      "softmax router whose logits at the assigned experts are the gate "
+                      "weights; routing force-balanced: copy j of position s to expert "
+                      "(s x top_k + j) mod E (planner.runtime.experts)")
+        if c.ep > 1:
+            out["ep"] = (f"expert mesh etp {mesh.expert_tp} x ep {c.ep} x edp {mesh.expert_dp} "
+                         f"over each stage's dp ranks: {moe.num_experts // c.ep} experts per "
+                         "rank; per-expert counts, then dispatch and combine with "
+                         "dist.all_to_all_single (split sizes, dropless) over the EP group, "
+                         "backward the transposed exchange; expert gradients all-reduced over "
+                         "edp, dense ones over dp" + (
+                             "; ZeRO-1: one ZeroRedundancyOptimizer over dp for dense and one "
+                             "over edp for expert parameters" if c.zero_stage == 1 else ""))
     modes = sorted({placement.recompute[i].value for i, layer in enumerate(model.layers)
                     if layer.kind is LayerKind.BLOCK})
     if modes != ["none"]:

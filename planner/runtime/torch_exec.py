@@ -25,8 +25,15 @@ no micro-batches) and compares the loss curves, and compares each rank's held by
 cost model's prediction, recomputed exactly with :func:`planner.cost.model.evaluate` under
 ``RuntimeOptions(runtime="torch-fp32")`` on the plan's own config and placement.
 
-Limits: context parallelism (cp > 1) and expert parallelism are not executed (the model
-builder makes dense llama-style decoders only); tied embeddings only without TP and PP.
+MoE blocks (router, routed SwiGLU experts, shared experts) run force-balanced
+(:mod:`planner.runtime.experts`); with expert parallelism (ep > 1) each rank keeps ``E / ep``
+experts of every MoE block, dispatch and combine are ``all_to_all_single`` over the EP group
+of the expert mesh (:class:`planner.mesh.Mesh`), expert gradients are reduced over the expert
+data-parallel group, and the bytes those all-to-alls move are compared with the cost model's
+(:func:`planner.runtime.support.a2a_prediction`).
+
+Limits: context parallelism (cp > 1) is not executed; MoE plans only with tp 1 and ZeRO 0 or 1
+under ep > 1; tied embeddings only without TP and PP.
 
 Modules, one job each: :mod:`~planner.runtime.support` (the plan as a Plan, what runs, the
 pipeline chunks), :mod:`~planner.runtime.parallelize` (TP/SP, FSDP2, ZeRO-2 hooks),
@@ -47,12 +54,14 @@ from planner.errors import invalid
 from planner.ir import ModelGraph
 from planner.runtime.launch import DEFAULT_TIMEOUT_S, RunFailed, run_distributed
 from planner.runtime.reference import reference_losses
-from planner.runtime.support import (MAX_PROCESSES, check_supported, implementation_summary,
-                                     layer_degrees, pipeline_chunks, read_plan, reshard_prediction,
-                                     runtime_options)
+from planner.runtime.support import (MAX_PROCESSES, a2a_prediction, check_supported,
+                                     expert_state_prediction, implementation_summary,
+                                     layer_degrees, pipeline_chunks, read_plan,
+                                     reshard_prediction, runtime_options)
 from planner.runtime.verify_report import (STATE_CATEGORIES, RankReport, VerifyReport,  # noqa: F401
-                                           predicted_stored_activations, reshard_checks,
-                                           state_checks)
+                                           a2a_checks, expert_state_checks,
+                                           predicted_stored_activations,
+                                           reshard_checks, state_checks)
 
 
 DEFAULT_STEPS = 3
@@ -117,6 +126,15 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
     chunks = pipeline_chunks(typed.placement.stage, c.pp, c.virtual_stages)
     degrees = layer_degrees(typed)
     changes = reshard_prediction(typed)
+    a2a_per_micro_batch = a2a_prediction(typed)
+    moe_options = typed.runtime.moe  # what the plan assumed (runtime_options keeps defaults)
+    if a2a_per_micro_batch and (moe_options.load_factor != 1.0
+                                or moe_options.dispatcher != "alltoall"):
+        notes.append(f"the plan assumes MoE routing imbalance {moe_options.imbalance:g}, "
+                     f"capacity factor {moe_options.capacity_factor:g} and the "
+                     f"{moe_options.dispatcher} dispatcher; the runtime routes force-balanced "
+                     "and dropless with a flat all_to_all_single, so the all-to-all bytes are "
+                     "predicted for that (load factor 1, flat)")
     t_ref = time.perf_counter()
     reference = reference_losses(typed.model, c, steps, seed, lr)
     t_dist = time.perf_counter()
@@ -164,6 +182,9 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
 
     report.reshard = reshard_checks(changes, results, c.global_batch // (c.micro_batch * c.dp),
                                     ACT_BYTES)
+    report.a2a = a2a_checks(a2a_per_micro_batch, results, c.num_micro_batches)
+    report.expert_states = expert_state_checks(expert_state_prediction(typed), results,
+                                               c.mesh)
     names = [layer.name for layer in typed.model.layers]
     for r in results:
         report.ranks.append(RankReport(
@@ -190,7 +211,8 @@ def _model_dict(model: ModelGraph) -> dict:
 
 
 def _config_dict(c: ParallelConfig) -> dict:
-    return {"tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp, "sp": c.sp,
+    return {"tp": c.tp, "pp": c.pp, "dp": c.dp, "cp": c.cp, "sp": c.sp, "ep": c.ep,
+            "etp": c.etp,
             "zero_stage": c.zero_stage, "micro_batch": c.micro_batch,
             "global_batch": c.global_batch, "seq_len": c.seq_len,
             "virtual_stages": c.virtual_stages}

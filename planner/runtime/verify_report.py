@@ -78,6 +78,8 @@ class VerifyReport:
     seconds: dict = field(default_factory=dict)
     slow_ranks: dict = field(default_factory=dict)  # rank -> factor (verify --slow)
     reshard: list = field(default_factory=list)  # per rank: predicted vs moved bytes (layouts)
+    a2a: list = field(default_factory=list)  # per rank: predicted vs moved expert all-to-all bytes
+    expert_states: list = field(default_factory=list)  # per rank: routed experts' held bytes
 
     @property
     def loss_rel_diffs(self) -> list[float]:
@@ -105,8 +107,17 @@ class VerifyReport:
         return self.error is None and all(row["ok"] for row in self.reshard)
 
     @property
+    def a2a_ok(self) -> bool:
+        return self.error is None and all(row["ok"] for row in self.a2a)
+
+    @property
+    def expert_states_ok(self) -> bool:
+        return self.error is None and all(row["ok"] for row in self.expert_states)
+
+    @property
     def ok(self) -> bool:
-        return self.losses_ok and self.states_ok and self.reshard_ok
+        return (self.losses_ok and self.states_ok and self.reshard_ok and self.a2a_ok
+                and self.expert_states_ok)
 
     def to_dict(self) -> dict:
         ranks = []
@@ -131,7 +142,9 @@ class VerifyReport:
                 "error": self.error, "error_traceback": self.error_traceback,
                 "seconds": self.seconds,
                 "slow_ranks": {str(k): v for k, v in sorted(self.slow_ranks.items())},
-                "reshard": self.reshard, "reshard_ok": self.reshard_ok}
+                "reshard": self.reshard, "reshard_ok": self.reshard_ok,
+                "a2a": self.a2a, "a2a_ok": self.a2a_ok, "expert_states": self.expert_states,
+                "expert_states_ok": self.expert_states_ok}
 
 
 def _sharded_categories(zero: int) -> dict[str, str]:
@@ -217,4 +230,56 @@ def reshard_checks(changes: list[dict], results: list[dict], micro_batches: int,
         out.append({"rank": r["rank"], "predicted_bytes_per_step": predicted,
                     "moved_bytes_per_step": moved,
                     "ok": all(abs(x - predicted) < 0.5 for x in moved)})
+    return out
+
+
+def a2a_checks(per_micro_batch: list[float], results: list[dict], micro_batches: int
+               ) -> list[dict]:
+    """Per rank: the bytes its MoE blocks' dispatch and combine all-to-alls received from the
+    other ranks of its EP group in each step (forward + backward, fp32, counted from the split
+    sizes each ``all_to_all_single`` moved) against the cost model's
+    (:func:`planner.runtime.support.a2a_prediction` of its stage x micro-batches). Exact or a
+    mismatch."""
+    if not per_micro_batch:
+        return []
+    out = []
+    for r in results:
+        predicted = per_micro_batch[r["stage"]] * micro_batches
+        moved = [int(f + b) for f, b in r["a2a_bytes"]]
+        out.append({"rank": r["rank"], "stage": r["stage"],
+                    "predicted_bytes_per_step": predicted,
+                    "moved_bytes_per_step": moved,
+                    "forward_bytes_per_step": [int(f) for f, _ in r["a2a_bytes"]],
+                    "backward_bytes_per_step": [int(b) for _, b in r["a2a_bytes"]],
+                    "ok": all(abs(x - predicted) < 0.5 for x in moved)})
+    return out
+
+
+def expert_state_checks(predicted: list[dict[str, float]], results: list[dict], mesh
+                        ) -> list[dict]:
+    """Per rank: the routed experts' parameter, gradient and Adam bytes it holds against the
+    cost model's (:func:`planner.runtime.support.expert_state_prediction` of its stage). Verdict
+    per category as :func:`state_checks`: *exact*, or under ZeRO *group-sum exact* when
+    ZeroRedundancyOptimizer's whole-tensor split leaves single ranks off the even split and the
+    rank's expert data-parallel group (``mesh.group("edp", rank)``, :class:`planner.mesh.Mesh`)
+    holds exactly its size x predicted; else a mismatch."""
+    if not predicted:
+        return []
+    by_rank = {r["rank"]: r for r in results}
+    out = []
+    for r in results:
+        row = {"rank": r["rank"], "stage": r["stage"]}
+        ok = True
+        for category in STATE_CATEGORIES:
+            want, held = predicted[r["stage"]][category], int(r["held_experts"][category])
+            verdict = "exact"
+            if abs(held - want) >= 0.5:
+                group = mesh.group("edp", r["rank"])
+                total = sum(int(by_rank[g]["held_experts"][category]) for g in group)
+                verdict = "group-sum exact" if len(group) > 1 and \
+                    abs(total - want * len(group)) < 0.5 else "mismatch"
+            row[category] = {"predicted_bytes": want, "held_bytes": held, "verdict": verdict}
+            ok = ok and verdict != "mismatch"
+        row["ok"] = ok
+        out.append(row)
     return out

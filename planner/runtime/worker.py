@@ -19,16 +19,18 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
                                          ScheduleInterleaved1F1B)
 
 from planner.mesh import DIMS, Mesh
+from planner.runtime.experts import A2A
 from planner.runtime.layouts import (MOVED, LayeredPart, Reshard, batch_rows, layout_meshes,
                                      merge_meshes)
 from planner.runtime.measure import SavedTensorTracker, held_state_bytes, local, unique_params
-from planner.runtime.model import MEASURE, Block, Decoder, build_decoder, lm_loss, synthetic_batch
+from planner.runtime.model import (MEASURE, Block, Decoder, MoeMlp, build_decoder, lm_loss,
+                                   synthetic_batch)
 from planner.runtime.parallelize import (LocalShards, Zero2Gradients, _group_ranks, _mesh_group,
                                          align_grad_layouts, apply_fsdp, apply_tensor_parallel)
 
@@ -68,7 +70,7 @@ def _run_rank(rank: int, job: dict) -> dict:
     t0 = time.perf_counter()
     c = job["config"]
     graph = model_from_dict(job["model"])
-    layout = Mesh(pp=c["pp"], dp=c["dp"], cp=c["cp"], tp=c["tp"])
+    layout = Mesh(pp=c["pp"], dp=c["dp"], cp=c["cp"], tp=c["tp"], ep=c["ep"], etp=c["etp"])
     pp, dp, tp = layout.pp, layout.dp, layout.tp
     mesh = init_device_mesh("cpu", layout.shape, mesh_dim_names=MESH_DIMS)
     coords = dict(zip(MESH_DIMS, mesh.get_coordinate()))
@@ -83,6 +85,20 @@ def _run_rank(rank: int, job: dict) -> dict:
         for key, layer in part.layers.items():
             if isinstance(layer, Block):
                 layer.set_recompute(job["recompute"][int(key)])
+    ep = layout.ep
+    edp_group = None
+    if ep > 1:  # the expert mesh folds the stage's ranks (planner.mesh.Mesh.expert_coords)
+        world = job["world_size"]
+        expert_mesh = DeviceMesh("cpu", torch.arange(world).reshape(
+            pp, layout.expert_dp, ep, layout.expert_tp), mesh_dim_names=("pp", "edp", "ep", "etp"))
+        expert_coords = layout.expert_coords(rank)
+        assert dict(zip(("pp", "edp", "ep", "etp"), expert_mesh.get_coordinate())) \
+            == expert_coords, (expert_mesh.get_coordinate(), expert_coords)
+        edp_group = expert_mesh.get_group("edp") if layout.expert_dp > 1 else None
+        for part in parts:
+            for layer in part.layers.values():
+                if isinstance(layer, Block) and isinstance(layer.mlp, MoeMlp):
+                    layer.mlp.shard_experts(expert_mesh.get_group("ep"), expert_coords["ep"], ep)
     degrees = job.get("degrees") or [tp] * len(graph.layers)
     mixed = any(t != tp for t in degrees)
     if mixed:  # per-layer layouts (planner.runtime.layouts)
@@ -107,18 +123,32 @@ def _run_rank(rank: int, job: dict) -> dict:
         for part in parts:
             apply_fsdp(part, mesh["dp"])
     params = unique_params(parts)
+    # routed experts split over ep: their gradients and ZeRO states go over the expert data
+    # parallel group (edp), everything else over dp
+    expert_ids = {id(p) for part in parts for n, p in part.named_parameters()
+                  if ep > 1 and ".mlp.experts." in n}
     dp_group = _mesh_group(mesh, "dp")
     dp_ranks = _group_ranks(mesh, "dp")
     lr = job["lr"]
     shards = None
     if zero in (1, 2):
         shards = LocalShards(params)
-        optimizer = ZeroRedundancyOptimizer(shards.proxies, optimizer_class=torch.optim.Adam,
+        dense = [q for p, q in zip(params, shards.proxies) if id(p) not in expert_ids]
+        routed = [q for p, q in zip(params, shards.proxies) if id(p) in expert_ids]
+        optimizer = ZeroRedundancyOptimizer(dense, optimizer_class=torch.optim.Adam,
                                             process_group=dp_group, lr=lr, foreach=False)
-        optimizer_state = optimizer.optim.state
+        optimizers = [optimizer]
+        if routed:
+            optimizers.append(
+                ZeroRedundancyOptimizer(routed, optimizer_class=torch.optim.Adam,
+                                        process_group=edp_group, lr=lr, foreach=False)
+                if edp_group is not None else torch.optim.Adam(routed, lr=lr, foreach=False))
+        optimizer_states = [o.optim.state if isinstance(o, ZeroRedundancyOptimizer) else o.state
+                            for o in optimizers]  # filled by the steps
     else:
         optimizer = torch.optim.Adam(params, lr=lr, foreach=False)
-        optimizer_state = optimizer.state
+        optimizers = [optimizer]
+        optimizer_states = [optimizer.state]
     zero2 = None
     if zero == 2:
         owner = {p: optimizer._param_to_rank[q] for p, q in zip(params, shards.proxies)}
@@ -167,10 +197,12 @@ def _run_rank(rank: int, job: dict) -> dict:
                 for n, p in part.named_parameters()}
     head_groups = dp * tp // degrees[-1]  # the loss is averaged over the head's data groups
     reshard_bytes: list[list[int]] = []
+    a2a_bytes: list[list[int]] = []
     setup_s = time.perf_counter() - t0
     for step in range(job["steps"]):
         t_step = time.perf_counter()
         MOVED.reset()
+        A2A.reset()
         inputs, labels = synthetic_batch(job["seed"], step, c["global_batch"], seq, graph.vocab)
         inputs = batch_rows(inputs, m, mb * dp, group_of[0], rows_of[0])
         labels = batch_rows(labels, m, mb * dp, group_of[-1], rows_of[-1])
@@ -220,11 +252,16 @@ def _run_rank(rank: int, job: dict) -> dict:
         elif zero in (0, 1) and dp > 1:
             for p in params:
                 if p.grad is not None:
-                    dist.all_reduce(local(p.grad), group=dp_group)
+                    # an expert's gradient already holds its EP group's tokens (the combine's
+                    # backward brought them); summed over edp it holds all dp ranks' tokens
+                    group = edp_group if id(p) in expert_ids else dp_group
+                    if group is not None:
+                        dist.all_reduce(local(p.grad), group=group)
                     local(p.grad).div_(dp)
         if shards is not None:
             shards.load_grads()
-        optimizer.step()
+        for o in optimizers:
+            o.step()
         if last_pp:
             mean = torch.stack([x.float() for x in micro_losses]).mean()
             if mixed and head_groups > 1:
@@ -235,14 +272,21 @@ def _run_rank(rank: int, job: dict) -> dict:
                 mean /= dp
             losses.append(float(mean.detach()))
         reshard_bytes.append([MOVED.forward_bytes, MOVED.backward_bytes])
+        a2a_bytes.append([A2A.forward_bytes, A2A.backward_bytes])
         step_seconds.append(time.perf_counter() - t_step)
     MEASURE.measure = False
-    held = held_state_bytes(params, optimizer_state)
+    all_states = {p: state for states in optimizer_states for p, state in states.items()}
+    held = held_state_bytes(params, all_states)
+    # the routed experts' share (under ZeRO-1 their proxies are the parameters: tp 1)
+    experts = [p for part in parts for n, p in part.named_parameters() if ".mlp.experts." in n]
+    held_experts = held_state_bytes(experts, {p: all_states[p] for p in experts
+                                              if p in all_states})
     return {"rank": rank, "coords": coords, "stage": coords["pp"],
             "chunks": [chunks[k] for k in mine],
             "losses": losses if last_pp else None,
-            "held": held, "activation_peak_bytes": tracker.peak,
+            "held": held, "held_experts": held_experts, "activation_peak_bytes": tracker.peak,
             "num_param_tensors": len(params), "grad_layout_differences": grad_layouts,
-            "optimizer_param_tensors": len(optimizer_state),
+            "optimizer_param_tensors": sum(len(states) for states in optimizer_states),
             "setup_s": setup_s, "step_s": step_seconds,
-            "reshard_bytes": reshard_bytes, "degrees": degrees, "injected_delay_s": delays}
+            "reshard_bytes": reshard_bytes, "a2a_bytes": a2a_bytes, "degrees": degrees,
+            "injected_delay_s": delays}

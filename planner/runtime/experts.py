@@ -96,16 +96,21 @@ def _equal_rows(x: torch.Tensor, n: int) -> None:
                            "count)")
 
 
+# PyTorch 2.13 names the single-tensor collectives *_single (the *_tensor names warn)
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _all_gather_rows(x: torch.Tensor, group, n: int) -> torch.Tensor:
     out = x.new_empty((n * x.shape[0],) + tuple(x.shape[1:]))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    _ALL_GATHER(out, x.contiguous(), group=group)
     return out
 
 
 def _reduce_scatter_rows(x: torch.Tensor, group, n: int) -> torch.Tensor:
     _equal_rows(x, n)
     out = x.new_empty((x.shape[0] // n,) + tuple(x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
+    _REDUCE_SCATTER(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
     return out
 
 

@@ -138,10 +138,11 @@ def _check_moe(plan: Plan, shape) -> None:
     mesh = c.mesh
     experts_split = c.ep > 1 or c.tp > 1
     if c.zero_stage == 2 and experts_split:
+        what = "expert parallelism" if c.ep > 1 else "a MoE plan with tensor parallelism"
         raise unsupported(
-            f"ZeRO-2 of a MoE plan with expert parallelism or TP (ep {c.ep}, tp {c.tp}) is not "
-            "executed: verify runs them under ZeRO 0, 1 or 3 (the ZeRO-2 gradient partition "
-            "over two groups, dp for dense and edp for expert gradients, is not built)")
+            f"{what} with ZeRO-2 is not executed (ep {c.ep}, tp {c.tp}): verify runs it under "
+            "ZeRO 0, 1 or 3 (the ZeRO-2 gradient partition over two groups, dp for dense and "
+            "edp for expert gradients, is not built)")
     if c.zero_stage == 3 and c.tp > 1:
         raise unsupported(
             f"FSDP2 (ZeRO-3) of a MoE plan with tensor parallelism (tp {c.tp}) is not executed: "
@@ -164,10 +165,11 @@ def _check_moe(plan: Plan, shape) -> None:
         raise unsupported(f"tp {c.tp} does not divide seq_len {c.seq_len}: the MoE layer runs "
                           "on each TP rank's sequence shard")
     if experts_split and (c.seq_len // c.tp * moe.top_k) % moe.num_experts:
+        per_rank = (f"seq_len / tp x top_k ({c.seq_len} / {c.tp} x {moe.top_k})" if c.tp > 1
+                    else f"seq_len x top_k ({c.seq_len} x {moe.top_k})")
         raise unsupported(
-            f"force-balanced routing needs seq_len / tp x top_k ({c.seq_len} / {c.tp} x "
-            f"{moe.top_k}) divisible by the {moe.num_experts} experts (planner.runtime.experts: "
-            "each rank's sequence shard covers the experts round-robin), so that every EP rank "
+            f"force-balanced routing needs {per_rank} divisible by the {moe.num_experts} "
+            "experts (planner.runtime.experts: each rank's sequence shard covers the experts round-robin), so that every EP rank "
             "receives exactly its share and the all-to-all bytes are exact; choose another "
             "--seq-len")
 
@@ -209,7 +211,7 @@ def a2a_prediction(plan: Plan) -> list[float]:
     flat dispatcher, nothing hidden. Empty when the experts are neither split over EP nor over
     ETP."""
     c = plan.config
-    if c.ep <= 1 and c.mesh.expert_tp <= 1:
+    if not plan.model.is_moe or (c.ep <= 1 and c.mesh.expert_tp <= 1):
         return []
     return _token_exchange_prediction(plan, c.mesh.expert_tp)
 
@@ -342,8 +344,8 @@ def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
             zero = {1: "; ZeRO-1: one ZeroRedundancyOptimizer over dp for dense and one over edp "
                        "for expert parameters",
                     3: "; ZeRO-3: FSDP2 fully_shard of each routed expert over the edp mesh "
-                       "(gradient divide factor dp), then of each layer and the stage root over "
-                       "dp (torchtitan's MoE FSDP)"}.get(c.zero_stage, "")
+                       "(its gradients rescaled by edp / dp after FSDP2's average over edp), then "
+                       "of each layer and the stage root over dp (torchtitan's MoE FSDP)"}.get(c.zero_stage, "")
             out["ep"] = (
                 f"expert mesh etp {etp} x ep {c.ep} x edp {mesh.expert_dp} over each stage's "
                 f"tp x dp ranks: {moe.num_experts // c.ep} experts per rank"

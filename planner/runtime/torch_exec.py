@@ -32,8 +32,13 @@ of the expert mesh (:class:`planner.mesh.Mesh`), expert gradients are reduced ov
 data-parallel group, and the bytes those all-to-alls move are compared with the cost model's
 (:func:`planner.runtime.support.a2a_prediction`).
 
-Limits: context parallelism (cp > 1) is not executed; MoE plans only with tp 1 and ZeRO 0 or 1
-under ep > 1; tied embeddings only without TP and PP.
+Under tensor parallelism a MoE block runs on each TP rank's sequence shard (Megatron-Core's
+``MoELayer``), its experts on the expert mesh (etp x ep x edp over the stage's tp x dp ranks),
+with the ETP gather and scatter when etp > 1; under ZeRO-3 the experts are FSDP2-sharded over
+edp (torchtitan). The first step's expert gradients are compared with the reference's.
+
+Limits: context parallelism (cp > 1) is not executed; MoE plans with expert parallelism or TP
+run under ZeRO 0, 1 or 3 (ZeRO-3 with tp 1); tied embeddings only without TP and PP.
 
 Modules, one job each: :mod:`~planner.runtime.support` (the plan as a Plan, what runs, the
 pipeline chunks), :mod:`~planner.runtime.parallelize` (TP/SP, FSDP2, ZeRO-2 hooks),

@@ -317,7 +317,8 @@ def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
         out["tp"] = ("DTensor parallelize_module: ColwiseParallel q/k/v/gate/up, RowwiseParallel "
                      "o/down, embedding RowwiseParallel, lm_head ColwiseParallel (output "
                      "Replicate)" + ("; SequenceParallel norms, PrepareModuleInput(Shard(1) -> "
-                                     "Replicate) before attention and MLP" if c.sp else ""))
+                                     "Replicate) before attention and MLP" if c.sp else "")
+                     + ("; a MoE block's MLP as under ep" if model.is_moe else ""))
     if c.dp > 1 or c.zero_stage:
         out["dp"] = f"ZeRO-{c.zero_stage}: {ZERO_IMPLEMENTATION[c.zero_stage]}"
     if c.pp > 1:
@@ -360,8 +361,8 @@ def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
                 + ("; per-expert counts, then dispatch and combine with dist.all_to_all_single "
                    "(split sizes, dropless) over the EP group, backward the transposed exchange"
                    if c.ep > 1 else "")
-                + ("; received rows all_gather_into_tensor over the ETP group before the experts "
-                   "and the partial outputs reduce_scatter_tensor after them (Megatron-Core "
+                + ("; received rows all-gathered over the ETP group before the experts and the "
+                   "partial outputs reduce-scattered after them (Megatron-Core "
                    "token_dispatcher.py dispatch_postprocess / combine_preprocess), backward "
                    "the transposes" if etp > 1 else "")
                 + "; expert gradients reduced over edp, dense ones over dp" + zero)

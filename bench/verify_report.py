@@ -403,37 +403,38 @@ that run ({platform}, PyTorch {torch}).
   top_k, are the gate weights, so the router trains. The IR names no router score function;
   the runtime uses softmax.
 * **Expert parallelism**: the expert mesh of `planner.mesh.Mesh` (etp × ep × edp folding the
-  stage's tp × dp ranks, expert rank order tp-ep-dp-pp as Megatron-Core's; executed with tp 1
-  or 2, etp 1 or etp = tp, ZeRO 0, 1 or 3 (3 with tp 1), with and without pipelining) as a
+  stage's tp × dp ranks, expert rank order tp-ep-dp-pp as Megatron-Core's; executed with tp 1 or
+  2, etp 1 or etp = tp, ZeRO 0, 1 or 3 (3 with tp 1), with and without pipelining) as a
   DeviceMesh (pp, edp, ep, etp); each rank keeps E/ep experts of every MoE block, each cut to
-  F/etp of its width. Dispatch: the per-expert counts are exchanged with
-  `all_to_all_single`, then the routed copies (sorted by expert) go to their expert's rank
-  with `all_to_all_single` and split sizes (dropless); combine sends the outputs back the same
-  way; backward runs the transposed exchanges. Expert gradients are all-reduced over edp (they
-  already hold the EP group's tokens), dense ones over dp; under ZeRO-1 one `ZeroRedundancyOptimizer` over dp
-  holds the dense Adam states and one over edp the experts'; under ZeRO-3 (torchtitan's MoE
-  FSDP) each expert is `fully_shard`ed over the edp mesh before its block over dp, its gradient
-  rescaled by edp/dp after FSDP2's average over edp (torchtitan sets the divide factor, a
-  PREMUL_SUM reduce-scatter gloo refuses). **With TP** (Megatron-Core `MoELayer`) a MoE block
-  runs on the rank's sequence shard (`PrepareModuleInputOutput` keeps SP's `Shard(1)`; without
-  sp it slices the replicated input and all-gathers the output, since Megatron-Core refuses
-  MoE with TP and without SP in training): tokens routed by their global position, the router
-  weight a `Replicate` DTensor (its gradient the TP group's partial sum), shared experts
-  Colwise / Rowwise on the shard. **With etp > 1** the received copies are all-gathered over
-  the ETP group before the experts and their partial outputs reduce-scattered after them
-  (Megatron-Core `token_dispatcher.py` `dispatch_postprocess` / `combine_preprocess`), backward
-  the transposes. Checked beyond the losses and state totals: the bytes each rank receives
-  from its EP (and ETP) peers per step must equal the cost model's dispatch + combine volume (`planner.cost.moe.dispatch_combine_s` on a 1 byte/s
-  link: (ep − 1)/ep of micro_batch × seq × top_k × hidden, per dispatch and per combine,
-  forward, backward and a recomputed forward, × micro-batches, in fp32; under TP of the rank's
-  seq/tp positions; at etp > 1 plus the term's all-gather and reduce-scatter of etp such
-  buffers, (etp − 1)/etp of each received), each rank's routed-expert parameter, gradient and
-  Adam bytes must equal the cost model's (`layer_terms(...).expert_params` through
-  `zero_state_bytes` over edp), exactly; and the routed experts' gradients after the first
-  step's synchronisation (sum of squares over ranks, divided by the ranks holding the same
-  reduced gradient) must equal the single-process run's within the loss rtol: Adam normalises
-  a gradient's scale away, so an expert gradient averaged over the wrong group (edp instead of
-  dp under FSDP2: 2× here) moves the losses by 6e-7 only, and this check by 300 %.
+  F/etp of its width. Dispatch: the per-expert counts are exchanged with `all_to_all_single`,
+  then the routed copies (sorted by expert) go to their expert's rank with `all_to_all_single`
+  and split sizes (dropless); combine sends the outputs back the same way; backward runs the
+  transposed exchanges. Expert gradients are all-reduced over edp (they already hold the EP
+  group's tokens), dense ones over dp; under ZeRO-1 one `ZeroRedundancyOptimizer` over dp holds
+  the dense Adam states and one over edp the experts'; under ZeRO-3 (torchtitan's MoE FSDP) each
+  expert is `fully_shard`ed over the edp mesh before its block over dp, its gradient rescaled by
+  edp/dp after FSDP2's average over edp (torchtitan sets the divide factor, a PREMUL_SUM
+  reduce-scatter gloo refuses). **With TP** (Megatron-Core `MoELayer`) a MoE block runs on the
+  rank's sequence shard (`PrepareModuleInputOutput` keeps SP's `Shard(1)`; without sp it slices
+  the replicated input and all-gathers the output, since Megatron-Core refuses MoE with TP and
+  without SP in training): tokens routed by their global position, the router weight a
+  `Replicate` DTensor (its gradient the TP group's partial sum), shared experts Colwise /
+  Rowwise on the shard. **With etp > 1** the received copies are all-gathered over the ETP group
+  before the experts and their partial outputs reduce-scattered after them (Megatron-Core
+  `token_dispatcher.py` `dispatch_postprocess` / `combine_preprocess`), backward the transposes.
+  Checked beyond the losses and state totals: the bytes each rank receives from its EP (and ETP)
+  peers per step must equal the cost model's dispatch + combine volume
+  (`planner.cost.moe.dispatch_combine_s` on a 1 byte/s link: (ep − 1)/ep of micro_batch × seq ×
+  top_k × hidden, per dispatch and per combine, forward, backward and a recomputed forward, ×
+  micro-batches, in fp32; under TP of the rank's seq/tp positions; at etp > 1 plus the term's
+  all-gather and reduce-scatter of etp such buffers, (etp − 1)/etp of each received), each
+  rank's routed-expert parameter, gradient and Adam bytes must equal the cost model's
+  (`layer_terms(...).expert_params` through `zero_state_bytes` over edp), exactly; and the
+  routed experts' gradients after the first step's synchronisation (sum of squares over ranks,
+  divided by the ranks holding the same reduced gradient) must equal the single-process run's
+  within the loss rtol: Adam normalises a gradient's scale away, so an expert gradient averaged
+  over the wrong group (edp instead of dp under FSDP2: 2× here) moves the losses by 6e-7 only,
+  and this check by 300 %.
 * **Mesh.** `init_device_mesh("cpu", (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp",
   "tp"))`: TP innermost, so global rank `((pp_rank*dp + dp_rank)*cp + cp_rank)*tp + tp_rank`,
   the layout the cost model assumes.

@@ -169,9 +169,9 @@ def _check_moe(plan: Plan, shape) -> None:
                     else f"seq_len x top_k ({c.seq_len} x {moe.top_k})")
         raise unsupported(
             f"force-balanced routing needs {per_rank} divisible by the {moe.num_experts} "
-            "experts (planner.runtime.experts: each rank's sequence shard covers the experts round-robin), so that every EP rank "
-            "receives exactly its share and the all-to-all bytes are exact; choose another "
-            "--seq-len")
+            "experts (planner.runtime.experts: each rank's sequence shard covers the experts "
+            "round-robin), so that every EP rank receives exactly its share and the all-to-all "
+            "bytes are exact; choose another --seq-len")
 
 
 def _token_exchange_prediction(plan: Plan, etp: int) -> list[float]:
@@ -346,7 +346,8 @@ def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
                        "for expert parameters",
                     3: "; ZeRO-3: FSDP2 fully_shard of each routed expert over the edp mesh "
                        "(its gradients rescaled by edp / dp after FSDP2's average over edp), then "
-                       "of each layer and the stage root over dp (torchtitan's MoE FSDP)"}.get(c.zero_stage, "")
+                       "of each layer and the stage root over dp (torchtitan's MoE FSDP)"
+                    }.get(c.zero_stage, "")
             out["ep"] = (
                 f"expert mesh etp {etp} x ep {c.ep} x edp {mesh.expert_dp} over each stage's "
                 f"tp x dp ranks: {moe.num_experts // c.ep} experts per rank"

@@ -60,7 +60,8 @@ from planner.ir import ModelGraph
 from planner.runtime.launch import DEFAULT_TIMEOUT_S, RunFailed, run_distributed
 from planner.runtime.reference import reference_run
 from planner.runtime.support import (MAX_PROCESSES, a2a_prediction, check_supported,
-                                     etp_prediction, expert_state_prediction, implementation_summary,
+                                     etp_prediction, expert_state_prediction,
+                                     implementation_summary,
                                      layer_degrees, pipeline_chunks, read_plan,
                                      reshard_prediction, runtime_options)
 from planner.runtime.verify_report import (STATE_CATEGORIES, RankReport, VerifyReport,  # noqa: F401

@@ -186,16 +186,23 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None,
     else:  # a plan made from one evaluated configuration, not a search
         console.print(line("solver: ", (s.get('status', '?'), "bold")))
     if doc.get("alternatives"):
+        from planner.plan_diff import setting_changes
+
+        shown = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "zero_stage")
+        # the settings the columns do not show (ep, recompute, dp_shard, schedule, ...), where
+        # a runner-up's differ from the plan's: rows alike in every column are told apart
+        others = [setting_changes(doc["parallelism"], alt["parallelism"], shown + ("sp",))
+                  for alt in doc["alternatives"]]
         table = Table(title="Runners-up")
         for column in ("tp", "pp", "dp", "cp", "micro-batch", "v", "ZeRO", "sp", "step s",
-                       "slower"):
-            table.add_column(column, justify="right")
-        for alt in doc["alternatives"]:
+                       "slower", *(["other changes"] if any(others) else [])):
+            table.add_column(column, justify="left" if column == "other changes" else "right")
+        for alt, other in zip(doc["alternatives"], others):
             p = alt["parallelism"]
-            table.add_row(*(str(p[k]) for k in ("tp", "pp", "dp", "cp", "micro_batch",
-                                                 "virtual_stages", "zero_stage")),
+            table.add_row(*(str(p[k]) for k in shown),
                           _fmt(p["sp"]), f"{alt['step_time_s']:.3f}",
-                          f"+{alt['slower_than_best']:.1%}")
+                          f"+{alt['slower_than_best']:.1%}",
+                          *(["; ".join(other)] if any(others) else []))
         console.print(table)
     if written_to:
         console.print(line("plan written to ", written_to), soft_wrap=True)

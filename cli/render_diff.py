@@ -9,6 +9,8 @@ from cli.console import console, line, styled
 
 
 def _v(value: Any) -> str:
+    if value is None:  # a setting one plan leaves out (dp_shard: over all of dp, no layout)
+        return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)

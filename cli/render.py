@@ -102,6 +102,13 @@ def _sharding(p: dict[str, Any]) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+# the step time's parts (planner.cost.terms.StepBreakdown) in the order a step runs them: the
+# step is pipeline + dp_exposed + optimizer + embedding_sync; the bubble is the idle part of
+# the pipeline's time, so it is printed as part of it, not as one more addend
+TIME_PARTS = ("pipeline", "bubble", "dp_exposed", "optimizer", "embedding_sync")
+TIME_LABELS = {"bubble": "  of it bubble"}
+
+
 def print_evaluation(result: dict[str, Any]) -> None:
     signals.act_on_unacted()  # an interrupted command prints none of its result
     m, c, p, pred = result["model"], result["cluster"], result["parallelism"], result["predicted"]
@@ -115,8 +122,9 @@ def print_evaluation(result: dict[str, Any]) -> None:
     time = Table(title="Step time")
     time.add_column("part")
     time.add_column("seconds", justify="right")
-    for key, value in pred["time_breakdown_s"].items():
-        time.add_row(key, f"{value:.4f}")
+    parts = pred["time_breakdown_s"]  # a plan file's keys come back sorted: the step's order
+    for key in (*(k for k in TIME_PARTS if k in parts), *sorted(set(parts) - set(TIME_PARTS))):
+        time.add_row(TIME_LABELS.get(key, key), f"{parts[key]:.4f}")
     time.add_row(styled("step", "bold"), styled(f"{pred['step_time_s']:.4f}", "bold"))
     console.print(time)
     verdict = ("fits", "green") if pred["fits"] else ("does NOT fit", "red")

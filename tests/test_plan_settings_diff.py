@@ -79,3 +79,16 @@ def test_runners_up_table_has_no_empty_column_when_nothing_else_differs(tmp_path
     doc["alternatives"] = [alt]
     code, _, err = run_cli(["show", _write(doc, tmp_path / "plan.json")], capsys)
     assert code == 0 and "Runners-up" in err and "other changes" not in err
+
+
+def test_an_input_of_the_same_name_but_other_content_shows_both_hashes(tmp_path, capsys):
+    """A re-plan's cluster keeps its name, cut to the surviving nodes: diff printed 'input
+    changed: cluster tiny -> tiny'; the content hashes tell the two apart."""
+    a = build_plan(tp=1, pp=1, global_batch=16)
+    b = copy.deepcopy(a)
+    b["inputs"]["cluster"]["sha256"] = "sha256:" + "ab" * 32
+    code, _, err = run_cli(["diff", _write(a, tmp_path / "a.json"),
+                            _write(b, tmp_path / "b.json")], capsys)
+    assert code == 0
+    old = a["inputs"]["cluster"]["sha256"][7:19]
+    assert f"cluster tiny ({old}) -> tiny (abababababab)" in err

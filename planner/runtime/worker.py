@@ -25,14 +25,15 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
                                          ScheduleInterleaved1F1B)
 
 from planner.mesh import DIMS, Mesh
-from planner.runtime.experts import A2A
+from planner.runtime.experts import A2A, ETP
 from planner.runtime.layouts import (MOVED, LayeredPart, Reshard, batch_rows, layout_meshes,
                                      merge_meshes)
 from planner.runtime.measure import SavedTensorTracker, held_state_bytes, local, unique_params
 from planner.runtime.model import (MEASURE, Block, Decoder, MoeMlp, build_decoder, lm_loss,
                                    synthetic_batch)
 from planner.runtime.parallelize import (LocalShards, Zero2Gradients, _group_ranks, _mesh_group,
-                                         align_grad_layouts, apply_fsdp, apply_tensor_parallel)
+                                         align_grad_layouts, apply_fsdp, apply_tensor_parallel,
+                                         rescale_expert_grads)
 
 
 MESH_DIMS = DIMS  # the rank layout is planner.mesh.Mesh's (TP innermost, PP outermost)
@@ -85,20 +86,30 @@ def _run_rank(rank: int, job: dict) -> dict:
         for key, layer in part.layers.items():
             if isinstance(layer, Block):
                 layer.set_recompute(job["recompute"][int(key)])
-    ep = layout.ep
-    edp_group = None
-    if ep > 1:  # the expert mesh folds the stage's ranks (planner.mesh.Mesh.expert_coords)
+    ep, etp = layout.ep, layout.expert_tp
+    moe = any(isinstance(layer, Block) and isinstance(layer.mlp, MoeMlp)
+              for part in parts for layer in part.layers.values())
+    edp_group = edp_mesh = None
+    # the routed experts keep their own mesh when it differs from the dense one: expert
+    # parallelism, or tensor parallelism (the experts see each TP rank's sequence shard)
+    expert_parallel = moe and (ep > 1 or tp > 1)
+    if expert_parallel:  # the expert mesh folds the stage's ranks (Mesh.expert_coords)
         world = job["world_size"]
         expert_mesh = DeviceMesh("cpu", torch.arange(world).reshape(
-            pp, layout.expert_dp, ep, layout.expert_tp), mesh_dim_names=("pp", "edp", "ep", "etp"))
+            pp, layout.expert_dp, ep, etp), mesh_dim_names=("pp", "edp", "ep", "etp"))
         expert_coords = layout.expert_coords(rank)
         assert dict(zip(("pp", "edp", "ep", "etp"), expert_mesh.get_coordinate())) \
             == expert_coords, (expert_mesh.get_coordinate(), expert_coords)
-        edp_group = expert_mesh.get_group("edp") if layout.expert_dp > 1 else None
+        edp_mesh = expert_mesh["edp"]  # FSDP2 of the experts (size 1: whole experts)
+        if layout.expert_dp > 1:
+            edp_group = edp_mesh.get_group()
         for part in parts:
             for layer in part.layers.values():
                 if isinstance(layer, Block) and isinstance(layer.mlp, MoeMlp):
-                    layer.mlp.shard_experts(expert_mesh.get_group("ep"), expert_coords["ep"], ep)
+                    layer.mlp.shard_experts(
+                        expert_mesh.get_group("ep") if ep > 1 else None, expert_coords["ep"],
+                        ep, expert_mesh.get_group("etp") if etp > 1 else None,
+                        expert_coords["etp"], etp)
     degrees = job.get("degrees") or [tp] * len(graph.layers)
     mixed = any(t != tp for t in degrees)
     if mixed:  # per-layer layouts (planner.runtime.layouts)
@@ -119,14 +130,15 @@ def _run_rank(rank: int, job: dict) -> dict:
         for part in parts:
             apply_tensor_parallel(part, mesh["tp"], c["sp"])
     zero = c["zero_stage"]
+    fsdp_experts: list = []
     if zero == 3:
         for part in parts:
-            apply_fsdp(part, mesh["dp"])
+            fsdp_experts += apply_fsdp(part, mesh["dp"], edp_mesh if expert_parallel else None)
     params = unique_params(parts)
     # routed experts split over ep: their gradients and ZeRO states go over the expert data
     # parallel group (edp), everything else over dp
     expert_ids = {id(p) for part in parts for n, p in part.named_parameters()
-                  if ep > 1 and ".mlp.experts." in n}
+                  if expert_parallel and ".mlp.experts." in n}
     dp_group = _mesh_group(mesh, "dp")
     dp_ranks = _group_ranks(mesh, "dp")
     lr = job["lr"]
@@ -198,11 +210,14 @@ def _run_rank(rank: int, job: dict) -> dict:
     head_groups = dp * tp // degrees[-1]  # the loss is averaged over the head's data groups
     reshard_bytes: list[list[int]] = []
     a2a_bytes: list[list[int]] = []
+    expert_grad_sq = 0.0
+    etp_bytes: list[list[int]] = []
     setup_s = time.perf_counter() - t0
     for step in range(job["steps"]):
         t_step = time.perf_counter()
         MOVED.reset()
         A2A.reset()
+        ETP.reset()
         inputs, labels = synthetic_batch(job["seed"], step, c["global_batch"], seq, graph.vocab)
         inputs = batch_rows(inputs, m, mb * dp, group_of[0], rows_of[0])
         labels = batch_rows(labels, m, mb * dp, group_of[-1], rows_of[-1])
@@ -237,6 +252,7 @@ def _run_rank(rank: int, job: dict) -> dict:
             delay = (factor - 1.0) * (time.perf_counter() - t_step)
             time.sleep(delay)
             delays.append(delay)
+        rescale_expert_grads(fsdp_experts, layout.expert_dp, dp)
         fixed = align_grad_layouts(params, names)
         if step == 0:
             grad_layouts = fixed
@@ -260,6 +276,9 @@ def _run_rank(rank: int, job: dict) -> dict:
                     local(p.grad).div_(dp)
         if shards is not None:
             shards.load_grads()
+        if step == 0:  # the routed experts' first gradients, as held (local shards)
+            expert_grad_sq = float(sum(local(p.grad).double().pow(2).sum() for p in params
+                                       if id(p) in expert_ids and p.grad is not None))
         for o in optimizers:
             o.step()
         if last_pp:
@@ -273,6 +292,7 @@ def _run_rank(rank: int, job: dict) -> dict:
             losses.append(float(mean.detach()))
         reshard_bytes.append([MOVED.forward_bytes, MOVED.backward_bytes])
         a2a_bytes.append([A2A.forward_bytes, A2A.backward_bytes])
+        etp_bytes.append([ETP.forward_bytes, ETP.backward_bytes])
         step_seconds.append(time.perf_counter() - t_step)
     MEASURE.measure = False
     all_states = {p: state for states in optimizer_states for p, state in states.items()}
@@ -288,5 +308,6 @@ def _run_rank(rank: int, job: dict) -> dict:
             "num_param_tensors": len(params), "grad_layout_differences": grad_layouts,
             "optimizer_param_tensors": sum(len(states) for states in optimizer_states),
             "setup_s": setup_s, "step_s": step_seconds,
-            "reshard_bytes": reshard_bytes, "a2a_bytes": a2a_bytes, "degrees": degrees,
+            "reshard_bytes": reshard_bytes, "a2a_bytes": a2a_bytes, "etp_bytes": etp_bytes,
+            "expert_grad_sq": expert_grad_sq if expert_ids else None, "degrees": degrees,
             "injected_delay_s": delays}

@@ -223,6 +223,14 @@ def print_warnings(warnings: Iterable[str], prefix: str = "warning") -> None:
         print_warning(warning, prefix)
 
 
+def _calibration(inputs: dict[str, Any]) -> str:
+    """The calibration profile a plan was made with (plan --calibration), where it records one."""
+    record = inputs.get("calibration")
+    if not record:
+        return ""
+    return f", calibration {record['spec']!r} ({record['sha256'][7:19]})"
+
+
 def print_plan_file(doc: dict[str, Any], path: str) -> None:
     """``shardplan show``: the plan as ``plan`` printed it, plus its inputs and layer split."""
     signals.act_on_unacted()  # an interrupted command prints none of its result
@@ -232,7 +240,7 @@ def print_plan_file(doc: dict[str, Any], path: str) -> None:
                        f"{inputs['model']['spec']!r} ({inputs['model']['sha256'][7:19]}) on "
                        f"cluster {inputs['cluster']['spec']!r} "
                        f"({inputs['cluster']['sha256'][7:19]}), global batch "
-                       f"{inputs['global_batch']}, {inputs['dtype']}"))
+                       f"{inputs['global_batch']}, {inputs['dtype']}" + _calibration(inputs)))
     print_plan(doc)
     pins = doc.get("pins") or {}
     if pins:

@@ -31,7 +31,7 @@ def print_diff(doc: dict[str, Any], a: str, b: str) -> None:
     for role, item in doc["inputs"].items():
         a, b = item["a"], item["b"]
         if a == b:  # same name, other content (a re-plan's cluster cut to its survivors)
-            a, b = (f"{spec} ({digest[7:19]})" for spec, digest in
+            a, b = (f"{spec} ({(digest or '')[7:19]})" for spec, digest in
                     ((a, item["sha256"]["a"]), (b, item["sha256"]["b"])))
         console.print(line(("input changed", "yellow"), f": {role} {a} -> {b}"))
     table = Table(title="Predicted")

@@ -1,7 +1,8 @@
 """``shardplan diff``: what changed between two plans, for reviewing a plan change.
 
 Consumes two :class:`~planner.plan_types.Plan`; produces one JSON-ready dict: the changed
-degrees and batch settings, runtime options and inputs (content hashes), the per-layer moves
+degrees and batch settings, runtime options and inputs (model, cluster and calibration profile
+by content hash), the per-layer moves
 (stage, recomputation, layout), memory per stage and category and time per micro-batch with
 their deltas, and the headline predictions. Keys are sorted and numbers rounded as in the plan
 files, so the same two plans give the same document.
@@ -27,6 +28,7 @@ def _settings(a: dict, b: dict) -> tuple[str, ...]:
     """The :data:`DEGREES` two parallelisms are compared on."""
     dense = a.get("ep", 1) == 1 and b.get("ep", 1) == 1
     return tuple(k for k in DEGREES if not (dense and k in EXPERT_MESH))
+SHIPPED = "shipped"  # a plan made without --calibration: the shipped constants
 PREDICTED = ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib", "fits")
 MEMORY = ("params", "grads", "optimizer", "activations", "other", "total")
 
@@ -79,6 +81,11 @@ def diff(a: Any, b: Any) -> dict[str, Any]:
         if ia["sha256"] != ib["sha256"]:
             out["inputs"][role] = {"a": ia["spec"], "b": ib["spec"],
                                    "sha256": _pair(ia["sha256"], ib["sha256"])}
+    # the calibration profile (inputs.calibration, absent: the shipped constants)
+    ca, cb = (d["inputs"].get("calibration") or {} for d in (da, db))
+    if ca.get("sha256") != cb.get("sha256"):
+        out["inputs"]["calibration"] = {"a": ca.get("spec", SHIPPED), "b": cb.get("spec", SHIPPED),
+                                        "sha256": _pair(ca.get("sha256"), cb.get("sha256"))}
     la, lb = a.layers, b.layers
     if [x["name"] for x in la] == [x["name"] for x in lb]:
         moves = []

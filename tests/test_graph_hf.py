@@ -118,3 +118,37 @@ def test_deepseek_mla_and_moe_recognised():
     assert moe.mlp.num_experts == 256 and moe.mlp.top_k == 8
     assert moe.mlp.shared_ffn_hidden == 2048
     assert [c.count for c in graph.layer_classes()] == [1, 3, 58, 1]
+
+
+def test_building_a_config_without_a_dtype_reads_no_deprecated_attribute():
+    """gpt2's config.json sets no dtype; the importer read ``hf_config.torch_dtype`` after
+    ``dtype`` came back None, and transformers >= 4.56 printed '`torch_dtype` is deprecated!
+    Use `dtype` instead!' on every ``--importer graph`` run of such a config."""
+    import json
+    from pathlib import Path
+
+    import transformers
+
+    from models.graph.torch_import import build_hf_model
+
+    config = json.loads((Path(__file__).parent.parent / "models" / "hf_configs" /
+                         "gpt2.json").read_text())
+    config.pop("torch_dtype", None)
+    config.pop("dtype", None)
+    cls = transformers.PretrainedConfig
+    if not hasattr(cls, "torch_dtype") or not isinstance(cls.__dict__.get("torch_dtype"),
+                                                         property):
+        pytest.skip("this transformers has no deprecated torch_dtype property")
+    original = cls.__dict__["torch_dtype"]
+    reads = []
+
+    def counted(self):
+        reads.append(1)
+        return original.fget(self)
+
+    cls.torch_dtype = property(counted, original.fset)
+    try:
+        build_hf_model(config)
+    finally:
+        cls.torch_dtype = original
+    assert reads == []

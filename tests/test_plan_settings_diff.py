@@ -92,3 +92,24 @@ def test_an_input_of_the_same_name_but_other_content_shows_both_hashes(tmp_path,
     assert code == 0
     old = a["inputs"]["cluster"]["sha256"][7:19]
     assert f"cluster tiny ({old}) -> tiny (abababababab)" in err
+
+
+def test_diff_names_a_changed_calibration_profile(tmp_path, capsys):
+    """A plan made with --calibration records the profile (inputs.calibration); diff compared
+    only the model and the cluster, so a plan re-made with another profile showed changed
+    constants and predictions and no changed input."""
+    from planner.calibration.store import profile_record, shipped
+
+    a = build_plan(tp=1, pp=1, global_batch=16)
+    b = copy.deepcopy(a)
+    record = profile_record(shipped(), "mine.yaml")
+    b["inputs"]["calibration"] = record
+    paths = [_write(a, tmp_path / "a.json"), _write(b, tmp_path / "b.json")]
+    code, out, err = run_cli(["diff", *paths, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["inputs"]["calibration"] == {
+        "a": "shipped", "b": "mine.yaml", "sha256": {"a": None, "b": record["sha256"]}}
+    code, _, err = run_cli(["diff", *paths], capsys)
+    assert code == 0 and "input changed: calibration shipped -> mine.yaml" in err
+    code, out, _ = run_cli(["diff", paths[1], paths[1], "--json"], capsys)
+    assert code == 0 and "calibration" not in json.loads(out)["inputs"]

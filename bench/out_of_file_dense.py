@@ -443,6 +443,25 @@ def narayanan_530b_error() -> tuple[float, float]:
     return ev.step_time_s / row.measured_step_time_s - 1, row.tflops_per_gpu
 
 
+def peak_rank_memory(ev: Evaluation) -> dict[str, float]:
+    """The memory of the rank with the most activations, as the cost model builds it: one
+    block's stored activations per micro-batch, the micro-batches in flight on the rank, its
+    blocks, activations, weights and gradients."""
+    from planner.cost.context import make_context
+    from planner.cost.terms import config_terms, layer_terms
+    from planner.ir import LayerKind
+    ctx = make_context(ev.model, ev.cluster, ev.config, ev.options)
+    stage = max(ev.stages, key=lambda s: s.memory.activations)
+    blocks = [i for i in stage.layers if ev.model.layers[i].kind is LayerKind.BLOCK]
+    stored = layer_terms(ctx, ev.model.layers[blocks[0]], ev.placement.options[blocks[0]])
+    m = stage.memory
+    return {"rank": stage.index, "blocks": len(blocks),
+            "layer_gib": stored.act_stored_bytes / 2**30,
+            "in_flight": config_terms(ctx).in_flight[stage.index],
+            "acts_gib": m.activations / 2**30, "params_gib": m.params / 2**30,
+            "grads_gib": m.grads / 2**30}
+
+
 def _peak_gib(x: Result) -> float:
     return x.ev.peak_memory_bytes / 2**30
 
@@ -473,7 +492,7 @@ def reading(all_results: dict[str, dict[str, list[Result]]]) -> list[str]:
         return b["forward"] + b["backward"] + b["tp_comm"]
 
     peaks = [_peak_gib(x) for rs in (meg, tt) for x in rs]
-    acts = [max(s.memory.activations for s in x.ev.stages) / 2**30 for x in meg + tt]
+    mem = peak_rank_memory(meg[0].ev)
     ds = all_results["mtnlg"]["deepspeed"]
     nar, nar_tflops = narayanan_530b_error()
     tf = [eq3_flops_mtnlg() / x.predicted_s / x.row.gpus / 1e12 for x in ds]
@@ -490,12 +509,16 @@ def reading(all_results: dict[str, dict[str, list[Result]]]) -> list[str]:
             f"12LHQT, {causal_s:.2f} s with a causal 6LHQT; the predictions "
             f"({meg[long].predicted_s:.2f} s megatron, {tt[long].predicted_s:.2f} s torchtitan) "
             "lie between, and its document mask is not modelled. Memory, a miss: every reading "
-            f"predicts {min(peaks):.0f}-{max(peaks):.0f} GiB on the 80 GB H100 (activations "
-            f"{min(acts):.0f}-{max(acts):.0f} GiB: interleaved 1F1B's warm-up, 8 one-layer "
-            "chunks a rank) where the paper trained the 8K rows without checkpointing after "
-            "freeing each stage's input and output tensors and with a schedule whose "
-            "micro-batches in flight (N) it tunes (§3.3.2): the planner would refuse these "
-            "runs. MT-NLG (Megatron-DeepSpeed): the deepspeed reading is "
+            f"predicts {min(peaks):.0f}-{max(peaks):.0f} GiB on the 80 GB H100 (8K GPUs: "
+            f"{mem['layer_gib']:.2f} GiB of activations per layer and micro-batch, "
+            f"{mem['in_flight']:.1f} micro-batches in flight on rank {mem['rank']} under "
+            f"interleaved 1F1B, {mem['blocks']} layers there: {mem['acts_gib']:.0f} GiB; "
+            f"beside them {mem['params_gib']:.1f} "
+            f"GiB of weights and {mem['grads_gib']:.1f} GiB of FP32 gradients) where the paper "
+            "trained the 8K rows without checkpointing after freeing each stage's input and "
+            "output tensors and with a schedule whose micro-batches in flight (N) it tunes "
+            "(§3.3.2): the planner would refuse these runs. MT-NLG (Megatron-DeepSpeed): the "
+            "deepspeed reading is "
             + ", ".join(f"{x.error:+.1%}" for x in ds) + f" (predicted {tf[0]:.0f}-{tf[-1]:.0f}"
             f" Eq. 3 TFLOP/s per GPU against {ds[0].row.tflops:g}-{ds[-1].row.tflops:g}) and "
             "orders the three node counts as measured; on the same model trained by "

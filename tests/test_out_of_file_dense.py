@@ -118,6 +118,12 @@ def test_readings_and_report(results):
     for x in results["llama3"]["megatron"]:
         # the layout's 128 one-layer chunks: 8 per rank, no recomputation
         assert x.ev.config.virtual_stages == 8 and x.ev.config.pipeline_layout
+    # the memory miss as reported: the peak rank's activations are its blocks' stored
+    # activations times the micro-batches in flight, and alone leave no room in 80 GB
+    mem = ood.peak_rank_memory(results["llama3"]["megatron"][0].ev)
+    assert mem["acts_gib"] == pytest.approx(
+        mem["layer_gib"] * mem["in_flight"] * mem["blocks"], rel=0.02)
+    assert mem["acts_gib"] + mem["params_gib"] + mem["grads_gib"] > 80e9 / 2**30
     for x in results["mtnlg"]["deepspeed"]:
         assert x.ev.fits and x.ev.options.dropout
     agree, pairs = ood.rank_pairs(results["mtnlg"]["deepspeed"])

@@ -138,9 +138,16 @@ def print_evaluation(result: dict[str, Any]) -> None:
             f"{x['name']} {x['gpus_used']} of {x['num_gpus']} {x['gpu']}" for x in c["pools"])))
     band_s, band_gib = pred.get("step_time_s_interval"), pred.get("peak_memory_gib_interval")
     if band_s and band_gib:
+        coverage = pred.get('interval_coverage', 0.8)
         console.print(line(
-            f"{pred.get('interval_coverage', 0.8):.0%} band: step {band_s[0]:.4f}-{band_s[1]:.4f} s, "
+            f"{coverage:.0%} band: step {band_s[0]:.4f}-{band_s[1]:.4f} s, "
             f"peak {band_gib[0]:.2f}-{band_gib[1]:.2f} GiB"))
+        if "pools" not in c and pred["fits"] and band_gib[1] > c["gpu_memory_gib"]:
+            # check's verdict 'fits only at the optimistic end' (planner.check.memory_verdict)
+            print_warning(f"memory: fits only at the optimistic end: the {coverage:.0%} band's "
+                          f"high end {band_gib[1]:.2f} GiB is over the {c['gpu_memory_gib']:g} "
+                          f"GiB (a {(1 - coverage) / 2:.0%} chance or more of running out); "
+                          f"a larger plan --memory-headroom keeps plans clear of it")
     for note in pred.get("extrapolating", ()):
         print_warning(note)
     for problem in result.get("runtime_problems", ()):

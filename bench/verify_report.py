@@ -126,6 +126,12 @@ MOE = (
            "--pin", "etp=1", "--pin", "sp=off", "--pin", "zero=0"),
           "the replicated MoE input split on the sequence over the TP pair (the cost model's "
           "tokens / tp per GPU) and the output all-gathered"),
+    Shape("moe-ep2-zero2", "MoE under ZeRO-2: dp 4, ep 2 x edp 2",
+          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
+           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=2",
+           "--pin", "zero=2"),
+          "each dense gradient reduced to its owner over dp 4 and each expert gradient to its "
+          "owner over edp 2 after every micro-batch"),
     Shape("moe-ep2-zero3", "MoE under FSDP2: dp 4, ep 2 x edp 2 (ZeRO-3)",
           ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
            "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=2",
@@ -404,26 +410,27 @@ that run ({platform}, PyTorch {torch}).
   the runtime uses softmax.
 * **Expert parallelism**: the expert mesh of `planner.mesh.Mesh` (etp × ep × edp folding the
   stage's tp × dp ranks, expert rank order tp-ep-dp-pp as Megatron-Core's; executed with tp 1 or
-  2, etp 1 or etp = tp, ZeRO 0, 1 or 3 (3 with tp 1), with and without pipelining) as a
-  DeviceMesh (pp, edp, ep, etp); each rank keeps E/ep experts of every MoE block, each cut to
-  F/etp of its width. Dispatch: the per-expert counts are exchanged with `all_to_all_single`,
-  then the routed copies (sorted by expert) go to their expert's rank with `all_to_all_single`
-  and split sizes (dropless); combine sends the outputs back the same way; backward runs the
-  transposed exchanges. Expert gradients are all-reduced over edp (they already hold the EP
-  group's tokens), dense ones over dp; under ZeRO-1 one `ZeroRedundancyOptimizer` over dp holds
-  the dense Adam states and one over edp the experts'; under ZeRO-3 (torchtitan's MoE FSDP) each
-  expert is `fully_shard`ed over the edp mesh before its block over dp, its gradient rescaled by
-  edp/dp after FSDP2's average over edp (torchtitan sets the divide factor, a PREMUL_SUM
-  reduce-scatter gloo refuses). **With TP** (Megatron-Core `MoELayer`) a MoE block runs on the
-  rank's sequence shard (`PrepareModuleInputOutput` keeps SP's `Shard(1)`; without sp it slices
-  the replicated input and all-gathers the output, since Megatron-Core refuses MoE with TP and
-  without SP in training): tokens routed by their global position, the router weight a
-  `Replicate` DTensor (its gradient the TP group's partial sum), shared experts Colwise /
-  Rowwise on the shard. **With etp > 1** the received copies are all-gathered over the ETP group
-  before the experts and their partial outputs reduce-scattered after them (Megatron-Core
-  `token_dispatcher.py` `dispatch_postprocess` / `combine_preprocess`), backward the transposes.
-  Checked beyond the losses and state totals: the bytes each rank receives from its EP (and ETP)
-  peers per step must equal the cost model's dispatch + combine volume
+  2, etp 1 or etp = tp, ZeRO 0 to 3 (3 with tp 1), with and without pipelining) as a DeviceMesh
+  (pp, edp, ep, etp); each rank keeps E/ep experts of every MoE block, each cut to F/etp of its
+  width. Dispatch: the per-expert counts are exchanged with `all_to_all_single`, then the routed
+  copies (sorted by expert) go to their expert's rank with `all_to_all_single` and split sizes
+  (dropless); combine sends the outputs back the same way; backward runs the transposed
+  exchanges. Expert gradients are all-reduced over edp (they already hold the EP group's
+  tokens), dense ones over dp; under ZeRO-1 one `ZeroRedundancyOptimizer` over dp holds the
+  dense Adam states and one over edp the experts'; under ZeRO-2 the hooks reduce each dense
+  gradient to its owner over dp and each expert gradient to its owner over edp; under ZeRO-3
+  (torchtitan's MoE FSDP) each expert is `fully_shard`ed over the edp mesh before its block over
+  dp, its gradient rescaled by edp/dp after FSDP2's average over edp (torchtitan sets the divide
+  factor, a PREMUL_SUM reduce-scatter gloo refuses). **With TP** (Megatron-Core `MoELayer`) a
+  MoE block runs on the rank's sequence shard (`PrepareModuleInputOutput` keeps SP's `Shard(1)`;
+  without sp it slices the replicated input and all-gathers the output, since Megatron-Core
+  refuses MoE with TP and without SP in training): tokens routed by their global position, the
+  router weight a `Replicate` DTensor (its gradient the TP group's partial sum), shared experts
+  Colwise / Rowwise on the shard. **With etp > 1** the received copies are all-gathered over the
+  ETP group before the experts and their partial outputs reduce-scattered after them
+  (Megatron-Core `token_dispatcher.py` `dispatch_postprocess` / `combine_preprocess`), backward
+  the transposes. Checked beyond the losses and state totals: the bytes each rank receives from
+  its EP (and ETP) peers per step must equal the cost model's dispatch + combine volume
   (`planner.cost.moe.dispatch_combine_s` on a 1 byte/s link: (ep − 1)/ep of micro_batch × seq ×
   top_k × hidden, per dispatch and per combine, forward, backward and a recomputed forward, ×
   micro-batches, in fp32; under TP of the rank's seq/tp positions; at etp > 1 plus the term's
@@ -562,7 +569,8 @@ def main(argv: list[str] | None = None) -> int:
               "TP (and SP) inside pipeline stages; per-layer full and selective activation "
               "checkpointing inside TP, FSDP2 and pipeline stages; MoE blocks with expert "
               "parallelism (dispatch and combine with all_to_all_single and split sizes on "
-              "gloo) under ZeRO 0, 1 and 3 (FSDP2 of the experts over edp), also inside an "
+              "gloo) under ZeRO 0 to 3 (ZeRO-2: the expert gradients partitioned over edp; "
+              "ZeRO-3: FSDP2 of the experts over edp), also inside an "
               "interleaved pipeline with full recomputation, and with TP (with and without "
               "sp; ep over the TP ranks; expert tensor parallelism with its gather / "
               "scatter).", "",
@@ -572,8 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {what} | `{outcome}` | {instead} |")
     lines += ["", "Not executed: MLA, biases, LayerNorm, learned positions, sliding windows, "
                   "MoE routers with a bias and shared-expert gates (the model builder refuses "
-                  "them, exit code 2); MoE plans with expert parallelism or TP under ZeRO-2, "
-                  "FSDP2 of MoE plans with TP, hybrid sharding or per-layer layouts of MoE plans "
+                  "them, exit code 2); FSDP2 of MoE plans with TP, hybrid sharding or per-layer layouts of MoE plans "
                   "(refused, exit code 2); tied embeddings with TP or PP; dropout (a plan that "
                   "assumes it is run without, with a note).", ""]
     extras = results[len(SHAPES) + len(MOE):]

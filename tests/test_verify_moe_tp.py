@@ -144,12 +144,20 @@ def test_expert_parallelism_under_fsdp2(tmp_path):
     assert "fully_shard of each routed expert over the edp mesh" in report.implementation["ep"]
 
 
-@pytest.mark.parametrize("pins, message", [
-    (("tp=1", "ep=2", "zero=2"), "expert parallelism with ZeRO-2 is not executed"),
-    (("tp=2", "ep=2", "etp=1", "zero=3"), "FSDP2 (ZeRO-3) of a MoE plan with tensor parallelism"),
-])
-def test_unbuilt_moe_combinations_exit_2(tmp_path, capsys, pins, message):
-    plan = make_plan(tmp_path, "refused", *pins)
+def test_moe_with_tp2_under_zero2(tmp_path):
+    """tp 2 x dp 2, sp, ep 2 over the TP pair, ZeRO-2: expert gradients reduced to their owner
+    over edp (the dp pair at stride 2), dense ones over dp."""
+    plan = make_plan(tmp_path, "tp2-ep2-zero2", "tp=2", "ep=2", "etp=1", "sp=on", "zero=2")
+    par = plan["doc"]["parallelism"]
+    assert (par["tp"], par["ep"], par["edp"], par["zero_stage"]) == (2, 2, 2, 2)
+    report = verify_plan(plan["path"], steps=STEPS)
+    assert_verified(report, copies=1)
+    assert "ZeRO-2: as ZeRO-1" in report.implementation["ep"]
+
+
+def test_fsdp2_of_a_moe_plan_with_tp_exits_2(tmp_path, capsys):
+    message = "FSDP2 (ZeRO-3) of a MoE plan with tensor parallelism"
+    plan = make_plan(tmp_path, "refused", "tp=2", "ep=2", "etp=1", "zero=3")
     capsys.readouterr()
     with pytest.raises(SystemExit) as done:
         main(["verify", plan["path"], "--json"])

@@ -132,17 +132,11 @@ def check_supported(plan: Plan, max_processes: int = MAX_PROCESSES) -> None:
 
 def _check_moe(plan: Plan, shape) -> None:
     """What runs of a MoE plan: experts on the expert mesh (etp x ep x edp folding each stage's
-    tp x dp ranks), the attention and dense parts under TP with or without sp, ZeRO 0 or 1,
+    tp x dp ranks), the attention and dense parts under TP with or without sp, ZeRO 0, 1 or 2,
     FSDP2 (ZeRO-3) with tp 1, force-balanced routing that is exact per rank."""
     c, moe = plan.config, shape.moe
     mesh = c.mesh
     experts_split = c.ep > 1 or c.tp > 1
-    if c.zero_stage == 2 and experts_split:
-        what = "expert parallelism" if c.ep > 1 else "a MoE plan with tensor parallelism"
-        raise unsupported(
-            f"{what} with ZeRO-2 is not executed (ep {c.ep}, tp {c.tp}): verify runs it under "
-            "ZeRO 0, 1 or 3 (the ZeRO-2 gradient partition over two groups, dp for dense and "
-            "edp for expert gradients, is not built)")
     if c.zero_stage == 3 and c.tp > 1:
         raise unsupported(
             f"FSDP2 (ZeRO-3) of a MoE plan with tensor parallelism (tp {c.tp}) is not executed: "
@@ -344,6 +338,8 @@ def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
             etp = mesh.expert_tp
             zero = {1: "; ZeRO-1: one ZeroRedundancyOptimizer over dp for dense and one over edp "
                        "for expert parameters",
+                    2: "; ZeRO-2: as ZeRO-1, each dense gradient reduced to its owner over dp "
+                       "and each expert gradient to its owner over edp after every micro-batch",
                     3: "; ZeRO-3: FSDP2 fully_shard of each routed expert over the edp mesh "
                        "(its gradients rescaled by edp / dp after FSDP2's average over edp), then "
                        "of each layer and the stage root over dp (torchtitan's MoE FSDP)"

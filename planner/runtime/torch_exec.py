@@ -38,7 +38,7 @@ with the ETP gather and scatter when etp > 1; under ZeRO-3 the experts are FSDP2
 edp (torchtitan). The first step's expert gradients are compared with the reference's.
 
 Limits: context parallelism (cp > 1) is not executed; MoE plans with expert parallelism or TP
-run under ZeRO 0, 1 or 3 (ZeRO-3 with tp 1); tied embeddings only without TP and PP.
+run under ZeRO 0 to 3 (ZeRO-3 with tp 1); tied embeddings only without TP and PP.
 
 Modules, one job each: :mod:`~planner.runtime.support` (the plan as a Plan, what runs, the
 pipeline chunks), :mod:`~planner.runtime.parallelize` (TP/SP, FSDP2, ZeRO-2 hooks),

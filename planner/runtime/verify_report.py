@@ -274,14 +274,15 @@ def expert_grad_check(reference_sq: float, results: list[dict], config: Parallel
     """The routed experts' gradients after the first step's synchronisation, summed over ranks
     as the sum of their squares, against the single-process run's (relative difference within
     ``rtol``). Each element is on one rank of its expert (EP splits experts, ETP their width,
-    ZeRO-3 their rows over edp) except under ZeRO 0 / 1, where the edp ranks hold the reduced
+    ZeRO-2 their reduced gradients to one owner of the edp group, ZeRO-3 their rows over edp)
+    except under ZeRO 0 / 1, where the edp ranks hold the reduced
     gradient alike, so their sum counts it edp times. Adam normalises a gradient's scale away:
     this catches a gradient averaged over the wrong group, which the losses move by ~1e-7
     only. Empty when the experts follow the dense parameters (tp 1, ep 1)."""
     held = [r.get("expert_grad_sq") for r in results]
     if not held or any(x is None for x in held):
         return {}
-    copies = config.mesh.expert_dp if config.zero_stage < 3 else 1
+    copies = config.mesh.expert_dp if config.zero_stage < 2 else 1
     distributed = sum(held) / copies
     diff = abs(distributed - reference_sq) / max(abs(reference_sq), 1e-30)
     return {"reference_sum_sq": reference_sq, "distributed_sum_sq": distributed,

@@ -161,10 +161,19 @@ def _run_rank(rank: int, job: dict) -> dict:
         optimizer = torch.optim.Adam(params, lr=lr, foreach=False)
         optimizers = [optimizer]
         optimizer_states = [optimizer.state]
-    zero2 = None
+    zero2: list[Zero2Gradients] = []
+    whole_expert_grads: list = []  # ZeRO-2 experts of edp 1: their gradients stay whole
     if zero == 2:
-        owner = {p: optimizer._param_to_rank[q] for p, q in zip(params, shards.proxies)}
-        zero2 = Zero2Gradients(params, owner, dp_group, rank, dp_ranks)
+        owner = {p: optimizer._param_to_rank[q] for p, q in zip(params, shards.proxies)
+                 if id(p) not in expert_ids}
+        zero2.append(Zero2Gradients(list(owner), owner, dp_group, rank, dp_ranks))
+        experts = [(p, q) for p, q in zip(params, shards.proxies) if id(p) in expert_ids]
+        if experts and edp_group is not None:  # expert gradients partitioned over edp
+            owner = {p: optimizers[1]._param_to_rank[q] for p, q in experts}
+            zero2.append(Zero2Gradients(list(owner), owner, edp_group, rank,
+                                        list(layout.group("edp", rank))))
+        else:
+            whole_expert_grads = [p for p, _ in experts]
 
     schedule = None
     first_pp, last_pp = coords["pp"] == 0, coords["pp"] == pp - 1
@@ -263,8 +272,12 @@ def _run_rank(rank: int, job: dict) -> dict:
                     if dp * tp // t > 1:
                         dist.all_reduce(local(p.grad), group=data_groups[t])
                     local(p.grad).div_(head_groups)
-        elif zero2 is not None:
-            zero2.finish(dp * (m if schedule is not None else 1))
+        elif zero2:
+            for partition in zero2:
+                partition.finish(dp * (m if schedule is not None else 1))
+            for p in whole_expert_grads:  # already all the EP group's tokens (edp 1)
+                if p.grad is not None:
+                    local(p.grad).div_(dp)
         elif zero in (0, 1) and dp > 1:
             for p in params:
                 if p.grad is not None:

@@ -211,6 +211,11 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
 
     unrunnable = runtime_problems(Plan(graph, hw, config, placement, options, {}), setup.profile)
     result["runtime_problems"] = [problem.message for problem in unrunnable]
+    from planner.cost.recompute_modules import module_notes
+
+    notes = module_notes(graph, options.recompute_modules, recompute)
+    if notes:  # written only then: evaluate documents keep their keys otherwise
+        result["warnings"] = notes
     if as_json:
         emit_json(result)
     else:
@@ -373,6 +378,10 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
                               fp8_attention=fp8_attention_from(moe), dropout=dropout,
                               compiled=compiled, elementwise=elementwise)
         hw = setup.cluster if pools is None else pools
+        from planner.cost.recompute_modules import module_notes
+        from cli.render import print_warnings
+
+        print_warnings(module_notes(graph, setup.options.recompute_modules))
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options,
                                 memory_headroom=headroom)

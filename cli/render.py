@@ -152,6 +152,8 @@ def print_evaluation(result: dict[str, Any]) -> None:
         print_warning(note)
     for problem in result.get("runtime_problems", ()):
         print_warning(f"runtime: {problem}")
+    for note in result.get("warnings", ()):
+        print_warning(note)
 
 
 class search_progress:

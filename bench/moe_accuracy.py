@@ -591,6 +591,10 @@ def row_for(entry: dict) -> Row:
     model = build_model(entry)
     cluster = build_cluster(entry)
     config = config_of(entry)
+    if layout_of(entry, model, config) is not None:  # the schedule term reads the chunks too
+        text = DEEPSEEK_V3_LAYOUTS[config.pp * config.virtual_stages]
+        # a run without the MTP module (the model's num_mtp 0) has the layout less its 'm'
+        config = replace(config, pipeline_layout=text if model.num_mtp else text.replace("m", ""))
     published, source = published_time(entry, model, config)
     options = options_of(entry)
     try:

@@ -50,12 +50,20 @@ def deepseek_v3(f: Fields) -> Parts:
     tied = f.flag("tie_word_embeddings", default=False)
     mtp = f.integer("num_nextn_predict_layers", "num_mtp_layers", default=0, limit="layers",
                     minimum=0)
+    # group-limited routing (DeepSeek-V3 report §2.1.2 node-limited routing; HF MoEGate): the
+    # gate keeps topk_group of n_group expert groups per token under the "noaux_tc" (V3) and
+    # "group_limited_greedy" (V2) methods; "greedy" (V2-Lite, the V2 class default) ignores them
+    groups = (1, 1)
+    if f.data.get("topk_method", "greedy") != "greedy" and "n_group" in f.data:
+        n_group = f.integer("n_group", limit="experts")
+        groups = (n_group, f.integer("topk_group", default=n_group, limit="experts"))
 
     attention = Attention(num_heads=heads, num_kv_heads=heads, head_dim=nope + rope,
                           v_head_dim=v_dim, q_lora_rank=q_rank, kv_lora_rank=kv_rank,
                           rope_head_dim=rope)
     dense = Mlp(ffn_hidden=ffn, gated=True)
-    moe = moe_mlp(f, expert_ffn, experts, top_k, shared * expert_ffn) if experts > 1 else dense
+    moe = moe_mlp(f, expert_ffn, experts, top_k, shared * expert_ffn, groups) \
+        if experts > 1 else dense
     blocks = []
     for i in range(layers):
         is_moe = i >= first_dense and i % freq == 0

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
-from typing import Iterator
+from typing import ClassVar, Iterator
 
 import networkx as nx
 
@@ -80,6 +80,9 @@ class Mlp:
     shared_ffn_hidden: int = 0
     expert_groups: int = 1
     groups_per_token: int = 1
+    # plan files and model hashes (planner.serialize) leave them out while unlimited, so the
+    # models written before they existed keep their bytes and hashes
+    PLAIN_OMIT_DEFAULT: ClassVar[tuple[str, ...]] = ("expert_groups", "groups_per_token")
 
     @property
     def num_mtp(self) -> int:

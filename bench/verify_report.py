@@ -105,6 +105,39 @@ MOE = (
            "--pin", "micro_batch=1"),
           "the recomputed forward dispatches and combines again: 3 passes, forward bytes "
           "twice the backward's"),
+    Shape("moe-tp2-ep2", "MoE with TP: tp 2 x dp 2, sp, ep 2 over the TP ranks (etp 1, ZeRO-1)",
+          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
+           "--seq-len", "64", "--pin", "tp=2", "--pin", "pp=1", "--pin", "ep=2",
+           "--pin", "etp=1", "--pin", "sp=on", "--pin", "zero=1"),
+          "Megatron-Core MoE parallel folding: the EP group is the TP pair (expert rank order "
+          "tp-ep-dp), each TP rank routes its sequence shard (32 of 64 positions), whole experts, "
+          "expert states over edp 2"),
+    Shape("moe-tp2-etp2", "MoE with expert tensor parallelism: tp 2 x dp 2, etp 2 x ep 2 (ZeRO-1)",
+          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
+           "--seq-len", "64", "--pin", "tp=2", "--pin", "pp=1", "--pin", "ep=2",
+           "--pin", "etp=2", "--pin", "sp=on", "--pin", "zero=1"),
+          "each expert's width split over the TP pair; the received copies all-gathered over "
+          "it and the partial outputs reduce-scattered (Megatron-Core's ETP gather / scatter), "
+          "those bytes included in the prediction and the count"),
+    Shape("moe-tp2-nosp-ep4", "MoE with TP without sequence parallelism: tp 2 x dp 2, ep 4 "
+          "(ZeRO-0)",
+          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
+           "--seq-len", "64", "--pin", "tp=2", "--pin", "pp=1", "--pin", "ep=4",
+           "--pin", "etp=1", "--pin", "sp=off", "--pin", "zero=0"),
+          "the replicated MoE input split on the sequence over the TP pair (the cost model's "
+          "tokens / tp per GPU) and the output all-gathered"),
+    Shape("moe-ep2-zero2", "MoE under ZeRO-2: dp 4, ep 2 x edp 2",
+          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
+           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=2",
+           "--pin", "zero=2"),
+          "each dense gradient reduced to its owner over dp 4 and each expert gradient to its "
+          "owner over edp 2 after every micro-batch"),
+    Shape("moe-ep2-zero3", "MoE under FSDP2: dp 4, ep 2 x edp 2 (ZeRO-3)",
+          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
+           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=2",
+           "--pin", "zero=3"),
+          "torchtitan's MoE FSDP: each routed expert fully_shard over edp 2, the blocks and "
+          "the root over dp 4"),
 )
 
 
@@ -206,11 +239,14 @@ def shape_section(shape: Shape, plan: dict, doc: dict) -> list[str]:
                        f"{f['param_placements']} local {f['param_local_shape']}, gradient "
                        f"{f['grad_placements']} local {f['grad_local_shape']}")
     if doc.get("a2a"):
+        etp = "etp_predicted_bytes_per_step" in doc["a2a"][0]
         out += ["", "Expert all-to-all bytes each rank received per step (dispatch + combine, "
-                    "forward + backward, fp32), predicted by the cost model "
-                    "(`planner.runtime.support.a2a_prediction`) / moved (from the split sizes "
-                    "of every `all_to_all_single`), and the routed experts' states, predicted / "
-                    "held:", "",
+                    "forward + backward, fp32" + (", plus the ETP all-gather and reduce-scatter "
+                    "of the received copies, shown apart" if etp else "") + "), predicted by "
+                    "the cost model (`planner.runtime.support.a2a_prediction`) / moved (from the "
+                    "split sizes of every `all_to_all_single`" + (" and the buffers of every "
+                    "ETP collective" if etp else "") + "), and the routed experts' states, "
+                    "predicted / held:", "",
                 "| rank | a2a predicted | a2a moved (forward + backward) | expert params | "
                 "expert grads | expert Adam | result |", "|---:|---:|---:|---:|---:|---:|:---:|"]
         experts = {row["rank"]: row for row in doc.get("expert_states", [])}
@@ -222,10 +258,23 @@ def shape_section(shape: Shape, plan: dict, doc: dict) -> list[str]:
                      for k in ("params", "grads", "optimizer")]
             verdicts = {e[k]["verdict"] for k in ("params", "grads", "optimizer")}
             ok = row["ok"] and e["ok"]
+            parts = f"{fmt_bytes(fwd)} + {fmt_bytes(bwd)}"
+            if "etp_predicted_bytes_per_step" in row:
+                etp_moved = (row["etp_forward_bytes_per_step"][0]
+                             + row["etp_backward_bytes_per_step"][0])
+                parts += (f"; ETP {fmt_bytes(etp_moved)} of "
+                          f"{fmt_bytes(row['etp_predicted_bytes_per_step'])} predicted")
             out.append(f"| {row['rank']} | {fmt_bytes(row['predicted_bytes_per_step'])} | "
-                       f"{', '.join(fmt_bytes(m) for m in moved)} ({fmt_bytes(fwd)} + "
-                       f"{fmt_bytes(bwd)}) | {' | '.join(cells)} | "
+                       f"{', '.join(fmt_bytes(m) for m in moved)} ({parts}) | "
+                       f"{' | '.join(cells)} | "
                        f"{', '.join(sorted(verdicts)) if ok else '**mismatch**'} |")
+    grads = doc.get("expert_grads") or {}
+    if grads:
+        out += ["", f"Routed experts' gradients after the first step's synchronisation, sum of "
+                    f"squares over ranks (/ {grads['copies']}: ranks holding the same reduced "
+                    f"gradient): {grads['distributed_sum_sq']:.8g}, single process "
+                    f"{grads['reference_sum_sq']:.8g}, relative difference "
+                    f"{grads['rel_diff']:.1e} ({'ok' if grads['ok'] else '**mismatch**'})."]
     secs = doc["seconds"]
     out += ["", f"Run time: reference {secs['reference']:.1f} s, distributed "
                 f"{secs['distributed']:.1f} s (process start, {doc['steps']} steps, "
@@ -360,20 +409,39 @@ that run ({platform}, PyTorch {torch}).
   top_k, are the gate weights, so the router trains. The IR names no router score function;
   the runtime uses softmax.
 * **Expert parallelism**: the expert mesh of `planner.mesh.Mesh` (etp × ep × edp folding the
-  stage's ranks; executed with tp 1 and etp 1, ep dividing dp, ZeRO 0 or 1, with and without
-  pipelining) as a DeviceMesh (pp, edp, ep, etp); each rank keeps E/ep experts of every MoE
-  block. Dispatch: the per-expert counts are exchanged with `all_to_all_single`, then the
-  routed copies (sorted by expert) go to their expert's rank with `all_to_all_single` and
-  split sizes (dropless); combine sends the outputs back the same way; backward runs the
-  transposed exchanges. Expert gradients are all-reduced over edp (they already hold the EP
-  group's tokens), dense ones over dp; under ZeRO-1 one `ZeroRedundancyOptimizer` over dp
-  holds the dense Adam states and one over edp the experts'. Checked beyond the losses and
-  state totals: the bytes each rank receives from its EP peers per step must equal the cost
-  model's dispatch + combine volume (`planner.cost.moe.dispatch_combine_s` on a 1 byte/s
-  link: (ep − 1)/ep of micro_batch × seq × top_k × hidden, per dispatch and per combine,
-  forward, backward and a recomputed forward, × micro-batches, in fp32), and each rank's
-  routed-expert parameter, gradient and Adam bytes must equal the cost model's
-  (`layer_terms(...).expert_params` through `zero_state_bytes` over edp), exactly.
+  stage's tp × dp ranks, expert rank order tp-ep-dp-pp as Megatron-Core's; executed with tp 1 or
+  2, etp 1 or etp = tp, ZeRO 0 to 3 (3 with tp 1), with and without pipelining) as a DeviceMesh
+  (pp, edp, ep, etp); each rank keeps E/ep experts of every MoE block, each cut to F/etp of its
+  width. Dispatch: the per-expert counts are exchanged with `all_to_all_single`, then the routed
+  copies (sorted by expert) go to their expert's rank with `all_to_all_single` and split sizes
+  (dropless); combine sends the outputs back the same way; backward runs the transposed
+  exchanges. Expert gradients are all-reduced over edp (they already hold the EP group's
+  tokens), dense ones over dp; under ZeRO-1 one `ZeroRedundancyOptimizer` over dp holds the
+  dense Adam states and one over edp the experts'; under ZeRO-2 the hooks reduce each dense
+  gradient to its owner over dp and each expert gradient to its owner over edp; under ZeRO-3
+  (torchtitan's MoE FSDP) each expert is `fully_shard`ed over the edp mesh before its block over
+  dp, its gradient rescaled by edp/dp after FSDP2's average over edp (torchtitan sets the divide
+  factor, a PREMUL_SUM reduce-scatter gloo refuses). **With TP** (Megatron-Core `MoELayer`) a
+  MoE block runs on the rank's sequence shard (`PrepareModuleInputOutput` keeps SP's `Shard(1)`;
+  without sp it slices the replicated input and all-gathers the output, since Megatron-Core
+  refuses MoE with TP and without SP in training): tokens routed by their global position, the
+  router weight a `Replicate` DTensor (its gradient the TP group's partial sum), shared experts
+  Colwise / Rowwise on the shard. **With etp > 1** the received copies are all-gathered over the
+  ETP group before the experts and their partial outputs reduce-scattered after them
+  (Megatron-Core `token_dispatcher.py` `dispatch_postprocess` / `combine_preprocess`), backward
+  the transposes. Checked beyond the losses and state totals: the bytes each rank receives from
+  its EP (and ETP) peers per step must equal the cost model's dispatch + combine volume
+  (`planner.cost.moe.dispatch_combine_s` on a 1 byte/s link: (ep − 1)/ep of micro_batch × seq ×
+  top_k × hidden, per dispatch and per combine, forward, backward and a recomputed forward, ×
+  micro-batches, in fp32; under TP of the rank's seq/tp positions; at etp > 1 plus the term's
+  all-gather and reduce-scatter of etp such buffers, (etp − 1)/etp of each received), each
+  rank's routed-expert parameter, gradient and Adam bytes must equal the cost model's
+  (`layer_terms(...).expert_params` through `zero_state_bytes` over edp), exactly; and the
+  routed experts' gradients after the first step's synchronisation (sum of squares over ranks,
+  divided by the ranks holding the same reduced gradient) must equal the single-process run's
+  within the loss rtol: Adam normalises a gradient's scale away, so an expert gradient averaged
+  over the wrong group (edp instead of dp under FSDP2: 2× here) moves the losses by 6e-7 only,
+  and this check by 300 %.
 * **Mesh.** `init_device_mesh("cpu", (pp, dp, cp, tp), mesh_dim_names=("pp", "dp", "cp",
   "tp"))`: TP innermost, so global rank `((pp_rank*dp + dp_rank)*cp + cp_rank)*tp + tp_rank`,
   the layout the cost model assumes.
@@ -482,9 +550,10 @@ def main(argv: list[str] | None = None) -> int:
                      f"{'pass' if doc['ok'] else '**FAIL**'} |")
     lines += ["", f"{args.steps} steps each, Adam lr {results[0][2]['lr']:g}, seed "
                   f"{results[0][2]['seed']}. Rows 1–4 are the four plan shapes, the MoE rows "
-                  "run expert parallelism (all-to-all bytes and expert states exact on every "
-                  "rank, see their section); the rest are further combinations the runtime "
-                  "executes (details at the end).", "",
+                  "run expert parallelism, with TP, expert TP and FSDP2 (all-to-all and ETP "
+                  "bytes and expert states exact on every rank, first expert gradients as the "
+                  "single process's, see their section); the rest are further combinations the "
+                  "runtime executes (details at the end).", "",
               "## The four plan shapes", ""]
     for shape, plan, doc in results[:len(SHAPES)]:
         lines += shape_section(shape, plan, doc)
@@ -500,16 +569,18 @@ def main(argv: list[str] | None = None) -> int:
               "TP (and SP) inside pipeline stages; per-layer full and selective activation "
               "checkpointing inside TP, FSDP2 and pipeline stages; MoE blocks with expert "
               "parallelism (dispatch and combine with all_to_all_single and split sizes on "
-              "gloo) under ZeRO 0 and 1, also inside an interleaved pipeline with full "
-              "recomputation.", "",
+              "gloo) under ZeRO 0 to 3 (ZeRO-2: the expert gradients partitioned over edp; "
+              "ZeRO-3: FSDP2 of the experts over edp), also inside an "
+              "interleaved pipeline with full recomputation, and with TP (with and without "
+              "sp; ep over the TP ranks; expert tensor parallelism with its gather / "
+              "scatter).", "",
               "Reproduced in this process by `bench/verify_report.py` (exact messages):", "",
               "| what | outcome on CPU | what the runtime does |", "|---|---|---|"]
     for what, outcome, instead in found:
         lines.append(f"| {what} | `{outcome}` | {instead} |")
     lines += ["", "Not executed: MLA, biases, LayerNorm, learned positions, sliding windows, "
                   "MoE routers with a bias and shared-expert gates (the model builder refuses "
-                  "them, exit code 2); MoE blocks with tensor or expert-tensor parallelism, "
-                  "expert parallelism with ZeRO-2/3, hybrid sharding or per-layer layouts "
+                  "them, exit code 2); FSDP2 of MoE plans with TP, hybrid sharding or per-layer layouts of MoE plans "
                   "(refused, exit code 2); tied embeddings with TP or PP; dropout (a plan that "
                   "assumes it is run without, with a note).", ""]
     extras = results[len(SHAPES) + len(MOE):]

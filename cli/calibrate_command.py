@@ -55,6 +55,8 @@ def calibrate(runs_path, output, runtime, max_evaluations, no_leave_one_out, for
                         f"{report.median_after:.1%}): the runs do not pin them down; planning "
                         f"without --calibration keeps the shipped constants")
     doc["warnings"] = warnings
+    kept = report.profile.fit.get("bands_kept_from_start", [])
+    doc["bands_kept_from_start"] = list(kept)
     if as_json:
         emit_json(doc)
         return
@@ -73,5 +75,8 @@ def calibrate(runs_path, output, runtime, max_evaluations, no_leave_one_out, for
                   f"wrote {out}")
     for i, why in report.skipped:
         console.print(f"skipped {i}: {why}")
+    for quantity in kept:
+        console.print(f"note: no run measured {quantity.replace('_', ' ')}: its constants and "
+                      f"error band stay the shipped ones")
     for warning in warnings:
         console.print(f"warning: {warning}")

@@ -263,19 +263,30 @@ def clusters_command(as_json):
     """List the built-in cluster presets."""
     from clusters import list_cluster_presets
 
-    rows = [{"name": c.name, "gpu": c.gpu.name, "gpu_memory_gib": c.gpu.memory_gib,
-             "gpus_per_node": c.gpus_per_node, "num_nodes": c.num_nodes,
-             "interconnect": " / ".join(f"{t.name} {t.bandwidth_gbytes_per_s:g} GB/s"
-                                        for t in c.tiers),
-             "description": c.description}
-            for c in list_cluster_presets()]
+    from clusters import list_pool_presets
+
+    def one(c) -> dict:  # a one-pool preset, or one pool of a multi-pool preset
+        return {"name": c.name, "gpu": c.gpu.name, "gpu_memory_gib": c.gpu.memory_gib,
+                "gpus_per_node": c.gpus_per_node, "num_nodes": c.num_nodes,
+                "interconnect": " / ".join(f"{t.name} {t.bandwidth_gbytes_per_s:g} GB/s"
+                                           for t in c.tiers)}
+
+    rows = [dict(one(c), description=c.description) for c in list_cluster_presets()]
+    # the presets of GPU pools joined by one link (plan, plan-pools; docs/heterogeneous.md)
+    pooled = [{"name": c.name, "description": c.description,
+               "inter_pool": f"{c.inter_pool.bandwidth_gbytes_per_s:g} GB/s",
+               "pools": [one(p) for p in c.pools]} for c in list_pool_presets()]
     if as_json:
-        emit_json({"clusters": rows})
+        emit_json({"clusters": rows, "pool_clusters": pooled})
     else:
         from cli.render import print_rows
 
-        print_rows("Cluster presets", rows, ["name", "gpu", "gpu_memory_gib", "gpus_per_node",
-                                             "num_nodes", "interconnect"])
+        columns = ["name", "gpu", "gpu_memory_gib", "gpus_per_node", "num_nodes", "interconnect"]
+        print_rows("Cluster presets", rows, columns)
+        print_rows("Multi-pool cluster presets (plan, plan-pools)",
+                   [dict(p, name=c["name"], pool=p["name"], inter_pool=c["inter_pool"])
+                    for c in pooled for p in c["pools"]],
+                   ["name", "pool", *columns[1:], "inter_pool"])
 
 
 @click.command()

@@ -102,6 +102,13 @@ def _sharding(p: dict[str, Any]) -> str:
     return f" ({', '.join(parts)})" if parts else ""
 
 
+# the step time's parts (planner.cost.terms.StepBreakdown) in the order a step runs them: the
+# step is pipeline + dp_exposed + optimizer + embedding_sync; the bubble is the idle part of
+# the pipeline's time, so it is printed as part of it, not as one more addend
+TIME_PARTS = ("pipeline", "bubble", "dp_exposed", "optimizer", "embedding_sync")
+TIME_LABELS = {"bubble": "  of it bubble"}
+
+
 def print_evaluation(result: dict[str, Any]) -> None:
     signals.act_on_unacted()  # an interrupted command prints none of its result
     m, c, p, pred = result["model"], result["cluster"], result["parallelism"], result["predicted"]
@@ -115,8 +122,9 @@ def print_evaluation(result: dict[str, Any]) -> None:
     time = Table(title="Step time")
     time.add_column("part")
     time.add_column("seconds", justify="right")
-    for key, value in pred["time_breakdown_s"].items():
-        time.add_row(key, f"{value:.4f}")
+    parts = pred["time_breakdown_s"]  # a plan file's keys come back sorted: the step's order
+    for key in (*(k for k in TIME_PARTS if k in parts), *sorted(set(parts) - set(TIME_PARTS))):
+        time.add_row(TIME_LABELS.get(key, key), f"{parts[key]:.4f}")
     time.add_row(styled("step", "bold"), styled(f"{pred['step_time_s']:.4f}", "bold"))
     console.print(time)
     verdict = ("fits", "green") if pred["fits"] else ("does NOT fit", "red")
@@ -130,9 +138,16 @@ def print_evaluation(result: dict[str, Any]) -> None:
             f"{x['name']} {x['gpus_used']} of {x['num_gpus']} {x['gpu']}" for x in c["pools"])))
     band_s, band_gib = pred.get("step_time_s_interval"), pred.get("peak_memory_gib_interval")
     if band_s and band_gib:
+        coverage = pred.get('interval_coverage', 0.8)
         console.print(line(
-            f"{pred.get('interval_coverage', 0.8):.0%} band: step {band_s[0]:.4f}-{band_s[1]:.4f} s, "
+            f"{coverage:.0%} band: step {band_s[0]:.4f}-{band_s[1]:.4f} s, "
             f"peak {band_gib[0]:.2f}-{band_gib[1]:.2f} GiB"))
+        if "pools" not in c and pred["fits"] and band_gib[1] > c["gpu_memory_gib"]:
+            # check's verdict 'fits only at the optimistic end' (planner.check.memory_verdict)
+            print_warning(f"memory: fits only at the optimistic end: the {coverage:.0%} band's "
+                          f"high end {band_gib[1]:.2f} GiB is over the {c['gpu_memory_gib']:g} "
+                          f"GiB (a {(1 - coverage) / 2:.0%} chance or more of running out); "
+                          f"a larger plan --memory-headroom keeps plans clear of it")
     for note in pred.get("extrapolating", ()):
         print_warning(note)
     for problem in result.get("runtime_problems", ()):
@@ -186,16 +201,23 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None,
     else:  # a plan made from one evaluated configuration, not a search
         console.print(line("solver: ", (s.get('status', '?'), "bold")))
     if doc.get("alternatives"):
+        from planner.plan_diff import setting_changes
+
+        shown = ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "zero_stage")
+        # the settings the columns do not show (ep, recompute, dp_shard, schedule, ...), where
+        # a runner-up's differ from the plan's: rows alike in every column are told apart
+        others = [setting_changes(doc["parallelism"], alt["parallelism"], shown + ("sp",))
+                  for alt in doc["alternatives"]]
         table = Table(title="Runners-up")
         for column in ("tp", "pp", "dp", "cp", "micro-batch", "v", "ZeRO", "sp", "step s",
-                       "slower"):
-            table.add_column(column, justify="right")
-        for alt in doc["alternatives"]:
+                       "slower", *(["other changes"] if any(others) else [])):
+            table.add_column(column, justify="left" if column == "other changes" else "right")
+        for alt, other in zip(doc["alternatives"], others):
             p = alt["parallelism"]
-            table.add_row(*(str(p[k]) for k in ("tp", "pp", "dp", "cp", "micro_batch",
-                                                 "virtual_stages", "zero_stage")),
+            table.add_row(*(str(p[k]) for k in shown),
                           _fmt(p["sp"]), f"{alt['step_time_s']:.3f}",
-                          f"+{alt['slower_than_best']:.1%}")
+                          f"+{alt['slower_than_best']:.1%}",
+                          *(["; ".join(other)] if any(others) else []))
         console.print(table)
     if written_to:
         console.print(line("plan written to ", written_to), soft_wrap=True)
@@ -208,6 +230,14 @@ def print_warnings(warnings: Iterable[str], prefix: str = "warning") -> None:
         print_warning(warning, prefix)
 
 
+def _calibration(inputs: dict[str, Any]) -> str:
+    """The calibration profile a plan was made with (plan --calibration), where it records one."""
+    record = inputs.get("calibration")
+    if not record:
+        return ""
+    return f", calibration {record['spec']!r} ({record['sha256'][7:19]})"
+
+
 def print_plan_file(doc: dict[str, Any], path: str) -> None:
     """``shardplan show``: the plan as ``plan`` printed it, plus its inputs and layer split."""
     signals.act_on_unacted()  # an interrupted command prints none of its result
@@ -217,7 +247,7 @@ def print_plan_file(doc: dict[str, Any], path: str) -> None:
                        f"{inputs['model']['spec']!r} ({inputs['model']['sha256'][7:19]}) on "
                        f"cluster {inputs['cluster']['spec']!r} "
                        f"({inputs['cluster']['sha256'][7:19]}), global batch "
-                       f"{inputs['global_batch']}, {inputs['dtype']}"))
+                       f"{inputs['global_batch']}, {inputs['dtype']}" + _calibration(inputs)))
     print_plan(doc)
     pins = doc.get("pins") or {}
     if pins:

@@ -9,6 +9,8 @@ from cli.console import console, line, styled
 
 
 def _v(value: Any) -> str:
+    if value is None:  # a setting one plan leaves out (dp_shard: over all of dp, no layout)
+        return "-"
     if isinstance(value, float):
         return f"{value:.4g}"
     return str(value)
@@ -27,7 +29,11 @@ def print_diff(doc: dict[str, Any], a: str, b: str) -> None:
         console.print(line(("identical", "green"), ": same degrees, placement, memory and time"))
         return
     for role, item in doc["inputs"].items():
-        console.print(line(("input changed", "yellow"), f": {role} {item['a']} -> {item['b']}"))
+        a, b = item["a"], item["b"]
+        if a == b:  # same name, other content (a re-plan's cluster cut to its survivors)
+            a, b = (f"{spec} ({(digest or '')[7:19]})" for spec, digest in
+                    ((a, item["sha256"]["a"]), (b, item["sha256"]["b"])))
+        console.print(line(("input changed", "yellow"), f": {role} {a} -> {b}"))
     table = Table(title="Predicted")
     for column in ("", "A", "B", "change"):
         table.add_column(column, justify="right")

@@ -262,6 +262,11 @@ def print_serving(doc: dict, written_to: str | None = None,
                        f"{p['kv_cache_gib']:.1f} GiB/GPU"), soft_wrap=True)
     for problem in inf.get("problems") or []:
         console.print(line(("problem", "red"), ": ", problem), soft_wrap=True)
+    from planner.export.serving import context_warning
+
+    long_context = context_warning(doc)
+    if long_context:
+        console.print(line(("warning", "yellow"), ": ", long_context), soft_wrap=True)
     frontier = inf.get("frontier") or []
     if frontier:
         shown = _spread(frontier, FRONTIER_ROWS)

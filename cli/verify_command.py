@@ -187,24 +187,38 @@ def print_verify(doc: dict[str, Any]) -> None:
             console.print(line("  ", ("note", "yellow"), f": {note}"))
     for row in doc.get("a2a", []):
         moved = sorted(set(row["moved_bytes_per_step"]))
+        etp = ""
+        if "etp_predicted_bytes_per_step" in row:
+            etp_moved = sorted({f + b for f, b in zip(row["etp_forward_bytes_per_step"],
+                                                      row["etp_backward_bytes_per_step"])})
+            etp = (f"; of which ETP gather / scatter {row['etp_predicted_bytes_per_step']:,.0f} "
+                   f"predicted, {', '.join(f'{m:,}' for m in etp_moved)} moved")
         console.print(line("  ", ("expert all-to-all", "dim"),
                            f": rank {row['rank']}: {row['predicted_bytes_per_step']:,.0f} B per "
                            f"step predicted, {', '.join(f'{m:,}' for m in moved)} moved "
-                           f"({'exact' if row['ok'] else 'MISMATCH'})"))
+                           f"({'exact' if row['ok'] else 'MISMATCH'}){etp}"))
     for row in doc.get("expert_states", []):
         console.print(line("  ", ("expert states", "dim"), f": rank {row['rank']}: " + ", ".join(
             f"{k} {row[k]['predicted_bytes']:,.0f} / {row[k]['held_bytes']:,} B"
             for k in ("params", "grads", "optimizer"))
             + " predicted / held (" + ", ".join(sorted({row[k]["verdict"] for k in (
                 "params", "grads", "optimizer")})) + ")"))
+    grads = doc.get("expert_grads") or {}
+    if grads:
+        console.print(line("  ", ("expert gradients", "dim"),
+                           f": first step, sum of squares {grads['distributed_sum_sq']:.8g} "
+                           f"(over ranks / {grads['copies']}) vs single process "
+                           f"{grads['reference_sum_sq']:.8g}, rel. difference "
+                           f"{grads['rel_diff']:.2e} ({'ok' if grads['ok'] else 'MISMATCH'})"))
     for note in doc["notes"]:
         console.print(line("  ", ("note", "dim"), f": {note}"))
     status = ("OK", "bold green") if doc["ok"] else ("FAILED", "bold red")
     max_rel = loss["max_rel_diff"]
-    experts_ok = doc.get("a2a_ok", True) and doc.get("expert_states_ok", True)
+    experts_ok = (doc.get("a2a_ok", True) and doc.get("expert_states_ok", True)
+                  and doc.get("expert_grads_ok", True))
     console.print(line(status, f": losses {'agree' if loss['ok'] else 'DIFFER'} (max rel. "
                        f"difference {'-' if max_rel is None else f'{max_rel:.2e}'}), states "
                        f"{'match' if doc['states_ok'] else 'DO NOT MATCH'}"
-                       + (f", expert all-to-all bytes and states "
+                       + (f", expert all-to-all bytes, states and gradients "
                           f"{'match' if experts_ok else 'DO NOT MATCH'}"
                           if doc.get("a2a") or doc.get("expert_states") else "")))

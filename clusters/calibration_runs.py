@@ -174,10 +174,13 @@ def calibrate_file(path: str | Path, runtime: str | None = None, *,
         raise invalid(f"{path}: no usable run" + (f" of runtime {name}" if runtime else ""),
                       *(["; ".join(f"{i}: {why}" for i, why in skipped[:5])] if skipped
                         else ["the file has no entries"]))
+    start_bands = None
     if start is None:
         base_profile = shipped()
         start = base_profile.constants if base_profile else Constants()
+        start_bands = base_profile.bands if base_profile else None
     return calibrate_runs(runs, name, start, max_evaluations=max_evaluations,
-                          leave_one_out=leave_one_out, skipped=skipped)
+                          leave_one_out=leave_one_out, skipped=skipped,
+                          start_bands=start_bands)
 
 

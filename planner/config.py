@@ -254,9 +254,20 @@ class ParallelConfig:
         layout_error = self.mesh.expert_layout_error()
         if layout_error and model.is_moe:
             raise invalid(layout_error, "choose ep and etp whose product divides tp x cp x dp")
-        if self.seq_len > (model.max_seq_len or math.inf) * 64:
-            raise invalid(f"sequence length {self.seq_len} is absurd for {model.name} "
-                          f"(max positions {model.max_seq_len})")
+        check_seq_len(model, self.seq_len)
+
+
+# a sequence longer than this many times the model's position range is a typo, not a run
+ABSURD_SEQ_FACTOR = 64
+
+
+def check_seq_len(model: ModelGraph, seq_len: int) -> None:
+    """Refuse (invalid input) a sequence length that no configuration could make sense of: the
+    search calls it before enumerating degrees, so it says this instead of 'no valid
+    configuration' (every candidate refused by ParallelConfig.validate)."""
+    if seq_len > (model.max_seq_len or math.inf) * ABSURD_SEQ_FACTOR:
+        raise invalid(f"sequence length {seq_len} is absurd for {model.name} "
+                      f"(max positions {model.max_seq_len})")
 
 
 @dataclass(frozen=True)

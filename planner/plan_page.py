@@ -14,6 +14,7 @@ import html
 import re
 from typing import Any
 
+from planner.plan_diff import setting_changes
 from planner.plan_figures import combined, image_bytes, memory_band, panel
 
 CSS = """
@@ -107,10 +108,7 @@ def _alternatives(doc: dict[str, Any]) -> str:
     rows = []
     for n, alt in enumerate(alts, 1):
         p = alt["parallelism"]
-        changed = [f"{k} {best[k]}→{p[k]}" for k in ("tp", "pp", "dp", "cp", "ep",
-                                                      "micro_batch", "virtual_stages",
-                                                      "zero_stage", "sp", "recompute")
-                   if k in p and p[k] != best.get(k)]
+        changed = setting_changes(best, p)
         rows.append([n, "; ".join(changed) or "same degrees, other placement",
                      f"{alt['step_time_s']:.4f}", f"+{alt['slower_than_best']:.1%}",
                      f"{alt['peak_memory_gib']:.2f}",

@@ -341,3 +341,36 @@ def test_an_output_in_a_missing_folder_is_refused_before_the_fit(tmp_path, capsy
               "--no-leave-one-out", "--max-evaluations", "5", "--json"])
     assert done.value.code == 2
     assert "nodir does not exist" in json.loads(capsys.readouterr().out)["error"]["message"]
+
+
+def test_runs_without_memory_keep_the_shipped_memory_band(tmp_path, capsys):
+    """No MPT run reports its memory, so the allocator overhead keeps its shipped value and the
+    memory predictions are the shipped ones: so is their error band. Before, the profile had no
+    memory residual and the band was zero wide (llama-3.1-8b on 16 H100 with a profile of six
+    Megatron-Core runs: 'peak 57.49-57.49 GiB', and check's gate at any --memory-confidence
+    was the prediction itself)."""
+    from cli.main import main
+    from planner.calibration.store import shipped
+    entries = [e for e in read_runs(MODERN)[0] if e["id"].startswith("mpt-7b")]
+    assert not any(e["results"].get("memory_per_gpu_gb") for e in entries)
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text(yaml.safe_dump({"schema_version": 1, "entries": entries}))
+    out = tmp_path / "fsdp.yaml"
+    with pytest.raises(SystemExit) as done:
+        main(["calibrate", str(runs_file), "-o", str(out), "--no-leave-one-out",
+              "--max-evaluations", "10", "--json"])
+    assert done.value.code == 0
+    reported = json.loads(capsys.readouterr().out)
+    profile = load(out)
+    assert profile.bands.pooled["memory"] == shipped().bands.pooled["memory"]
+    assert profile.bands.labels["memory"] == shipped().bands.labels["memory"]
+    with pytest.raises(SystemExit) as done:
+        main(["evaluate", "-m", "gpt3-1.3b", "-c", "dgx-a100-80g", "--global-batch", "64",
+              "--tp", "1", "--pp", "1", "--zero", "3", "--runtime", "fsdp",
+              "--calibration", str(out), "--json"])
+    assert done.value.code == 0
+    predicted = json.loads(capsys.readouterr().out)["predicted"]
+    low, high = predicted["peak_memory_gib_interval"]
+    assert low < 0.97 * predicted["peak_memory_gib"] and high > 1.03 * predicted["peak_memory_gib"]
+    assert not any("no calibration data" in x for x in predicted.get("extrapolating", ()))
+    assert reported["bands_kept_from_start"] == ["memory"]

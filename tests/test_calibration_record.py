@@ -168,3 +168,15 @@ def test_the_hash_is_of_what_the_profile_predicts_with(tmp_path):
     assert profile_hash(other) != profile_hash(profile)
     record = json.loads(json.dumps(profile_record(profile, "p.yaml")))  # through the file
     assert profile_hash(profile_from_record(record, "plan")) == record["sha256"]
+
+
+def test_show_names_the_recorded_profile(made, capsys):
+    """show's header names the model and cluster by spec and hash; it now names the recorded
+    calibration profile too (before, nothing in show said the plan was not made with the
+    shipped constants)."""
+    plan, profile, doc = made
+    code, _, err = run_cli(["show", plan], capsys)
+    assert code == 0
+    header = " ".join(err.split("Memory per GPU")[0].split())
+    assert f"calibration {str(profile)!r} ({doc['inputs']['calibration']['sha256'][7:19]})" \
+        in header

@@ -131,3 +131,37 @@ def test_graph_path_reads_the_routing_groups():
     graph = import_hf_config_graph(config, name="ds")
     mlp = next(b.mlp for b in graph.blocks() if b.mlp.is_moe)
     assert (mlp.expert_groups, mlp.groups_per_token) == (8, 4)
+
+
+def test_building_a_config_without_a_dtype_reads_no_deprecated_attribute():
+    """gpt2's config.json sets no dtype; the importer read ``hf_config.torch_dtype`` after
+    ``dtype`` came back None, and transformers >= 4.56 printed '`torch_dtype` is deprecated!
+    Use `dtype` instead!' on every ``--importer graph`` run of such a config."""
+    import json
+    from pathlib import Path
+
+    import transformers
+
+    from models.graph.torch_import import build_hf_model
+
+    config = json.loads((Path(__file__).parent.parent / "models" / "hf_configs" /
+                         "gpt2.json").read_text())
+    config.pop("torch_dtype", None)
+    config.pop("dtype", None)
+    cls = transformers.PretrainedConfig
+    if not hasattr(cls, "torch_dtype") or not isinstance(cls.__dict__.get("torch_dtype"),
+                                                         property):
+        pytest.skip("this transformers has no deprecated torch_dtype property")
+    original = cls.__dict__["torch_dtype"]
+    reads = []
+
+    def counted(self):
+        reads.append(1)
+        return original.fget(self)
+
+    cls.torch_dtype = property(counted, original.fset)
+    try:
+        build_hf_model(config)
+    finally:
+        cls.torch_dtype = original
+    assert reads == []

@@ -298,3 +298,30 @@ def test_an_interleaved_plan_says_why_it_is_not_rebalanced(tmp_path):
     assert "rebalance" not in {o.strategy for o in result.considered}
     assert any("no rebalancing: the plan interleaves 2 chunks" in n
                for n in result.as_dict()["notes"])
+
+
+def test_a_replan_keeps_the_hosts_and_their_memory(tmp_path, capsys):
+    """The cluster a re-plan runs on is the old one cut to the surviving nodes, with its GPUs
+    per host (NVL72 trays of 4: the exports' launch lines) and host memory (offload) kept.
+    Before, both were dropped: gpt3-1.3b on 2 GB200 NVL72 racks re-planned after one failure
+    exported ``torchrun --nproc-per-node 72 --nnodes 1`` (72 processes on a 4-GPU tray) and
+    its plan recorded ``cpu_memory: null``."""
+    graph = load_model("gpt3-1.3b")
+    cluster = load_cluster("dgx-gb200-nvl72", nodes=2)
+    assert cluster.gpus_per_host == 4 and cluster.cpu_memory is not None
+    cfg = ParallelConfig(tp=4, pp=1, dp=36, global_batch=144, seq_len=2048, zero_stage=1,
+                         sp=True)
+    old = tmp_path / "old.json"
+    write_plan(make_plan(evaluate(graph, cluster, cfg, uniform(graph, cfg, "none")),
+                         model_spec="gpt3-1.3b", cluster_spec="dgx-gb200-nvl72", nodes=2), old)
+    new = tmp_path / "new.json"
+    code, _, err = run(capsys, "replan", str(old), "--failed", "75", "--max-moved-layers", "0",
+                       "-o", str(new))
+    assert code == 0, err
+    doc = json.loads(new.read_text())
+    assert doc["cluster"]["num_gpus"] == 72 and doc["cluster"]["gpus_per_host"] == 4
+    assert doc["inputs"]["cluster"]["ir"]["cpu_memory"] == \
+        json.loads(old.read_text())["inputs"]["cluster"]["ir"]["cpu_memory"]
+    code, out, err = run(capsys, "export", str(new), "--format", "megatron")
+    assert code == 0, err
+    assert "--nproc-per-node 4 --nnodes 18" in out

@@ -92,16 +92,21 @@ def test_expert_parallel_in_an_interleaved_pipeline_with_full_recompute(tmp_path
         assert row["forward_bytes_per_step"] == [2 * b for b in row["backward_bytes_per_step"]]
 
 
-def test_expert_parallelism_with_zero2_exits_2(tmp_path, capsys):
+def test_expert_parallelism_with_zero2(tmp_path):
+    """dp 4, ep 2 (edp 2), ZeRO-2: dense gradients reduced to their owner over dp, expert
+    gradients to theirs over edp; the first expert gradients, summed over their owners, are
+    the single process's."""
     plan = make_plan(tmp_path, "ep2-zero2", "ep=2", "pp=1", "zero=2")
-    assert plan["doc"]["parallelism"]["zero_stage"] == 2
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as done:
-        main(["verify", plan["path"], "--json"])
-    assert done.value.code == 2
-    error = json.loads(capsys.readouterr().out)["error"]
-    assert error["kind"] == "unsupported"
-    assert "expert parallelism with ZeRO-2 is not executed" in error["message"]
+    par = plan["doc"]["parallelism"]
+    assert (par["dp"], par["ep"], par["edp"], par["zero_stage"]) == (4, 2, 2, 2)
+    report = verify_plan(plan["path"], steps=STEPS)
+    mb, m = par["micro_batch"], par["num_micro_batches"]
+    assert_moe_verified(report, 4, [a2a_bytes_per_step(2, mb, 64, m, MOE_BLOCKS, 2)] * 4)
+    assert report.expert_grads["ok"] and report.expert_grads["copies"] == 1
+    # 4 experts per rank, gradients over edp 2
+    expert = MOE_BLOCKS * 4 * 3 * HIDDEN * 256 * FP32
+    row = report.expert_states[0]
+    assert (row["params"]["held_bytes"], row["grads"]["held_bytes"]) == (expert, expert // 2)
 
 
 def test_unbalanceable_sequence_length_is_refused(tmp_path):

@@ -74,7 +74,10 @@ def build_hf_model(config: Mapping[str, Any], *, where: str = "config") -> Any:
                 model = _auto_model(transformers, hf_config)
     except Exception as exc:  # noqa: BLE001 - any failure of a third-party constructor
         raise _failed(f"{where} ({model_type})", exc) from None
-    dtype = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    # transformers >= 4.56 has "dtype" and warns on every read of the old "torch_dtype"
+    # attribute (also where the config sets neither); older ones have only "torch_dtype"
+    dtype = (hf_config.dtype if hasattr(hf_config, "dtype")
+             else getattr(hf_config, "torch_dtype", None))
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype, None)
     if isinstance(dtype, torch.dtype) and dtype.is_floating_point:

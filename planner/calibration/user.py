@@ -17,6 +17,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Sequence
 
+from planner.calibration.bands import BandTable
 from planner.calibration.constants import PARAM_NAMES, PARAMS, Constants
 from planner.calibration.fit import fit, residual_bands
 from planner.calibration.predict import predict
@@ -77,7 +78,12 @@ def informative(runs: Sequence[CalibrationRun]) -> list[str]:
 
 def calibrate_runs(runs: Sequence[CalibrationRun], runtime: str, start: Constants,
                    *, max_evaluations: int = 60, leave_one_out: bool = True,
-                   skipped: Sequence[tuple[str, str]] = ()) -> CalibrationReport:
+                   skipped: Sequence[tuple[str, str]] = (),
+                   start_bands: BandTable | None = None) -> CalibrationReport:
+    """``start_bands``: the error bands that come with ``start`` (the shipped profile's); a
+    quantity none of the runs measured (peak memory, where no run reports it) keeps its band
+    from them, as it keeps the constants that predict it (the allocator overhead is fitted
+    only to measured memory): without, its band had no residual and was zero wide."""
     timed = [r for r in runs if r.measured.step_time_s and not r.measured.oom]
     if not timed:
         raise invalid("no run with a measured step time (iteration_time_s or "
@@ -94,13 +100,19 @@ def calibrate_runs(runs: Sequence[CalibrationRun], runtime: str, start: Constant
         else:
             after = predict(run, result.constants).step_time_s
         reports.append(RunReport(run.id, run.measured.step_time_s, before, after))
+    bands = residual_bands(timed, result.constants)
+    kept = sorted(set(start_bands.pooled) - set(bands.pooled)) if start_bands else []
+    if kept:
+        bands = BandTable({**bands.pooled, **{q: start_bands.pooled[q] for q in kept}},
+                          {**bands.labels, **{q: start_bands.labels.get(q, {}) for q in kept}})
     prof = CalibrationProfile(
-        constants=result.constants, bands=residual_bands(timed, result.constants),
+        constants=result.constants, bands=bands,
         runtime=runtime, description=f"Calibrated with shardplan calibrate on {len(timed)} runs",
         fit={"runs": len(timed), "fitted": list(names),
              "loo_median_abs_error_before": round(statistics.median(
                  abs(r.error_before) for r in reports), 4),
              "loo_median_abs_error_after": round(statistics.median(
-                 abs(r.error_after) for r in reports), 4)})
+                 abs(r.error_after) for r in reports), 4),
+             **({"bands_kept_from_start": kept} if kept else {})})
     return CalibrationReport(prof, tuple(reports), tuple(skipped))
 

@@ -109,6 +109,31 @@ def capture_warnings(specs: list[WorkerSpec], fmt: str) -> list[str]:
             f"leaves its own CUDA-graph capture sizes at their defaults"]
 
 
+# A context longer than the checkpoint's positions (max_position_embeddings): vLLM's ModelConfig
+# (_get_and_verify_max_len) and SGLang's ModelConfig (context_length) refuse it at start-up
+# unless this environment variable is set
+LONG_CONTEXT_OVERRIDE = {"vllm": "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1",
+                         "sglang": "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"}
+
+
+def context_warning(doc: dict[str, Any], fmt: str | None = None) -> str | None:
+    """A warning when the plan's longest request (isl + osl) exceeds the model's positions
+    (``inputs.model.ir.max_seq_len``); ``fmt``: the runtime the export is for (None: the plan
+    as printed)."""
+    wl = doc["inference"]["workload"]
+    longest = wl["isl"] + wl["osl"]
+    positions = (doc["inputs"]["model"].get("ir") or {}).get("max_seq_len")
+    if not positions or longest <= positions:
+        return None
+    text = (f"isl + osl = {longest:,} tokens is longer than the {positions:,} positions of "
+            f"{doc['model']['name']} (max_position_embeddings): tokens past them need a "
+            f"checkpoint whose RoPE scaling covers them")
+    if fmt in LONG_CONTEXT_OVERRIDE:
+        text += f"; {fmt} refuses the length at start-up unless {LONG_CONTEXT_OVERRIDE[fmt]} " \
+                f"is set in its environment"
+    return text
+
+
 def refuse_training(fmt: str):
     raise invalid(f"the {fmt} export needs a serving plan; this is a training plan",
                   "make one with `shardplan plan --workload serve ... -o PLAN`")

@@ -38,7 +38,8 @@ from typing import Any
 
 from planner.export.base import ExportResult
 from planner.export.quoting import comment, shell_word
-from planner.export.serving import capture_warnings, header, model_warning, worker_specs
+from planner.export.serving import (capture_warnings, context_warning, header, model_warning,
+                                    worker_specs)
 
 QUANTIZATION = {"fp8": "fp8", "fp4": "modelopt_fp4"}
 KV = {"bf16": "auto", "fp8": "fp8_e4m3"}
@@ -80,7 +81,8 @@ def export(doc: dict[str, Any]) -> ExportResult:
         words = " ".join(shell_word(a) for a in worker_args(spec))
         lines += [comment(header(spec, total)), words]
     return ExportResult("sglang", "\n".join(lines) + "\n",
-                        (model_warning(specs[0]), *capture_warnings(specs, "sglang")), ".sh")
+                        (model_warning(specs[0]), *capture_warnings(specs, "sglang"),
+                         *filter(None, [context_warning(doc, "sglang")])), ".sh")
 
 
 def export_training(plan) -> ExportResult:

@@ -42,7 +42,7 @@ import yaml
 
 from planner.export.base import ExportResult
 from planner.export.quoting import shell_word
-from planner.export.serving import model_warning, worker_specs
+from planner.export.serving import context_warning, model_warning, worker_specs
 
 KV = {"bf16": "auto", "fp8": "fp8"}
 
@@ -78,7 +78,7 @@ def command(spec, options_file: str) -> list[str]:
 
 def export(doc: dict[str, Any]) -> ExportResult:
     specs = worker_specs(doc, "trtllm")
-    warnings = [model_warning(specs[0])]
+    warnings = [model_warning(specs[0]), *filter(None, [context_warning(doc, "trtllm")])]
     workers = []
     for spec in specs:
         name = f"{spec.role}.yaml"

@@ -40,7 +40,8 @@ from typing import Any
 
 from planner.export.base import ExportResult
 from planner.export.quoting import comment, shell_word
-from planner.export.serving import capture_warnings, header, model_warning, worker_specs
+from planner.export.serving import (capture_warnings, context_warning, header, model_warning,
+                                    worker_specs)
 
 QUANTIZATION = {"fp8": "fp8", "fp4": "modelopt_fp4"}
 KV = {"bf16": "auto", "fp8": "fp8"}
@@ -79,7 +80,8 @@ def worker_args(spec) -> list[str]:
 def export(doc: dict[str, Any]) -> ExportResult:
     specs = worker_specs(doc, "vllm")
     total = sum(s.count * s.gpus for s in specs)
-    lines, warnings = [], [model_warning(specs[0]), *capture_warnings(specs, "vllm")]
+    lines, warnings = [], [model_warning(specs[0]), *capture_warnings(specs, "vllm"),
+                           *filter(None, [context_warning(doc, "vllm")])]
     for spec in specs:
         args, notes = worker_args(spec)
         warnings += notes

@@ -39,7 +39,7 @@ from itertools import combinations
 
 import ortools
 
-from planner.config import ParallelConfig
+from planner.config import ParallelConfig, check_seq_len
 from planner.errors import ErrorKind, PlannerError, invalid
 from planner.hardware import Cluster, MultiPoolCluster
 from planner.hetero.bounds import (cheap_bounds, memory_time_bound, quick_bounds,
@@ -199,6 +199,7 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
                       f"is not supported yet", "plan it on one pool of the cluster")
     if not any(dtype in p.gpu.peak_tflops for p in cluster.pools):
         raise invalid(f"no pool of {cluster.name!r} has {dtype} units")
+    check_seq_len(model, seq_len)
     from planner.profiles import profile
 
     runtime = profile(options.runtime.profile) if options.runtime.profile else None

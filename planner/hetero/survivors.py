@@ -30,8 +30,11 @@ def shrunk_cluster(cluster: Cluster, gpus: int) -> Cluster:
     if nodes == cluster.num_nodes:
         return cluster
     cut = Pool.from_cluster(cluster).as_cluster(cluster.name, num_nodes=nodes)
+    # what a pool does not hold: the host memory per GPU (host offload) and the GPUs per host
+    # (NVL72 trays: the exports' launch lines), besides the cluster's provenance
     return replace(cut, source=cluster.source, description=cluster.description,
-                   extra=cluster.extra)
+                   extra=cluster.extra, cpu_memory=cluster.cpu_memory,
+                   gpus_per_host=cluster.gpus_per_host)
 
 
 def cut_pools(cluster: MultiPoolCluster, nodes: dict[str, int]) -> MultiPoolCluster:

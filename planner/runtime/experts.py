@@ -21,6 +21,16 @@ the force-balanced expert assignment both the distributed and the reference runs
   counts are exchanged first (``all_to_all_single`` of the per-expert counts: dropless, no
   capacity). :data:`A2A` adds what this rank receives from the other ranks of its EP group
   (its own share stays local) in forward and backward.
+* Expert tensor parallelism (:class:`GatherRows`, :class:`ScatterRows`). With ``etp > 1`` each
+  expert's SwiGLU is split over the ETP group (gate / up by rows, down by columns), and, as
+  Megatron-Core's ``MoEAlltoAllTokenDispatcher`` does (``dispatch_postprocess``:
+  ``gather_from_sequence_parallel_region`` over the expert tensor group after the EP
+  all-to-all; ``combine_preprocess``: ``reduce_scatter_to_sequence_parallel_region`` before the
+  combine), the received copies are all-gathered over the ETP group before the experts and
+  their partial outputs reduce-scattered back after them; backward the transposes
+  (reduce-scatter, all-gather). :data:`ETP` adds what this rank receives from its ETP peers:
+  ``(etp - 1)`` members' rows in an all-gather, ``(etp - 1) / etp`` of the summed buffer in a
+  reduce-scatter (the other members' partial sums of its own rows).
 """
 from __future__ import annotations
 
@@ -39,6 +49,7 @@ class _Counter:
 
 
 A2A = _Counter()
+ETP = _Counter()
 
 
 def balanced_experts(seq_len: int, top_k: int, num_experts: int) -> torch.Tensor:
@@ -78,6 +89,64 @@ class AllToAll(torch.autograd.Function):
         return back, None, None, None, None
 
 
+def _equal_rows(x: torch.Tensor, n: int) -> None:
+    if x.shape[0] % n:
+        raise RuntimeError(f"{x.shape[0]} rows do not split evenly over the {n} ranks of the "
+                           "expert tensor group (force-balanced routing gives every rank the same "
+                           "count)")
+
+
+# PyTorch 2.13 names the single-tensor collectives *_single (the *_tensor names warn)
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+def _all_gather_rows(x: torch.Tensor, group, n: int) -> torch.Tensor:
+    out = x.new_empty((n * x.shape[0],) + tuple(x.shape[1:]))
+    _ALL_GATHER(out, x.contiguous(), group=group)
+    return out
+
+
+def _reduce_scatter_rows(x: torch.Tensor, group, n: int) -> torch.Tensor:
+    _equal_rows(x, n)
+    out = x.new_empty((x.shape[0] // n,) + tuple(x.shape[1:]))
+    _REDUCE_SCATTER(out, x.contiguous(), op=dist.ReduceOp.SUM, group=group)
+    return out
+
+
+class GatherRows(torch.autograd.Function):
+    """All-gather of equal row blocks over the ETP group (member order); backward the
+    reduce-scatter of the gradient (Megatron's ``gather_from_sequence_parallel_region``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, n: int) -> torch.Tensor:
+        ctx.group, ctx.n = group, n
+        ETP.forward_bytes += (n - 1) * x.shape[0] * _row_bytes(x)
+        return _all_gather_rows(x, group, n)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ETP.backward_bytes += (ctx.n - 1) * grad.shape[0] // ctx.n * _row_bytes(grad)
+        return _reduce_scatter_rows(grad, ctx.group, ctx.n), None, None
+
+
+class ScatterRows(torch.autograd.Function):
+    """Reduce-scatter (sum) of partial outputs over the ETP group, each member keeping its own
+    row block; backward the all-gather of the gradient (Megatron's
+    ``reduce_scatter_to_sequence_parallel_region``)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, n: int) -> torch.Tensor:
+        ctx.group, ctx.n = group, n
+        ETP.forward_bytes += (n - 1) * x.shape[0] // n * _row_bytes(x)
+        return _reduce_scatter_rows(x, group, n)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ETP.backward_bytes += (ctx.n - 1) * grad.shape[0] * _row_bytes(grad)
+        return _all_gather_rows(grad, ctx.group, ctx.n), None, None
+
+
 def exchange_counts(counts: torch.Tensor, group) -> torch.Tensor:
     """Per-expert counts (E,) sent in equal blocks of E / ep to the EP ranks; returns the
     (ep x E / ep) counts of this rank's experts from each source rank."""
@@ -86,4 +155,5 @@ def exchange_counts(counts: torch.Tensor, group) -> torch.Tensor:
     return received
 
 
-__all__ = ["A2A", "AllToAll", "balanced_experts", "exchange_counts"]
+__all__ = ["A2A", "AllToAll", "ETP", "GatherRows", "ScatterRows", "balanced_experts",
+           "exchange_counts"]

@@ -26,13 +26,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import ErrorKind, PlannerError
 from planner.ir import LayerKind, ModelGraph
-from planner.runtime.experts import AllToAll, balanced_experts, exchange_counts
+from planner.runtime.experts import (AllToAll, GatherRows, ScatterRows, balanced_experts,
+                                     exchange_counts)
+
+try:
+    from torch.distributed.tensor import DTensor, Shard
+except ImportError:  # pragma: no cover - PyTorch 2.4
+    from torch.distributed._tensor import DTensor, Shard
 
 RMS_EPS = 1e-5
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa
@@ -254,8 +261,18 @@ class MoeMlp(nn.Module):
     Expert parallelism (:meth:`shard_experts`): this rank keeps experts ``[r·E/ep, (r+1)·E/ep)``
     of its EP group; the routed copies, sorted by expert, go to their expert's rank
     (dispatch), are computed there and come back (combine), each an ``all_to_all_single`` with
-    split sizes after the per-expert counts are exchanged. Without it (``ep`` 1) the same
-    sorted copies are computed locally: the reference run takes this path."""
+    split sizes after the per-expert counts are exchanged. With expert tensor parallelism each
+    kept expert holds its ``F / etp`` slice of the width, and the received copies are gathered
+    over the ETP group before the experts and the partial outputs reduce-scattered after them.
+    Without either (``ep`` = ``etp`` = 1) the same sorted copies are computed locally: the
+    reference run takes this path.
+
+    Under tensor parallelism the input is a DTensor sharded on the sequence (``Shard(1)``:
+    :func:`planner.runtime.parallelize.apply_tensor_parallel`), as Megatron-Core's ``MoELayer``
+    takes the sequence-parallel shard: the router (a replicated DTensor weight, so its gradient
+    is the TP group's partial sum) and the routed experts see this rank's ``seq / tp``
+    positions only, routed by their global position; the shared experts are a TP-split SwiGLU
+    on the same shard; the output is the shard again (``Shard(1)``)."""
 
     def __init__(self, hidden: int, moe: MoeShape) -> None:
         super().__init__()
@@ -265,53 +282,105 @@ class MoeMlp(nn.Module):
                                       for e in range(moe.num_experts)})
         self.shared = Mlp(hidden, moe.shared_ffn) if moe.shared_ffn else None
         self.ep, self.ep_rank, self.ep_group = 1, 0, None
+        self.etp, self.etp_group = 1, None
 
-    def shard_experts(self, group, ep_rank: int, ep: int) -> None:
-        """Keep this EP rank's ``E / ep`` experts (the others are deleted)."""
+    def shard_experts(self, group, ep_rank: int, ep: int, etp_group=None, etp_rank: int = 0,
+                      etp: int = 1) -> None:
+        """Keep this EP rank's ``E / ep`` experts (the others are deleted), each cut to this
+        ETP rank's ``F / etp`` slice of its width (gate / up rows, down columns)."""
         if self.num_experts % ep:
             raise ValueError(f"ep {ep} does not divide the {self.num_experts} experts")
         per = self.num_experts // ep
         for e in range(self.num_experts):
             if not ep_rank * per <= e < (ep_rank + 1) * per:
                 del self.experts[str(e)]
+        if etp > 1:
+            for expert in self.experts.values():
+                width = expert.gate_proj.out_features
+                if width % etp:
+                    raise ValueError(f"etp {etp} does not divide the expert width {width}")
+                cut = slice(etp_rank * width // etp, (etp_rank + 1) * width // etp)
+                with torch.no_grad():
+                    for name in ("gate_proj", "up_proj"):
+                        linear = getattr(expert, name)
+                        linear.weight = nn.Parameter(linear.weight[cut].clone())
+                        linear.out_features = width // etp
+                    expert.down_proj.weight = nn.Parameter(
+                        expert.down_proj.weight[:, cut].clone())
+                    expert.down_proj.in_features = width // etp
         self.ep, self.ep_rank, self.ep_group = ep, ep_rank, group
+        self.etp, self.etp_group = etp, etp_group
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, h = x.shape
+        mesh = None
+        if isinstance(x, DTensor):  # this rank's sequence shard (tensor parallelism)
+            mesh = x.device_mesh
+            logits_all = self.router(x).to_local()
+            x_local = x.to_local()
+        else:
+            logits_all = self.router(x)
+            x_local = x
+        b, s, h = x_local.shape
         k, num = self.top_k, self.num_experts
-        flat = x.reshape(b * s, h)
-        chosen = balanced_experts(s, k, num).repeat(b, 1)  # (tokens, k)
-        logits = self.router(flat).float().gather(1, chosen)
-        gates = F.softmax(logits, dim=-1).to(x.dtype)  # over the top_k (post-softmax)
+        flat = x_local.reshape(b * s, h)
+        start = mesh.get_local_rank() * s if mesh is not None else 0
+        chosen = balanced_experts(start + s, k, num)[start:].repeat(b, 1)  # (tokens, k)
+        logits = logits_all.reshape(b * s, num).float().gather(1, chosen)
+        gates = F.softmax(logits, dim=-1).to(x_local.dtype)  # over the top_k (post-softmax)
         expert_of_copy = chosen.reshape(-1)  # copy c = token c // k, its (c % k)-th choice
         order = torch.argsort(expert_of_copy, stable=True)
         counts = torch.bincount(expert_of_copy, minlength=num)
         copies = flat.index_select(0, order // k)  # sorted by expert
-        if self.ep_group is None:
+        if self.ep_group is None and self.etp_group is None:
             out = self._experts(copies, [(e, int(n)) for e, n in enumerate(counts.tolist())])
         else:
-            per = num // self.ep
+            out = self._routed(copies, counts)
+        routed = torch.empty_like(out).index_copy(0, order, out)  # back to copy order
+        routed = (routed.view(b * s, k, h) * gates.unsqueeze(-1)).sum(1).view(b, s, h)
+        if self.shared is not None:
+            # under TP a TP-split SwiGLU on the shard (all-gather in, reduce-scatter out)
+            routed = routed + self.shared(x)
+        if mesh is not None:
+            return DTensor.from_local(routed, mesh, (Shard(1),), run_check=False)
+        return routed
+
+    def _routed(self, copies: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Dispatch over EP, gather over ETP, the local experts, scatter, combine."""
+        per = self.num_experts // self.ep
+        if self.ep_group is not None:
             send = counts.view(self.ep, per).sum(1).tolist()
             received = exchange_counts(counts, self.ep_group).view(self.ep, per)
             recv = received.sum(1).tolist()
-            dispatched = AllToAll.apply(copies, recv, send, self.ep_group, self.ep_rank)
-            chunks = [(self.ep_rank * per + e, int(received[src, e]))
-                      for src in range(self.ep) for e in range(per)]
-            out = AllToAll.apply(self._experts(dispatched, chunks), send, recv, self.ep_group,
-                                 self.ep_rank)
-        routed = torch.empty_like(out).index_copy(0, order, out)  # back to copy order
-        routed = (routed.view(b * s, k, h) * gates.unsqueeze(-1)).sum(1)
-        if self.shared is not None:
-            routed = routed + self.shared(flat)
-        return routed.view(b, s, h)
+            rows = AllToAll.apply(copies, recv, send, self.ep_group, self.ep_rank)
+        else:
+            received = counts.view(1, per)
+            rows = copies
+        if self.etp_group is not None:  # every ETP member's received rows, in member order
+            members = [torch.empty_like(received) for _ in range(self.etp)]
+            dist.all_gather(members, received.contiguous(), group=self.etp_group)
+            received = torch.cat(members)
+            rows = GatherRows.apply(rows, self.etp_group, self.etp)
+        chunks = [(self.ep_rank * per + e, int(received[src, e]))
+                  for src in range(received.shape[0]) for e in range(per)]
+        out = self._experts(rows, chunks)
+        if self.etp_group is not None:  # partial sums over the width slices, own rows back
+            out = ScatterRows.apply(out, self.etp_group, self.etp)
+        if self.ep_group is not None:
+            out = AllToAll.apply(out, send, recv, self.ep_group, self.ep_rank)
+        return out
 
     def _experts(self, rows: torch.Tensor, chunks: list[tuple[int, int]]) -> torch.Tensor:
-        """``rows`` in consecutive chunks of (expert, count), each through its expert."""
-        outs, start = [], 0
+        """``rows`` in consecutive chunks of (expert, count), each through its expert. Every
+        kept expert runs, on no rows if none came (FSDP2 gathers its weights in its forward
+        and reduce-scatters its gradient on every rank of its group)."""
+        outs, start, ran = [], 0, set()
         for expert, n in chunks:
-            if n:
-                outs.append(self.experts[str(expert)](rows[start:start + n]))
+            outs.append(self.experts[str(expert)](rows[start:start + n]))
+            ran.add(str(expert))
             start += n
+        for name, expert in self.experts.items():
+            if name not in ran:
+                outs.append(expert(rows[:0]))
         return torch.cat(outs) if outs else rows[:0]
 
 

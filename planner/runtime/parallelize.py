@@ -16,15 +16,15 @@ try:
 except ImportError:  # pragma: no cover - PyTorch < 2.6
     from torch.distributed._composable.fsdp import fully_shard
 try:
-    from torch.distributed.tensor import DTensor, Replicate, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 except ImportError:  # pragma: no cover - PyTorch 2.4
-    from torch.distributed._tensor import DTensor, Replicate, Shard
+    from torch.distributed._tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
-                                               RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+                                               PrepareModuleInputOutput, RowwiseParallel,
+                                               SequenceParallel, parallelize_module)
 
 from planner.runtime.measure import local
-from planner.runtime.model import Block, Decoder, EmbeddingLayer, Head
+from planner.runtime.model import Block, Decoder, EmbeddingLayer, Head, MoeMlp
 
 
 def apply_tensor_parallel(part: Decoder, tp_mesh, sp: bool, layer_meshes=None) -> None:
@@ -46,19 +46,26 @@ def apply_tensor_parallel(part: Decoder, tp_mesh, sp: bool, layer_meshes=None) -
                 "attention.k_proj": ColwiseParallel(),
                 "attention.v_proj": ColwiseParallel(),
                 "attention.o_proj": RowwiseParallel(output_layouts=seq if sp else Replicate()),
-                "mlp.gate_proj": ColwiseParallel(),
-                "mlp.up_proj": ColwiseParallel(),
-                "mlp.down_proj": RowwiseParallel(output_layouts=seq if sp else Replicate()),
             }
+            moe = isinstance(layer.mlp, MoeMlp)
+            if moe:
+                plan.update(_moe_plan(layer.mlp, tp_mesh, sp))
+            else:
+                plan.update({
+                    "mlp.gate_proj": ColwiseParallel(),
+                    "mlp.up_proj": ColwiseParallel(),
+                    "mlp.down_proj": RowwiseParallel(output_layouts=seq if sp else Replicate()),
+                })
             if sp:
                 plan.update({
                     "attention_norm": SequenceParallel(),
                     "attention": PrepareModuleInput(input_layouts=(seq,),
                                                     desired_input_layouts=(Replicate(),)),
                     "ffn_norm": SequenceParallel(),
-                    "mlp": PrepareModuleInput(input_layouts=(seq,),
-                                              desired_input_layouts=(Replicate(),)),
                 })
+                if not moe:
+                    plan["mlp"] = PrepareModuleInput(input_layouts=(seq,),
+                                                     desired_input_layouts=(Replicate(),))
             parallelize_module(layer, tp_mesh, plan)
         elif isinstance(layer, Head):
             plan = {"lm_head": ColwiseParallel(input_layouts=seq if sp else Replicate(),
@@ -68,10 +75,60 @@ def apply_tensor_parallel(part: Decoder, tp_mesh, sp: bool, layer_meshes=None) -
             parallelize_module(layer, tp_mesh, plan)
 
 
-def apply_fsdp(part: Decoder, dp_mesh) -> None:
+def _moe_plan(mlp: MoeMlp, tp_mesh, sp: bool) -> dict[str, Any]:
+    """A MoE MLP under TP, as Megatron-Core's ``MoELayer``: it takes this rank's sequence
+    shard (with sp the norm's ``Shard(1)`` output as it is; without sp the replicated input
+    split on the sequence, a local slice whose backward all-gathers, and the output
+    all-gathered back: Megatron-Core refuses MoE with TP and without SP in training, so this
+    is the SP layer between replicated activations). The router is replicated (its weight a
+    ``Replicate`` DTensor: the gradient comes out as the TP group's partial sum and is summed
+    like the SP norms'), the routed experts stay plain local modules (the expert mesh:
+    :meth:`MoeMlp.shard_experts`), the shared experts are a Colwise / Rowwise SwiGLU on the
+    shard (all-gather in, reduce-scatter out to ``Shard(1)``)."""
+    seq = Shard(1)
+    mlp.router.weight = torch.nn.Parameter(
+        distribute_tensor(mlp.router.weight.detach(), tp_mesh, (Replicate(),)))
+    plan: dict[str, Any] = {"mlp": PrepareModuleInputOutput(
+        input_layouts=(seq if sp else Replicate(),), desired_input_layouts=(seq,),
+        output_layouts=(seq,), desired_output_layouts=(seq if sp else Replicate(),),
+        use_local_output=True)}
+    if mlp.shared is not None:
+        plan.update({
+            "mlp.shared": PrepareModuleInput(input_layouts=(seq,),
+                                             desired_input_layouts=(Replicate(),)),
+            "mlp.shared.gate_proj": ColwiseParallel(),
+            "mlp.shared.up_proj": ColwiseParallel(),
+            "mlp.shared.down_proj": RowwiseParallel(output_layouts=seq),
+        })
+    return plan
+
+
+def apply_fsdp(part: Decoder, dp_mesh, edp_mesh=None) -> list[torch.nn.Parameter]:
+    """FSDP2 per layer and per stage root over dp; with expert parallelism first each routed
+    expert over the expert data-parallel mesh (torchtitan's ``apply_fsdp``: the MoE experts
+    ``fully_shard`` on the ``dp_mod_ep`` mesh, the block then over dp, which leaves the
+    experts' parameters to their own group). FSDP2 averages an expert's gradient over edp;
+    torchtitan sets its divide factor to the whole dp group (``set_gradient_divide_factor``,
+    a PREMUL_SUM reduce-scatter that gloo refuses: "Cannot use ReduceOp.PREMUL_SUM with
+    Gloo"), so the runtime rescales those gradients by edp / dp after backward
+    (:func:`rescale_expert_grads`). Returns the experts' parameters."""
+    experts = []
     for layer in part.layers.values():
+        if edp_mesh is not None and isinstance(layer, Block) and isinstance(layer.mlp, MoeMlp):
+            for expert in layer.mlp.experts.values():
+                fully_shard(expert, mesh=edp_mesh)
+                experts.extend(expert.parameters())
         fully_shard(layer, mesh=dp_mesh)
     fully_shard(part, mesh=dp_mesh)
+    return experts
+
+
+def rescale_expert_grads(experts: list[torch.nn.Parameter], edp: int, dp: int) -> None:
+    """An expert's gradient holds its EP group's tokens: summed over edp it holds all dp
+    ranks', so the mean divides by dp, where FSDP2 divided by edp."""
+    for p in experts:
+        if p.grad is not None:
+            local(p.grad).mul_(edp / dp)
 
 
 class LocalShards:

@@ -131,48 +131,49 @@ def check_supported(plan: Plan, max_processes: int = MAX_PROCESSES) -> None:
 
 
 def _check_moe(plan: Plan, shape) -> None:
-    """What runs of a MoE plan: experts split over ep ranks of each stage's dp ranks (tp 1,
-    etp 1), ZeRO 0 or 1, force-balanced routing that is exact per EP rank."""
+    """What runs of a MoE plan: experts on the expert mesh (etp x ep x edp folding each stage's
+    tp x dp ranks), the attention and dense parts under TP with or without sp, ZeRO 0, 1 or 2,
+    FSDP2 (ZeRO-3) with tp 1, force-balanced routing that is exact per rank."""
     c, moe = plan.config, shape.moe
-    if c.tp > 1 or c.mesh.expert_tp > 1:
-        raise unsupported(f"MoE blocks with tensor parallelism (tp {c.tp}, etp "
-                          f"{c.mesh.expert_tp}) are not executed: verify runs MoE plans with tp 1 "
-                          "and etp 1 (expert parallelism folds into the data-parallel ranks)")
-    if c.ep > 1 and c.zero_stage > 1:
-        raise unsupported(f"expert parallelism with ZeRO-{c.zero_stage} is not executed: verify "
-                          "runs MoE plans with ep > 1 under ZeRO 0 or 1 (ZeRO-2 gradient "
-                          "partitioning and FSDP2 over two groups, dp for dense and edp for "
-                          "expert states, are not built)")
+    mesh = c.mesh
+    experts_split = c.ep > 1 or c.tp > 1
+    if c.zero_stage == 3 and c.tp > 1:
+        raise unsupported(
+            f"FSDP2 (ZeRO-3) of a MoE plan with tensor parallelism (tp {c.tp}) is not executed: "
+            "verify runs MoE under ZeRO-3 with tp 1 (dense parts fully_shard over dp, experts "
+            "over edp); with TP it runs ZeRO 0 or 1")
     if c.dp_shard:
         raise unsupported(f"hybrid sharding (dp_shard {c.dp_shard}) of a MoE plan is not "
                           "executed")
     if any(t != c.tp for t in layer_degrees(plan)):
         raise unsupported("per-layer layouts of a MoE plan are not executed")
-    if c.ep > 1 and (c.seq_len * moe.top_k) % moe.num_experts:
+    error = mesh.expert_layout_error()
+    if error:
+        raise invalid(error)
+    if moe.num_experts % c.ep:
+        raise invalid(f"ep {c.ep} does not divide the {moe.num_experts} experts")
+    if moe.expert_ffn % mesh.expert_tp:
+        raise unsupported(f"etp {mesh.expert_tp} does not divide the expert width "
+                          f"{moe.expert_ffn}")
+    if experts_split and c.seq_len % c.tp:
+        raise unsupported(f"tp {c.tp} does not divide seq_len {c.seq_len}: the MoE layer runs "
+                          "on each TP rank's sequence shard")
+    if experts_split and (c.seq_len // c.tp * moe.top_k) % moe.num_experts:
+        per_rank = (f"seq_len / tp x top_k ({c.seq_len} / {c.tp} x {moe.top_k})" if c.tp > 1
+                    else f"seq_len x top_k ({c.seq_len} x {moe.top_k})")
         raise unsupported(
-            f"force-balanced routing needs seq_len x top_k ({c.seq_len} x {moe.top_k}) "
-            f"divisible by the {moe.num_experts} experts (planner.runtime.experts: each "
-            "sequence's copies cover the experts round-robin), so that every EP rank receives "
-            "exactly its share and the all-to-all bytes are exact; choose another --seq-len")
+            f"force-balanced routing needs {per_rank} divisible by the {moe.num_experts} "
+            "experts (planner.runtime.experts: each rank's sequence shard covers the experts "
+            "round-robin), so that every EP rank receives exactly its share and the all-to-all "
+            "bytes are exact; choose another --seq-len")
 
 
-def a2a_prediction(plan: Plan) -> list[float]:
-    """Per pipeline stage: the bytes one rank receives per micro-batch in its MoE blocks'
-    token dispatch and combine (all-to-all over the EP group), forward and backward, in fp32 as
-    the runtime moves them. This is the cost model's own term
-    (:func:`planner.cost.moe.dispatch_combine_s`, the flat all-to-all of
-    :func:`planner.cost.comm.all_to_all_s`: each rank keeps 1/ep of its ``tokens / tp x top_k``
-    copies of ``h`` elements and moves ``(ep - 1)/ep`` of them, per dispatch and per combine,
-    forward and backward, again in the recomputed forward) evaluated on a link of 1 byte/s
-    without latency, so its seconds are bytes; at the runtime's routing: balanced (load factor
-    1), the flat dispatcher, nothing hidden. Empty without expert parallelism."""
+def _token_exchange_prediction(plan: Plan, etp: int) -> list[float]:
     from planner.cost import moe
     from planner.moe import MoeOptions
     from planner.topology import Link
 
     c = plan.config
-    if c.ep <= 1:
-        return []
     unit = Link(bandwidth_bytes_per_s=1.0, latency_s=0.0, tier="unit", crosses_nodes=False)
     options = MoeOptions(a2a_overlap=0.0)  # imbalance 1, dropless, flat all-to-all
     contexts = plan.stage_contexts(runtime_options(plan))
@@ -185,9 +186,38 @@ def a2a_prediction(plan: Plan) -> list[float]:
         # forward, backward and the recomputed forward (planner.cost.terms._layer_work)
         passes = 3 if plan.placement.recompute[index].value == "full" else 2
         out[stage] += moe.dispatch_combine_s(
-            ctx.shard.tokens, layer.hidden, layer.mlp, ctx.shard.tp, ctx.mesh.expert_tp, c.ep,
+            ctx.shard.tokens, layer.hidden, layer.mlp, ctx.shard.tp, etp, c.ep,
             MEASURED_ACT_BYTES, options, unit, unit, unit, 1, unit, passes)
     return out
+
+
+def a2a_prediction(plan: Plan) -> list[float]:
+    """Per pipeline stage: the bytes one rank receives per micro-batch in its MoE blocks'
+    token dispatch and combine (all-to-all over the EP group) and, with expert tensor
+    parallelism, their ETP gather and scatter, forward and backward, in fp32 as the runtime
+    moves them. This is the cost model's own term (:func:`planner.cost.moe.dispatch_combine_s`:
+    the flat all-to-all of :func:`planner.cost.comm.all_to_all_s`, each rank keeping 1/ep of
+    its ``tokens / tp x top_k`` copies of ``h`` elements and moving ``(ep - 1)/ep`` of them;
+    with ``etp > 1`` the all-gather and reduce-scatter of ``etp`` such buffers,
+    :func:`planner.cost.comm.all_gather_s`; per dispatch and per combine, forward and
+    backward, again in the recomputed forward) evaluated on a link of 1 byte/s without
+    latency, so its seconds are bytes; at the runtime's routing: balanced (load factor 1), the
+    flat dispatcher, nothing hidden. Empty when the experts are neither split over EP nor over
+    ETP."""
+    c = plan.config
+    if not plan.model.is_moe or (c.ep <= 1 and c.mesh.expert_tp <= 1):
+        return []
+    return _token_exchange_prediction(plan, c.mesh.expert_tp)
+
+
+def etp_prediction(plan: Plan) -> list[float]:
+    """Of :func:`a2a_prediction`, the ETP gather and scatter's part per stage: the same cost
+    term less its value at etp 1 (the dispatch elements do not depend on etp). Empty at etp 1."""
+    c = plan.config
+    total = a2a_prediction(plan)
+    if not total or c.mesh.expert_tp <= 1:
+        return []
+    return [t - a for t, a in zip(total, _token_exchange_prediction(plan, 1))]
 
 
 def expert_state_prediction(plan: Plan) -> list[dict[str, float]]:
@@ -281,7 +311,8 @@ def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
         out["tp"] = ("DTensor parallelize_module: ColwiseParallel q/k/v/gate/up, RowwiseParallel "
                      "o/down, embedding RowwiseParallel, lm_head ColwiseParallel (output "
                      "Replicate)" + ("; SequenceParallel norms, PrepareModuleInput(Shard(1) -> "
-                                     "Replicate) before attention and MLP" if c.sp else ""))
+                                     "Replicate) before attention and MLP" if c.sp else "")
+                     + ("; a MoE block's MLP as under ep" if model.is_moe else ""))
     if c.dp > 1 or c.zero_stage:
         out["dp"] = f"ZeRO-{c.zero_stage}: {ZERO_IMPLEMENTATION[c.zero_stage]}"
     if c.pp > 1:
@@ -303,15 +334,35 @@ def implementation_summary(config: ParallelConfig, placement: LayerPlacement,
                       "softmax router whose logits at the assigned experts are the gate "
                       "weights; routing force-balanced: copy j of position s to expert "
                       "(s x top_k + j) mod E (planner.runtime.experts)")
-        if c.ep > 1:
-            out["ep"] = (f"expert mesh etp {mesh.expert_tp} x ep {c.ep} x edp {mesh.expert_dp} "
-                         f"over each stage's dp ranks: {moe.num_experts // c.ep} experts per "
-                         "rank; per-expert counts, then dispatch and combine with "
-                         "dist.all_to_all_single (split sizes, dropless) over the EP group, "
-                         "backward the transposed exchange; expert gradients all-reduced over "
-                         "edp, dense ones over dp" + (
-                             "; ZeRO-1: one ZeroRedundancyOptimizer over dp for dense and one "
-                             "over edp for expert parameters" if c.zero_stage == 1 else ""))
+        if c.ep > 1 or c.tp > 1:
+            etp = mesh.expert_tp
+            zero = {1: "; ZeRO-1: one ZeroRedundancyOptimizer over dp for dense and one over edp "
+                       "for expert parameters",
+                    2: "; ZeRO-2: as ZeRO-1, each dense gradient reduced to its owner over dp "
+                       "and each expert gradient to its owner over edp after every micro-batch",
+                    3: "; ZeRO-3: FSDP2 fully_shard of each routed expert over the edp mesh "
+                       "(its gradients rescaled by edp / dp after FSDP2's average over edp), then "
+                       "of each layer and the stage root over dp (torchtitan's MoE FSDP)"
+                    }.get(c.zero_stage, "")
+            out["ep"] = (
+                f"expert mesh etp {etp} x ep {c.ep} x edp {mesh.expert_dp} over each stage's "
+                f"tp x dp ranks: {moe.num_experts // c.ep} experts per rank"
+                + (f", each cut to {moe.ffn_hidden // etp} of its {moe.ffn_hidden} columns"
+                   if etp > 1 else "")
+                + (f"; each TP rank routes its seq / {c.tp} positions (Megatron-Core MoELayer "
+                   "on the sequence-parallel shard" + ("" if c.sp else ", the replicated input "
+                   "split on the sequence and the output all-gathered: Megatron-Core refuses "
+                   "MoE with TP and without SP in training") + "), router weight a Replicate "
+                   "DTensor, shared experts Colwise / Rowwise on the shard"
+                   if c.tp > 1 else "")
+                + ("; per-expert counts, then dispatch and combine with dist.all_to_all_single "
+                   "(split sizes, dropless) over the EP group, backward the transposed exchange"
+                   if c.ep > 1 else "")
+                + ("; received rows all-gathered over the ETP group before the experts and the "
+                   "partial outputs reduce-scattered after them (Megatron-Core "
+                   "token_dispatcher.py dispatch_postprocess / combine_preprocess), backward "
+                   "the transposes" if etp > 1 else "")
+                + "; expert gradients reduced over edp, dense ones over dp" + zero)
     modes = sorted({placement.recompute[i].value for i, layer in enumerate(model.layers)
                     if layer.kind is LayerKind.BLOCK})
     if modes != ["none"]:

@@ -32,8 +32,13 @@ of the expert mesh (:class:`planner.mesh.Mesh`), expert gradients are reduced ov
 data-parallel group, and the bytes those all-to-alls move are compared with the cost model's
 (:func:`planner.runtime.support.a2a_prediction`).
 
-Limits: context parallelism (cp > 1) is not executed; MoE plans only with tp 1 and ZeRO 0 or 1
-under ep > 1; tied embeddings only without TP and PP.
+Under tensor parallelism a MoE block runs on each TP rank's sequence shard (Megatron-Core's
+``MoELayer``), its experts on the expert mesh (etp x ep x edp over the stage's tp x dp ranks),
+with the ETP gather and scatter when etp > 1; under ZeRO-3 the experts are FSDP2-sharded over
+edp (torchtitan). The first step's expert gradients are compared with the reference's.
+
+Limits: context parallelism (cp > 1) is not executed; MoE plans with expert parallelism or TP
+run under ZeRO 0 to 3 (ZeRO-3 with tp 1); tied embeddings only without TP and PP.
 
 Modules, one job each: :mod:`~planner.runtime.support` (the plan as a Plan, what runs, the
 pipeline chunks), :mod:`~planner.runtime.parallelize` (TP/SP, FSDP2, ZeRO-2 hooks),
@@ -53,13 +58,15 @@ from planner.plan_types import Plan
 from planner.errors import invalid
 from planner.ir import ModelGraph
 from planner.runtime.launch import DEFAULT_TIMEOUT_S, RunFailed, run_distributed
-from planner.runtime.reference import reference_losses
+from planner.runtime.reference import reference_run
 from planner.runtime.support import (MAX_PROCESSES, a2a_prediction, check_supported,
-                                     expert_state_prediction, implementation_summary,
+                                     etp_prediction, expert_state_prediction,
+                                     implementation_summary,
                                      layer_degrees, pipeline_chunks, read_plan,
                                      reshard_prediction, runtime_options)
 from planner.runtime.verify_report import (STATE_CATEGORIES, RankReport, VerifyReport,  # noqa: F401
-                                           a2a_checks, expert_state_checks,
+                                           a2a_checks, expert_grad_check,
+                                           expert_state_checks,
                                            predicted_stored_activations,
                                            reshard_checks, state_checks)
 
@@ -127,6 +134,7 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
     degrees = layer_degrees(typed)
     changes = reshard_prediction(typed)
     a2a_per_micro_batch = a2a_prediction(typed)
+    etp_per_micro_batch = etp_prediction(typed)
     moe_options = typed.runtime.moe  # what the plan assumed (runtime_options keeps defaults)
     if a2a_per_micro_batch and (moe_options.load_factor != 1.0
                                 or moe_options.dispatcher != "alltoall"):
@@ -136,7 +144,7 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
                      "and dropless with a flat all_to_all_single, so the all-to-all bytes are "
                      "predicted for that (load factor 1, flat)")
     t_ref = time.perf_counter()
-    reference = reference_losses(typed.model, c, steps, seed, lr)
+    reference, reference_expert_sq = reference_run(typed.model, c, steps, seed, lr)
     t_dist = time.perf_counter()
     job = {"model": _model_dict(typed.model), "config": _config_dict(c), "chunks": chunks,
            "recompute": [r.value for r in typed.placement.recompute], "steps": steps,
@@ -182,7 +190,9 @@ def verify_plan(plan: str | os.PathLike | dict | Plan, *, steps: int = DEFAULT_S
 
     report.reshard = reshard_checks(changes, results, c.global_batch // (c.micro_batch * c.dp),
                                     ACT_BYTES)
-    report.a2a = a2a_checks(a2a_per_micro_batch, results, c.num_micro_batches)
+    report.a2a = a2a_checks(a2a_per_micro_batch, results, c.num_micro_batches,
+                            etp_per_micro_batch)
+    report.expert_grads = expert_grad_check(reference_expert_sq, results, c, rtol)
     report.expert_states = expert_state_checks(expert_state_prediction(typed), results,
                                                c.mesh)
     names = [layer.name for layer in typed.model.layers]

@@ -80,6 +80,7 @@ class VerifyReport:
     reshard: list = field(default_factory=list)  # per rank: predicted vs moved bytes (layouts)
     a2a: list = field(default_factory=list)  # per rank: predicted vs moved expert all-to-all bytes
     expert_states: list = field(default_factory=list)  # per rank: routed experts' held bytes
+    expert_grads: dict = field(default_factory=dict)  # first-step expert gradients vs reference
 
     @property
     def loss_rel_diffs(self) -> list[float]:
@@ -115,9 +116,13 @@ class VerifyReport:
         return self.error is None and all(row["ok"] for row in self.expert_states)
 
     @property
+    def expert_grads_ok(self) -> bool:
+        return self.error is None and self.expert_grads.get("ok", True)
+
+    @property
     def ok(self) -> bool:
         return (self.losses_ok and self.states_ok and self.reshard_ok and self.a2a_ok
-                and self.expert_states_ok)
+                and self.expert_states_ok and self.expert_grads_ok)
 
     def to_dict(self) -> dict:
         ranks = []
@@ -144,7 +149,8 @@ class VerifyReport:
                 "slow_ranks": {str(k): v for k, v in sorted(self.slow_ranks.items())},
                 "reshard": self.reshard, "reshard_ok": self.reshard_ok,
                 "a2a": self.a2a, "a2a_ok": self.a2a_ok, "expert_states": self.expert_states,
-                "expert_states_ok": self.expert_states_ok}
+                "expert_states_ok": self.expert_states_ok, "expert_grads": self.expert_grads,
+                "expert_grads_ok": self.expert_grads_ok}
 
 
 def _sharded_categories(zero: int) -> dict[str, str]:
@@ -233,26 +239,54 @@ def reshard_checks(changes: list[dict], results: list[dict], micro_batches: int,
     return out
 
 
-def a2a_checks(per_micro_batch: list[float], results: list[dict], micro_batches: int
-               ) -> list[dict]:
-    """Per rank: the bytes its MoE blocks' dispatch and combine all-to-alls received from the
-    other ranks of its EP group in each step (forward + backward, fp32, counted from the split
-    sizes each ``all_to_all_single`` moved) against the cost model's
-    (:func:`planner.runtime.support.a2a_prediction` of its stage x micro-batches). Exact or a
-    mismatch."""
+def a2a_checks(per_micro_batch: list[float], results: list[dict], micro_batches: int,
+               etp_per_micro_batch: Sequence[float] = ()) -> list[dict]:
+    """Per rank: the bytes its MoE blocks' token exchange received from its peers in each step
+    (forward + backward, fp32, counted from the sizes each collective moved): the dispatch and
+    combine all-to-alls over the EP group and, with expert tensor parallelism, the gather and
+    scatter over the ETP group, against the cost model's
+    (:func:`planner.runtime.support.a2a_prediction` of its stage x micro-batches; the ETP part
+    :func:`planner.runtime.support.etp_prediction`). Exact or a mismatch."""
     if not per_micro_batch:
         return []
     out = []
     for r in results:
         predicted = per_micro_batch[r["stage"]] * micro_batches
-        moved = [int(f + b) for f, b in r["a2a_bytes"]]
-        out.append({"rank": r["rank"], "stage": r["stage"],
-                    "predicted_bytes_per_step": predicted,
-                    "moved_bytes_per_step": moved,
-                    "forward_bytes_per_step": [int(f) for f, _ in r["a2a_bytes"]],
-                    "backward_bytes_per_step": [int(b) for _, b in r["a2a_bytes"]],
-                    "ok": all(abs(x - predicted) < 0.5 for x in moved)})
+        etp = r.get("etp_bytes") or [[0, 0] for _ in r["a2a_bytes"]]
+        moved = [int(f + b + ef + eb) for (f, b), (ef, eb) in zip(r["a2a_bytes"], etp)]
+        row = {"rank": r["rank"], "stage": r["stage"],
+               "predicted_bytes_per_step": predicted,
+               "moved_bytes_per_step": moved,
+               "forward_bytes_per_step": [int(f) for f, _ in r["a2a_bytes"]],
+               "backward_bytes_per_step": [int(b) for _, b in r["a2a_bytes"]],
+               "ok": all(abs(x - predicted) < 0.5 for x in moved)}
+        if etp_per_micro_batch:
+            row.update({
+                "etp_predicted_bytes_per_step": etp_per_micro_batch[r["stage"]] * micro_batches,
+                "etp_forward_bytes_per_step": [int(f) for f, _ in etp],
+                "etp_backward_bytes_per_step": [int(b) for _, b in etp]})
+        out.append(row)
     return out
+
+
+def expert_grad_check(reference_sq: float, results: list[dict], config: ParallelConfig,
+                      rtol: float) -> dict:
+    """The routed experts' gradients after the first step's synchronisation, summed over ranks
+    as the sum of their squares, against the single-process run's (relative difference within
+    ``rtol``). Each element is on one rank of its expert (EP splits experts, ETP their width,
+    ZeRO-2 their reduced gradients to one owner of the edp group, ZeRO-3 their rows over edp)
+    except under ZeRO 0 / 1, where the edp ranks hold the reduced
+    gradient alike, so their sum counts it edp times. Adam normalises a gradient's scale away:
+    this catches a gradient averaged over the wrong group, which the losses move by ~1e-7
+    only. Empty when the experts follow the dense parameters (tp 1, ep 1)."""
+    held = [r.get("expert_grad_sq") for r in results]
+    if not held or any(x is None for x in held):
+        return {}
+    copies = config.mesh.expert_dp if config.zero_stage < 2 else 1
+    distributed = sum(held) / copies
+    diff = abs(distributed - reference_sq) / max(abs(reference_sq), 1e-30)
+    return {"reference_sum_sq": reference_sq, "distributed_sum_sq": distributed,
+            "copies": copies, "rel_diff": diff, "rtol": rtol, "ok": diff <= rtol}
 
 
 def expert_state_checks(predicted: list[dict[str, float]], results: list[dict], mesh

@@ -25,14 +25,15 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
                                          ScheduleInterleaved1F1B)
 
 from planner.mesh import DIMS, Mesh
-from planner.runtime.experts import A2A
+from planner.runtime.experts import A2A, ETP
 from planner.runtime.layouts import (MOVED, LayeredPart, Reshard, batch_rows, layout_meshes,
                                      merge_meshes)
 from planner.runtime.measure import SavedTensorTracker, held_state_bytes, local, unique_params
 from planner.runtime.model import (MEASURE, Block, Decoder, MoeMlp, build_decoder, lm_loss,
                                    synthetic_batch)
 from planner.runtime.parallelize import (LocalShards, Zero2Gradients, _group_ranks, _mesh_group,
-                                         align_grad_layouts, apply_fsdp, apply_tensor_parallel)
+                                         align_grad_layouts, apply_fsdp, apply_tensor_parallel,
+                                         rescale_expert_grads)
 
 
 MESH_DIMS = DIMS  # the rank layout is planner.mesh.Mesh's (TP innermost, PP outermost)
@@ -85,20 +86,30 @@ def _run_rank(rank: int, job: dict) -> dict:
         for key, layer in part.layers.items():
             if isinstance(layer, Block):
                 layer.set_recompute(job["recompute"][int(key)])
-    ep = layout.ep
-    edp_group = None
-    if ep > 1:  # the expert mesh folds the stage's ranks (planner.mesh.Mesh.expert_coords)
+    ep, etp = layout.ep, layout.expert_tp
+    moe = any(isinstance(layer, Block) and isinstance(layer.mlp, MoeMlp)
+              for part in parts for layer in part.layers.values())
+    edp_group = edp_mesh = None
+    # the routed experts keep their own mesh when it differs from the dense one: expert
+    # parallelism, or tensor parallelism (the experts see each TP rank's sequence shard)
+    expert_parallel = moe and (ep > 1 or tp > 1)
+    if expert_parallel:  # the expert mesh folds the stage's ranks (Mesh.expert_coords)
         world = job["world_size"]
         expert_mesh = DeviceMesh("cpu", torch.arange(world).reshape(
-            pp, layout.expert_dp, ep, layout.expert_tp), mesh_dim_names=("pp", "edp", "ep", "etp"))
+            pp, layout.expert_dp, ep, etp), mesh_dim_names=("pp", "edp", "ep", "etp"))
         expert_coords = layout.expert_coords(rank)
         assert dict(zip(("pp", "edp", "ep", "etp"), expert_mesh.get_coordinate())) \
             == expert_coords, (expert_mesh.get_coordinate(), expert_coords)
-        edp_group = expert_mesh.get_group("edp") if layout.expert_dp > 1 else None
+        edp_mesh = expert_mesh["edp"]  # FSDP2 of the experts (size 1: whole experts)
+        if layout.expert_dp > 1:
+            edp_group = edp_mesh.get_group()
         for part in parts:
             for layer in part.layers.values():
                 if isinstance(layer, Block) and isinstance(layer.mlp, MoeMlp):
-                    layer.mlp.shard_experts(expert_mesh.get_group("ep"), expert_coords["ep"], ep)
+                    layer.mlp.shard_experts(
+                        expert_mesh.get_group("ep") if ep > 1 else None, expert_coords["ep"],
+                        ep, expert_mesh.get_group("etp") if etp > 1 else None,
+                        expert_coords["etp"], etp)
     degrees = job.get("degrees") or [tp] * len(graph.layers)
     mixed = any(t != tp for t in degrees)
     if mixed:  # per-layer layouts (planner.runtime.layouts)
@@ -119,14 +130,15 @@ def _run_rank(rank: int, job: dict) -> dict:
         for part in parts:
             apply_tensor_parallel(part, mesh["tp"], c["sp"])
     zero = c["zero_stage"]
+    fsdp_experts: list = []
     if zero == 3:
         for part in parts:
-            apply_fsdp(part, mesh["dp"])
+            fsdp_experts += apply_fsdp(part, mesh["dp"], edp_mesh if expert_parallel else None)
     params = unique_params(parts)
     # routed experts split over ep: their gradients and ZeRO states go over the expert data
     # parallel group (edp), everything else over dp
     expert_ids = {id(p) for part in parts for n, p in part.named_parameters()
-                  if ep > 1 and ".mlp.experts." in n}
+                  if expert_parallel and ".mlp.experts." in n}
     dp_group = _mesh_group(mesh, "dp")
     dp_ranks = _group_ranks(mesh, "dp")
     lr = job["lr"]
@@ -149,10 +161,19 @@ def _run_rank(rank: int, job: dict) -> dict:
         optimizer = torch.optim.Adam(params, lr=lr, foreach=False)
         optimizers = [optimizer]
         optimizer_states = [optimizer.state]
-    zero2 = None
+    zero2: list[Zero2Gradients] = []
+    whole_expert_grads: list = []  # ZeRO-2 experts of edp 1: their gradients stay whole
     if zero == 2:
-        owner = {p: optimizer._param_to_rank[q] for p, q in zip(params, shards.proxies)}
-        zero2 = Zero2Gradients(params, owner, dp_group, rank, dp_ranks)
+        owner = {p: optimizer._param_to_rank[q] for p, q in zip(params, shards.proxies)
+                 if id(p) not in expert_ids}
+        zero2.append(Zero2Gradients(list(owner), owner, dp_group, rank, dp_ranks))
+        experts = [(p, q) for p, q in zip(params, shards.proxies) if id(p) in expert_ids]
+        if experts and edp_group is not None:  # expert gradients partitioned over edp
+            owner = {p: optimizers[1]._param_to_rank[q] for p, q in experts}
+            zero2.append(Zero2Gradients(list(owner), owner, edp_group, rank,
+                                        list(layout.group("edp", rank))))
+        else:
+            whole_expert_grads = [p for p, _ in experts]
 
     schedule = None
     first_pp, last_pp = coords["pp"] == 0, coords["pp"] == pp - 1
@@ -198,11 +219,14 @@ def _run_rank(rank: int, job: dict) -> dict:
     head_groups = dp * tp // degrees[-1]  # the loss is averaged over the head's data groups
     reshard_bytes: list[list[int]] = []
     a2a_bytes: list[list[int]] = []
+    expert_grad_sq = 0.0
+    etp_bytes: list[list[int]] = []
     setup_s = time.perf_counter() - t0
     for step in range(job["steps"]):
         t_step = time.perf_counter()
         MOVED.reset()
         A2A.reset()
+        ETP.reset()
         inputs, labels = synthetic_batch(job["seed"], step, c["global_batch"], seq, graph.vocab)
         inputs = batch_rows(inputs, m, mb * dp, group_of[0], rows_of[0])
         labels = batch_rows(labels, m, mb * dp, group_of[-1], rows_of[-1])
@@ -237,6 +261,7 @@ def _run_rank(rank: int, job: dict) -> dict:
             delay = (factor - 1.0) * (time.perf_counter() - t_step)
             time.sleep(delay)
             delays.append(delay)
+        rescale_expert_grads(fsdp_experts, layout.expert_dp, dp)
         fixed = align_grad_layouts(params, names)
         if step == 0:
             grad_layouts = fixed
@@ -247,8 +272,12 @@ def _run_rank(rank: int, job: dict) -> dict:
                     if dp * tp // t > 1:
                         dist.all_reduce(local(p.grad), group=data_groups[t])
                     local(p.grad).div_(head_groups)
-        elif zero2 is not None:
-            zero2.finish(dp * (m if schedule is not None else 1))
+        elif zero2:
+            for partition in zero2:
+                partition.finish(dp * (m if schedule is not None else 1))
+            for p in whole_expert_grads:  # already all the EP group's tokens (edp 1)
+                if p.grad is not None:
+                    local(p.grad).div_(dp)
         elif zero in (0, 1) and dp > 1:
             for p in params:
                 if p.grad is not None:
@@ -260,6 +289,9 @@ def _run_rank(rank: int, job: dict) -> dict:
                     local(p.grad).div_(dp)
         if shards is not None:
             shards.load_grads()
+        if step == 0:  # the routed experts' first gradients, as held (local shards)
+            expert_grad_sq = float(sum(local(p.grad).double().pow(2).sum() for p in params
+                                       if id(p) in expert_ids and p.grad is not None))
         for o in optimizers:
             o.step()
         if last_pp:
@@ -273,6 +305,7 @@ def _run_rank(rank: int, job: dict) -> dict:
             losses.append(float(mean.detach()))
         reshard_bytes.append([MOVED.forward_bytes, MOVED.backward_bytes])
         a2a_bytes.append([A2A.forward_bytes, A2A.backward_bytes])
+        etp_bytes.append([ETP.forward_bytes, ETP.backward_bytes])
         step_seconds.append(time.perf_counter() - t_step)
     MEASURE.measure = False
     all_states = {p: state for states in optimizer_states for p, state in states.items()}
@@ -288,5 +321,6 @@ def _run_rank(rank: int, job: dict) -> dict:
             "num_param_tensors": len(params), "grad_layout_differences": grad_layouts,
             "optimizer_param_tensors": sum(len(states) for states in optimizer_states),
             "setup_s": setup_s, "step_s": step_seconds,
-            "reshard_bytes": reshard_bytes, "a2a_bytes": a2a_bytes, "degrees": degrees,
+            "reshard_bytes": reshard_bytes, "a2a_bytes": a2a_bytes, "etp_bytes": etp_bytes,
+            "expert_grad_sq": expert_grad_sq if expert_ids else None, "degrees": degrees,
             "injected_delay_s": delays}

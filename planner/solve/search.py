@@ -21,7 +21,7 @@ from typing import Callable
 import ortools
 
 from planner import offload_rules
-from planner.config import ParallelConfig, RuntimeOptions
+from planner.config import ParallelConfig, RuntimeOptions, check_seq_len
 from planner.cost.model import Evaluation, evaluate
 from planner.errors import ErrorKind, PlannerError, invalid
 from planner.hardware import GIB, Cluster
@@ -171,6 +171,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         raise invalid(f"pin offload={pins.offload}: cluster {cluster.name!r} describes no host memory",
                       "add a host: section to the cluster file (docs/clusters.md), or use a "
                       "preset that has one (dgx-h100, dgx-gb200-nvl72)")
+    check_seq_len(model, seq_len)
     limit = options.memory_headroom.limit_bytes(cluster.memory_bytes_per_gpu)
     cands = candidates(model, cluster, global_batch, seq_len, dtype, pins, options.runtime,
                        deadline, limit)

@@ -421,7 +421,8 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
         b = result.best
         doc["fallbacks"] = rounded(compute_fallbacks(
             b.model, b.cluster, b.config, b.placement, b.options, fallbacks,
-            max_moved_layers=fallback_max_moved_layers))
+            max_moved_layers=fallback_max_moved_layers,
+            memory_limit_gib=solver.get("memory_limit_gib")))
     _record_calibration(doc, setup, calibration)
     _finish_plan(doc, output, force, plan_to_stdout, as_json, result.record.solve_time_s)
 

@@ -221,8 +221,35 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None,
                           f"+{alt['slower_than_best']:.1%}",
                           *(["; ".join(other)] if any(others) else []))
         console.print(table)
+    print_fallbacks(doc.get("fallbacks") or [])
     if written_to:
         console.print(line("plan written to ", written_to), soft_wrap=True)
+
+
+def print_fallbacks(fallbacks: list[dict[str, Any]]) -> None:
+    """The re-plans ``plan --fallbacks K`` stored (planner/hetero/fallbacks.py), one row per
+    failure class, then their notes."""
+    if not fallbacks:
+        return
+    table = Table(title="Fallbacks (re-plans stored for the likeliest failures)")
+    for column in ("failure", "failed GPUs", "re-plan", "GPUs", "tp", "pp", "dp",
+                   "step s", "throughput", "peak GiB"):
+        table.add_column(column, justify="left" if column in ("failure", "re-plan") else "right")
+    notes = []
+    for f in fallbacks:
+        if f["status"] != "ok":
+            table.add_row(f["failure"], str(len(f["failed_ranks"])), "none", *[""] * 7)
+            notes.append(f"{f['failure']}: {f.get('reason', 'no re-plan')}")
+            continue
+        p, r, q = f["parallelism"], f["replan"], f["predicted"]
+        table.add_row(f["failure"], str(len(f["failed_ranks"])), f["strategy"],
+                      str(r["gpus_used"]), str(p["tp"]), str(p["pp"]), str(p["dp"]),
+                      f"{q['step_time_s']:.3f}", f"-{r['throughput_loss_pct']:.1f}%",
+                      f"{q['peak_memory_gib']:.2f}")
+        notes += [f"{f['failure']}: {note}" for note in r.get("notes", ())]
+    console.print(table)
+    for note in notes:
+        print_warning(note, "note")
 
 
 # -- plan files: show, check, export (cli/plan_commands.py) ----------------------------------

@@ -23,8 +23,9 @@ How an entry becomes inputs (no entry is special-cased; every rule reads the ent
   uniform policy -- none, selective, full -- that fits, as ``plan`` with the layout pinned would
   choose; none when nothing fits); dtype fp8 for FP8 / MXFP8 runs;
   sequence parallelism whenever tp > 1 (Megatron-Core requires it with MoE and TP);
-  Megatron-Bridge DeepSeek-V3 runs on their recipe's pipeline layout (:data:`DEEPSEEK_V3_LAYOUTS`),
-  others on Megatron's even split;
+  Megatron-Bridge DeepSeek-V3 runs on their recipe's pipeline layout (:data:`DEEPSEEK_V3_LAYOUTS`,
+  carried in the config: :func:`config_with_layout`), others on Megatron's even split;
+  NeMo AutoModel's fake-balanced-gate runs routed as that gate routes (:func:`consecutive_routing`);
   ZeRO stage as published, else 1 (Megatron-Bridge recipes use the distributed optimizer);
 * step time: ``iteration_time_s`` when measured, else global batch x sequence / (published
   tokens/s/GPU x GPUs); entries with neither use the published model TFLOP/s with the
@@ -69,6 +70,7 @@ from planner.moe import DEFAULT_A2A_OVERLAP, EP_COMM_OVERLAP, MoeOptions  # noqa
 from planner.solve.search import uniform_placement  # noqa: E402
 from planner.ir import LayerKind  # noqa: E402
 from planner.strategy import LayerOption, LayerPlacement, Recompute, uniform  # noqa: E402
+from bench import out_of_file_moe  # noqa: E402
 
 DATA = ROOT / "bench" / "data" / "moe_runs.yaml"
 DOC = ROOT / "docs" / "moe.md"
@@ -139,6 +141,8 @@ def build_model(entry: dict):
         raise LookupError(f"no model preset {name!r}")
     graph = load_model(name, seq_len=m["seq_len"])
     graph = with_mtp(graph, mtp_of(entry, graph))
+    if "fake balanced gate" in (entry["training"].get("moe_routing") or "").lower():
+        graph = consecutive_routing(graph)
     moe = [b.mlp for b in graph.blocks() if b.mlp.is_moe]
     expected = (m["layers"], m["hidden"], m["moe"]["routed_experts"], m["moe"]["active_experts"])
     got = (graph.num_blocks, graph.hidden, moe[0].num_experts, moe[0].top_k)
@@ -146,6 +150,25 @@ def build_model(entry: dict):
         raise ValueError(f"{entry['id']}: preset {name} has (layers, hidden, experts, top-k) "
                          f"{got}, the entry {expected}")
     return graph
+
+
+def consecutive_routing(graph):
+    """``graph`` routed as NeMo AutoModel's ``FakeBalancedGate`` routes (its benchmark runs:
+    "Fake balanced gate is enabled to simulate ideal expert routing"): token t takes the
+    ``top_k`` consecutive experts ``t top_k .. t top_k + top_k - 1`` mod E
+    (``nemo_automodel/components/moe/layers.py``: ``torch.arange(T * k).view(-1, k) % E``),
+    i.e. group-limited routing over ``E / top_k`` groups of ``top_k`` experts, one group per
+    token (:attr:`planner.ir.Mlp.expert_groups`): a token's copies meet one EP rank or two,
+    where a random balanced router spreads them over up to ``top_k``. Unchanged where top_k
+    does not divide the experts."""
+    layers = []
+    for layer in graph.layers:
+        mlp = layer.mlp
+        if mlp is not None and mlp.is_moe and mlp.num_experts % mlp.top_k == 0:
+            layer = replace(layer, mlp=replace(mlp, expert_groups=mlp.num_experts // mlp.top_k,
+                                               groups_per_token=1))
+        layers.append(layer)
+    return replace(graph, layers=tuple(layers))
 
 
 def build_cluster(entry: dict):
@@ -587,10 +610,21 @@ def evaluation_of(entry: dict, model, cluster, config: ParallelConfig,
     return ev
 
 
+def config_with_layout(entry: dict, model) -> ParallelConfig:
+    """:func:`config_of` carrying the entry's published pipeline layout (:func:`layout_of`) as
+    its ``pipeline_layout``, which the schedule term reads for the chunks' weights; a run
+    without the MTP module (the model's num_mtp 0) has the layout less its 'm'."""
+    config = config_of(entry)
+    if layout_of(entry, model, config) is None:
+        return config
+    text = DEEPSEEK_V3_LAYOUTS[config.pp * config.virtual_stages]
+    return replace(config, pipeline_layout=text if model.num_mtp else text.replace("m", ""))
+
+
 def row_for(entry: dict) -> Row:
     model = build_model(entry)
     cluster = build_cluster(entry)
-    config = config_of(entry)
+    config = config_with_layout(entry, model)
     published, source = published_time(entry, model, config)
     options = options_of(entry)
     try:
@@ -680,7 +714,7 @@ def _pct(value: float | None) -> str:
     return "" if value is None else f"{value:+.1%}"
 
 
-def render(rows: list[Row], skipped: list[tuple[str, str]]) -> str:
+def render(rows: list[Row], skipped: list[tuple[str, str]], held_out=None) -> str:
     s = summary(rows)
     floor, twins = twin_floor(rows)
     lines = [
@@ -719,6 +753,8 @@ def render(rows: list[Row], skipped: list[tuple[str, str]]) -> str:
     if skipped:
         lines += ["", "Not evaluated:", ""]
         lines += [f"- {id_}: {reason}" for id_, reason in skipped]
+    if held_out:  # bench/out_of_file_moe.py: a published run in no calibration file
+        lines += [""] + out_of_file_moe.section(held_out)
     return "\n".join(lines)
 
 
@@ -797,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows, skipped = run()
     if not args.no_write:
-        write_section(render(rows, skipped))
+        write_section(render(rows, skipped, out_of_file_moe.run_all()))
     s = summary(rows)
     print(f"MoE step time: median {s['time_median']:.1%} max {s['time_max']:.1%} "
           f"(n={s['time_n']}, signed median {s['signed_median']:+.1%}); fits {s['fit_ok']}/"

@@ -66,8 +66,10 @@ def _megatron_parser() -> _Parser:
     parser.add_argument("--cpu-offloading-num-layers", type=int, default=0)
     parser.add_argument("--optimizer-offload-fraction", type=float, default=1.0)
     # MoE (_add_moe_args; megatron/core/transformer/moe/README.md)
+    # group-limited routing: --moe-router-num-groups / --moe-router-group-topk (int, None)
     for flag in ("--num-experts", "--moe-router-topk", "--moe-ffn-hidden-size",
-                 "--moe-shared-expert-intermediate-size"):
+                 "--moe-shared-expert-intermediate-size", "--moe-router-num-groups",
+                 "--moe-router-group-topk"):
         parser.add_argument(flag, type=int, default=None)
     parser.add_argument("--moe-layer-freq", type=str, default="1")
     parser.add_argument("--moe-token-dispatcher-type", choices=("allgather", "alltoall", "flex"),

@@ -211,6 +211,11 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
 
     unrunnable = runtime_problems(Plan(graph, hw, config, placement, options, {}), setup.profile)
     result["runtime_problems"] = [problem.message for problem in unrunnable]
+    from planner.cost.recompute_modules import module_notes
+
+    notes = module_notes(graph, options.recompute_modules, recompute)
+    if notes:  # written only then: evaluate documents keep their keys otherwise
+        result["warnings"] = notes
     if as_json:
         emit_json(result)
     else:
@@ -263,19 +268,30 @@ def clusters_command(as_json):
     """List the built-in cluster presets."""
     from clusters import list_cluster_presets
 
-    rows = [{"name": c.name, "gpu": c.gpu.name, "gpu_memory_gib": c.gpu.memory_gib,
-             "gpus_per_node": c.gpus_per_node, "num_nodes": c.num_nodes,
-             "interconnect": " / ".join(f"{t.name} {t.bandwidth_gbytes_per_s:g} GB/s"
-                                        for t in c.tiers),
-             "description": c.description}
-            for c in list_cluster_presets()]
+    from clusters import list_pool_presets
+
+    def one(c) -> dict:  # a one-pool preset, or one pool of a multi-pool preset
+        return {"name": c.name, "gpu": c.gpu.name, "gpu_memory_gib": c.gpu.memory_gib,
+                "gpus_per_node": c.gpus_per_node, "num_nodes": c.num_nodes,
+                "interconnect": " / ".join(f"{t.name} {t.bandwidth_gbytes_per_s:g} GB/s"
+                                           for t in c.tiers)}
+
+    rows = [dict(one(c), description=c.description) for c in list_cluster_presets()]
+    # the presets of GPU pools joined by one link (plan, plan-pools; docs/heterogeneous.md)
+    pooled = [{"name": c.name, "description": c.description,
+               "inter_pool": f"{c.inter_pool.bandwidth_gbytes_per_s:g} GB/s",
+               "pools": [one(p) for p in c.pools]} for c in list_pool_presets()]
     if as_json:
-        emit_json({"clusters": rows})
+        emit_json({"clusters": rows, "pool_clusters": pooled})
     else:
         from cli.render import print_rows
 
-        print_rows("Cluster presets", rows, ["name", "gpu", "gpu_memory_gib", "gpus_per_node",
-                                             "num_nodes", "interconnect"])
+        columns = ["name", "gpu", "gpu_memory_gib", "gpus_per_node", "num_nodes", "interconnect"]
+        print_rows("Cluster presets", rows, columns)
+        print_rows("Multi-pool cluster presets (plan, plan-pools)",
+                   [dict(p, name=c["name"], pool=p["name"], inter_pool=c["inter_pool"])
+                    for c in pooled for p in c["pools"]],
+                   ["name", "pool", *columns[1:], "inter_pool"])
 
 
 @click.command()
@@ -362,6 +378,10 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
                               fp8_attention=fp8_attention_from(moe), dropout=dropout,
                               compiled=compiled, elementwise=elementwise)
         hw = setup.cluster if pools is None else pools
+        from planner.cost.recompute_modules import module_notes
+        from cli.render import print_warnings
+
+        print_warnings(module_notes(graph, setup.options.recompute_modules))
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options,
                                 memory_headroom=headroom)
@@ -401,7 +421,8 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
         b = result.best
         doc["fallbacks"] = rounded(compute_fallbacks(
             b.model, b.cluster, b.config, b.placement, b.options, fallbacks,
-            max_moved_layers=fallback_max_moved_layers))
+            max_moved_layers=fallback_max_moved_layers,
+            memory_limit_gib=solver.get("memory_limit_gib")))
     _record_calibration(doc, setup, calibration)
     _finish_plan(doc, output, force, plan_to_stdout, as_json, result.record.solve_time_s)
 

@@ -86,6 +86,20 @@ def check(plan_path, model, cluster, nodes, allow_stale, memory_confidence, cali
 
     plan = load_any_plan(plan_path)
     if not isinstance(plan, Plan):  # a serving plan (planner/serve/plan.py)
+        # what only a training plan's check reads: refused, not ignored (a CI gate that asks
+        # for 90 % confidence must not pass at the prediction)
+        source = click.get_current_context().get_parameter_source
+        given = [f"--{name.replace('_', '-')}" for name in
+                 ("runtime", "calibration", "memory_confidence")
+                 if source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            from planner.errors import invalid
+
+            raise invalid(f"{' and '.join(given)}: {plan_path} is a serving plan (workload "
+                          f"serve), and {'these options apply' if len(given) > 1 else 'this option applies'} "
+                          f"to training plans only",
+                          "check a serving plan with --model, --cluster, --nodes, "
+                          "--allow-stale; its runtime is the one it was planned for")
         report = check_serve_file(plan, plan_path, model, cluster, nodes, allow_stale)
         _report_check(report, as_json)
         return

@@ -58,11 +58,31 @@ def windows(fields: Fields, layers: int, sliding: int | None,
     return [sliding if kind == "sliding_attention" else None for kind in types]
 
 
-def moe_mlp(f: Fields, expert_ffn: int, experts: int, top_k: int, shared: int) -> Mlp:
+def moe_mlp(f: Fields, expert_ffn: int, experts: int, top_k: int, shared: int,
+            groups: tuple[int, int] = (1, 1)) -> Mlp:
     """A gated MoE MLP: ``experts`` routed experts of width ``expert_ffn``, ``top_k`` per token,
-    always-active shared experts of total width ``shared``."""
+    always-active shared experts of total width ``shared``; ``groups`` (expert groups, groups
+    per token) for group-limited routing (:func:`check_expert_groups`)."""
     if top_k > experts:
         raise invalid(f"{f.where}: num_experts_per_tok ({top_k}) exceeds the number of experts "
                       f"({experts})")
+    check_expert_groups(f.where, experts, top_k, *groups, names=("n_group", "topk_group"))
     return Mlp(ffn_hidden=expert_ffn, gated=True, num_experts=experts, top_k=top_k,
-               shared_ffn_hidden=shared)
+               shared_ffn_hidden=shared, expert_groups=groups[0], groups_per_token=groups[1])
+
+
+def check_expert_groups(where: str, experts: int, top_k: int, groups: int, per_token: int,
+                        names: tuple[str, str]) -> None:
+    """Group-limited routing's rules (HF DeepseekV3 ``MoEGate``: the experts view as
+    ``n_group`` equal groups, ``topk_group`` of them kept per token, then the top-k experts of
+    those): the groups divide the experts, a token keeps 1 .. all groups, and the kept groups
+    hold at least ``top_k`` experts."""
+    g, k = names
+    if groups < 1 or experts % groups:
+        raise invalid(f"{where}: {g} ({groups}) must divide the {experts} routed experts",
+                      f"{g} splits the experts into equal groups (DeepSeek-V3: 8)")
+    if not 1 <= per_token <= groups:
+        raise invalid(f"{where}: {k} ({per_token}) must be between 1 and {g} ({groups})")
+    if per_token * (experts // groups) < top_k:
+        raise invalid(f"{where}: {k} ({per_token}) groups of {experts // groups} experts hold "
+                      f"fewer than the {top_k} experts a token picks")

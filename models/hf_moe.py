@@ -13,12 +13,46 @@ equal those of the models transformers 5.23 builds from the same configs on the 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any, Mapping
+
 from planner.errors import invalid
-from planner.ir import Attention, Mlp
+from planner.ir import Attention, Mlp, ModelGraph
 
 from .fields import Fields, check_kv_heads, head_dim_of
-from .hf_common import Parts, default_seq, moe_mlp, windows
+from .hf_common import Parts, check_expert_groups, default_seq, moe_mlp, windows
 from .params import BlockShape, EmbeddingShape, HeadShape
+
+
+def expert_groups_of(f: Fields) -> tuple[int, int]:
+    """(n_group, topk_group) of a DeepSeek-style config's group-limited routing (DeepSeek-V3
+    report §2.1.2 node-limited routing; HF ``MoEGate``): the gate keeps ``topk_group`` of
+    ``n_group`` expert groups per token under the "noaux_tc" (V3) and "group_limited_greedy"
+    (V2) methods; "greedy" (V2-Lite, the V2 class default) ignores them. (1, 1): unlimited."""
+    if f.data.get("topk_method", "greedy") == "greedy" or "n_group" not in f.data:
+        return 1, 1
+    n_group = f.integer("n_group", limit="experts")
+    return n_group, f.integer("topk_group", default=n_group, limit="experts")
+
+
+def with_expert_groups(graph: ModelGraph, config: Mapping[str, Any],
+                       where: str = "config") -> ModelGraph:
+    """``graph`` (from the operator-graph importer, which sees no routing) with the config's
+    group-limited routing (:func:`expert_groups_of`) on its MoE layers, checked as the config
+    reader checks it."""
+    groups = expert_groups_of(Fields(config, where))
+    if groups == (1, 1):
+        return graph
+    layers = []
+    for layer in graph.layers:
+        mlp = layer.mlp
+        if mlp is not None and mlp.is_moe:
+            check_expert_groups(where, mlp.num_experts, mlp.top_k, *groups,
+                                names=("n_group", "topk_group"))
+            layer = replace(layer, mlp=replace(mlp, expert_groups=groups[0],
+                                               groups_per_token=groups[1]))
+        layers.append(layer)
+    return replace(graph, layers=tuple(layers))
 
 
 def deepseek_v3(f: Fields) -> Parts:
@@ -50,12 +84,14 @@ def deepseek_v3(f: Fields) -> Parts:
     tied = f.flag("tie_word_embeddings", default=False)
     mtp = f.integer("num_nextn_predict_layers", "num_mtp_layers", default=0, limit="layers",
                     minimum=0)
+    groups = expert_groups_of(f)
 
     attention = Attention(num_heads=heads, num_kv_heads=heads, head_dim=nope + rope,
                           v_head_dim=v_dim, q_lora_rank=q_rank, kv_lora_rank=kv_rank,
                           rope_head_dim=rope)
     dense = Mlp(ffn_hidden=ffn, gated=True)
-    moe = moe_mlp(f, expert_ffn, experts, top_k, shared * expert_ffn) if experts > 1 else dense
+    moe = moe_mlp(f, expert_ffn, experts, top_k, shared * expert_ffn, groups) \
+        if experts > 1 else dense
     blocks = []
     for i in range(layers):
         is_moe = i >= first_dense and i % freq == 0

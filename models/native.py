@@ -18,6 +18,7 @@ from planner.errors import ErrorKind, PlannerError, invalid
 from planner.ir import Attention, Mlp, ModelGraph
 
 from .fields import Fields, check_kv_heads, head_dim_of, short
+from .hf_common import check_expert_groups
 from .params import BlockShape, EmbeddingShape, HeadShape, assemble
 from .reading import read_mapping
 
@@ -32,7 +33,7 @@ KEYS = (
     "tied_embeddings", "position_embedding", "bias", "norm", "causal", "sliding_window", "moe",
 )
 MOE_KEYS = ("num_experts", "top_k", "expert_ffn_hidden_size", "shared_ffn_hidden_size",
-            "first_dense_layers")
+            "first_dense_layers", "expert_groups", "groups_per_token")
 POSITION_EMBEDDINGS = ("rope", "learned", "none")
 NORMS = ("rmsnorm", "layernorm")
 
@@ -125,9 +126,14 @@ def _moe(value: Any, f: Fields, layers: int) -> tuple[Mlp | None, int]:
     first_dense = m.integer("first_dense_layers", default=0, limit="layers", minimum=0)
     if first_dense > layers:
         raise invalid(f"{where}: first_dense_layers ({first_dense}) exceeds num_layers ({layers})")
+    groups = m.integer("expert_groups", default=1, limit="experts")
+    per_token = m.integer("groups_per_token", default=groups, limit="experts")
+    check_expert_groups(where, experts, top_k, groups, per_token,
+                        names=("expert_groups", "groups_per_token"))
     gated = f.flag("gated_mlp", default=True)
     return Mlp(ffn_hidden=expert_ffn, gated=gated, num_experts=experts, top_k=top_k,
-               shared_ffn_hidden=shared), first_dense
+               shared_ffn_hidden=shared, expert_groups=groups,
+               groups_per_token=per_token), first_dense
 
 
 def _check_keys(data: Mapping[str, Any], valid: tuple[str, ...], where: str) -> None:

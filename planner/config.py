@@ -118,7 +118,8 @@ class ParallelConfig:
 
     def _validate_layout(self, model: ModelGraph) -> None:
         """An explicit pipeline layout: Megatron's rules (planner.pipeline_layout) against the
-        model's blocks and MTP layers, pp x virtual_stages chunks, on a looped schedule."""
+        model's blocks and MTP layers, pp x virtual_stages chunks (chunk k on rank k mod pp, or in a
+        V under the V schedules: planner.strategy.layout_placement)."""
         from planner.pipeline_layout import parse_layout
 
         if not isinstance(self.pipeline_layout, str):
@@ -128,10 +129,6 @@ class ParallelConfig:
                           "chunks)")
         parse_layout(self.pipeline_layout).validate(self.pp, self.virtual_stages,
                                                     model.num_blocks, model.num_mtp, model.name)
-        if self.schedule in SCHEDULES and self.schedule_spec.placement != "loop":
-            raise invalid(f"--pipeline-layout places chunk k on rank k mod pp (Megatron's "
-                          f"order); the {self.schedule} schedule runs its chunks in a V",
-                          "use --schedule 1f1b, interleaved-1f1b or zb-h1")
 
     def _validate_hpz(self, model: ModelGraph) -> None:
         """ZeRO++ hpZ: ZeRO-3, a proper divisor of dp, and ranks that are dp ranks only:

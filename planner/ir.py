@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
-from typing import Iterator
+from typing import ClassVar, Iterator
 
 import networkx as nx
 
@@ -63,6 +63,14 @@ class Mlp:
     Dense: ``num_experts == 1`` and ``ffn_hidden`` is the FFN width. MoE: ``ffn_hidden`` is the
     width of one routed expert, ``top_k`` experts are active per token, and ``shared_ffn_hidden``
     is the total width of always-active shared experts (0 if none).
+
+    Group-limited (node-limited) routing: the routed experts form ``expert_groups`` equal
+    groups in expert order and each token picks its ``top_k`` experts inside
+    ``groups_per_token`` of them (DeepSeek-V3 report §2.1.2 "node-limited routing", each token
+    to at most M = 4 nodes, §4.2; HF ``n_group`` / ``topk_group`` with ``topk_method``
+    ``noaux_tc`` or ``group_limited_greedy``; Megatron-Core ``--moe-router-num-groups`` /
+    ``--moe-router-group-topk``). ``groups_per_token == expert_groups`` (the default 1 / 1) is
+    unlimited routing.
     """
 
     ffn_hidden: int
@@ -70,6 +78,11 @@ class Mlp:
     num_experts: int = 1
     top_k: int = 1
     shared_ffn_hidden: int = 0
+    expert_groups: int = 1
+    groups_per_token: int = 1
+    # plan files and model hashes (planner.serialize) leave them out while unlimited, so the
+    # models written before they existed keep their bytes and hashes
+    PLAIN_OMIT_DEFAULT: ClassVar[tuple[str, ...]] = ("expert_groups", "groups_per_token")
 
     @property
     def num_mtp(self) -> int:
@@ -79,6 +92,11 @@ class Mlp:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
+
+    @property
+    def group_limited(self) -> bool:
+        """Whether each token's experts lie in fewer than all expert groups."""
+        return self.groups_per_token < self.expert_groups
 
 
 @dataclass(frozen=True)

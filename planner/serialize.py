@@ -31,7 +31,7 @@ _POSITIVE = {
     Layer: {"hidden"},
     Attention: {"num_heads", "num_kv_heads", "head_dim", "v_head_dim", "sliding_window",
                 "q_lora_rank", "kv_lora_rank"},
-    Mlp: {"ffn_hidden", "num_experts", "top_k"},
+    Mlp: {"ffn_hidden", "num_experts", "top_k", "expert_groups", "groups_per_token"},
     Cluster: {"gpus_per_node", "num_nodes", "scalable_unit_nodes", "spine_oversubscription"},
     Pool: {"gpus_per_node", "num_nodes", "scalable_unit_nodes", "spine_oversubscription"},
     Gpu: {"memory_gib", "hbm_bandwidth_gbytes_per_s", "num_sms", "matmul_efficiency"},

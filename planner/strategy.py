@@ -250,14 +250,17 @@ def layout_placement(model: ModelGraph, config, block_option: LayerOption = NO_O
                      ) -> LayerPlacement:
     """The layers where ``config.pipeline_layout`` puts them (Megatron-Core's
     ``--pipeline-model-parallel-layout``, planner/pipeline_layout.py): chunk k of pp x v on
-    rank k mod pp; ``block_option`` for every block."""
+    rank k mod pp, or, under a V schedule (ZB-V, DualPipeV), on rank k then 2 pp - 1 - k
+    (torchtitan's ``style="v"`` stage-to-rank map, which takes per-stage layer lists:
+    ``module_fqns_per_model_part``); ``block_option`` for every block."""
     from planner.cost.pipeline import chunk_rank
     from planner.pipeline_layout import layer_chunks, parse_layout
 
     chunks = layer_chunks(model, parse_layout(config.pipeline_layout))
     options = tuple(block_option if layer.kind is LayerKind.BLOCK else NO_OPTION
                     for layer in model.layers)
-    return LayerPlacement(tuple(chunk_rank(k, config.pp) for k in chunks), options)
+    placement = getattr(getattr(config, "schedule_spec", None), "placement", "loop")
+    return LayerPlacement(tuple(chunk_rank(k, config.pp, placement) for k in chunks), options)
 
 
 def uniform(model: ModelGraph, config,

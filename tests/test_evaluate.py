@@ -236,3 +236,18 @@ def test_malformed_config_file(capsys, tmp_path):
     bad.write_text('{"model_type": "llama", "hidden_size": ')
     code, out, err = run(capsys, "inspect", "--model", str(bad))
     assert code == 2 and "Traceback" not in err
+
+
+def test_clusters_lists_the_multi_pool_presets(capsys):
+    """`plan-pools -c h100-a100` (README) names a preset that `clusters` did not list: it read
+    the one-pool presets only."""
+    from clusters import pool_preset_names
+
+    assert "h100-a100" in pool_preset_names()
+    code, out, _ = run(capsys, "clusters", "--json")
+    pooled = {c["name"]: c for c in json.loads(out)["pool_clusters"]}
+    assert code == 0 and set(pooled) == set(pool_preset_names())
+    assert [(p["name"], p["gpu"], p["num_nodes"]) for p in pooled["h100-a100"]["pools"]] == \
+        [("h100", "h100-sxm", 16), ("a100", "a100-sxm4-80gb", 32)]
+    code, _, err = run(capsys, "clusters")
+    assert code == 0 and "Multi-pool cluster presets" in err and "h100-a100" in err

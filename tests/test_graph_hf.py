@@ -89,6 +89,9 @@ def test_flops_per_token_within_one_percent(name):
 @pytest.mark.parametrize("name", sorted(SAME_LAYERS))
 def test_layers_identical_to_config_path(name):
     config, _, graph = _imported(name)
+    # the routing's expert groups come from the config, as import_hf_config_graph adds them
+    from models.hf_moe import with_expert_groups
+    graph = with_expert_groups(graph, config)
     by_config = import_hf_config(config, name=name)
     ours = [(c.layer.signature, c.count) for c in graph.layer_classes()]
     theirs = [(c.layer.signature, c.count) for c in by_config.layer_classes()]
@@ -118,6 +121,16 @@ def test_deepseek_mla_and_moe_recognised():
     assert moe.mlp.num_experts == 256 and moe.mlp.top_k == 8
     assert moe.mlp.shared_ffn_hidden == 2048
     assert [c.count for c in graph.layer_classes()] == [1, 3, 58, 1]
+
+
+def test_graph_path_reads_the_routing_groups():
+    """The operator graph shows no routing groups; import_hf_config_graph takes DeepSeek-V3's
+    node-limited routing (n_group 8, topk_group 4) from the config, as the config path does."""
+    from models.graph.torch_import import import_hf_config_graph
+    config = json.loads((CONFIGS / "DeepSeek-V3.json").read_text())
+    graph = import_hf_config_graph(config, name="ds")
+    mlp = next(b.mlp for b in graph.blocks() if b.mlp.is_moe)
+    assert (mlp.expert_groups, mlp.groups_per_token) == (8, 4)
 
 
 def test_building_a_config_without_a_dtype_reads_no_deprecated_attribute():

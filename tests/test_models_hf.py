@@ -97,6 +97,34 @@ def test_deepseek_v3_structure():
     # the score-correction bias is a buffer: 58 * 256 would overshoot the published total
     assert graph.params == EXPECTED["DeepSeek-V3.json"]["total"]
     assert graph.active_params == pytest.approx(37.55e9, rel=0.001)
+    # node-limited routing (report §2.1.2): n_group 8, topk_group 4 under topk_method noaux_tc
+    assert (moe.mlp.expert_groups, moe.mlp.groups_per_token) == (8, 4)
+
+
+@pytest.mark.parametrize("changes, groups", [
+    ({}, (8, 4)),
+    ({"topk_method": "greedy"}, (1, 1)),  # V2-Lite's gate ignores the groups
+    ({"topk_method": "group_limited_greedy", "n_group": 8, "topk_group": 3}, (8, 3)),  # V2
+    ({"n_group": 1, "topk_group": 1}, (1, 1)),  # Kimi K2: one group
+])
+def test_deepseek_group_limited_routing_is_read(changes, groups):
+    config = json.loads((FIXTURES / "DeepSeek-V3.json").read_text()) | changes
+    graph = import_hf_config(config, name="ds")
+    mlp = next(b.mlp for b in graph.blocks() if b.mlp.is_moe)
+    assert (mlp.expert_groups, mlp.groups_per_token) == groups
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"n_group": 7}, "n_group (7) must divide the 256 routed experts"),
+    ({"topk_group": 9}, "topk_group (9) must be between 1 and n_group (8)"),
+    ({"n_group": 128, "topk_group": 2}, "topk_group (2) groups of 2 experts hold fewer than the 8"),
+])
+def test_bad_expert_groups_are_refused(changes, message):
+    from planner.errors import PlannerError
+    config = json.loads((FIXTURES / "DeepSeek-V3.json").read_text()) | changes
+    with pytest.raises(PlannerError) as error:
+        import_hf_config(config, name="ds")
+    assert message in error.value.message
 
 
 def test_t5_layout():

@@ -165,3 +165,19 @@ def test_docs_examples_load():
     for block in blocks:
         graph = build_native(yaml.safe_load(block))
         assert graph.params > 0 and graph.family == "native"
+
+
+def test_native_moe_takes_group_limited_routing():
+    """``moe.expert_groups`` / ``groups_per_token`` (planner.ir.Mlp; DeepSeek-V3's node-limited
+    routing): read, defaulting to unlimited, and checked as the HF reader checks them."""
+    from planner.errors import PlannerError
+    base = {"name": "g", "num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 512,
+            "seq_len": 128, "moe": {"num_experts": 16, "top_k": 4, "expert_ffn_hidden_size": 128}}
+    mlp = build_native(base).layers[1].mlp
+    assert (mlp.expert_groups, mlp.groups_per_token, mlp.group_limited) == (1, 1, False)
+    grouped = dict(base, moe=dict(base["moe"], expert_groups=4, groups_per_token=2))
+    mlp = build_native(grouped).layers[1].mlp
+    assert (mlp.expert_groups, mlp.groups_per_token, mlp.group_limited) == (4, 2, True)
+    bad = dict(base, moe=dict(base["moe"], expert_groups=3))
+    with pytest.raises(PlannerError, match="expert_groups \\(3\\) must divide"):
+        build_native(bad)

@@ -117,6 +117,44 @@ def test_deepseek_v3_runs_sit_on_the_recipe_layouts(result):
             assert abs(by_id[i].time_error) < 0.10, i
 
 
+def test_deepseek_v3_configs_carry_the_layout():
+    """The schedule term sees the recipe's chunks (ParallelConfig.pipeline_layout), 'm' and
+    all where the run has the MTP module, without it where it has none (25.11)."""
+    entries = {e["id"]: e for e in moe_accuracy.entries()}
+    with_mtp = entries["mbridge-26.04-DeepSeek-V3-B200-256gpu-mxfp8"]
+    model = moe_accuracy.build_model(with_mtp)
+    config = moe_accuracy.config_with_layout(with_mtp, model)
+    assert model.num_mtp == 1 and config.pipeline_layout == "Et*4|(t*4|)*14tmL"
+    config.validate(model, moe_accuracy.build_cluster(with_mtp))
+    no_mtp = entries["mbridge-25.11-DeepSeek-V3-GB200-256gpu-bf16"]
+    model = moe_accuracy.build_model(no_mtp)
+    config = moe_accuracy.config_with_layout(no_mtp, model)
+    assert model.num_mtp == 0 and "m" not in config.pipeline_layout
+    config.validate(model, moe_accuracy.build_cluster(no_mtp))
+    qwen = entries["automodel-Qwen3-30B-A3B-H100-8gpu-bf16"]
+    assert moe_accuracy.config_with_layout(qwen, moe_accuracy.build_model(qwen)).pipeline_layout \
+        == ""
+
+
+def test_automodel_fake_gate_routes_consecutive_experts():
+    """NeMo AutoModel's FakeBalancedGate gives token t the experts t k .. t k + k - 1 mod E:
+    group-limited routing over E / k groups, one per token; a DeepSeek-V3 token then meets one
+    node of EP64 (7/8 of it remote), not 3.15 (node-limited) or 4.59."""
+    from planner.cost import moe
+    entries = {e["id"]: e for e in moe_accuracy.entries()}
+    fake = [i for i, e in entries.items()
+            if "fake balanced gate" in (e["training"].get("moe_routing") or "")]
+    assert fake and all(i.startswith("automodel-") for i in fake)
+    mlp = next(b.mlp for b in moe_accuracy.build_model(
+        entries["automodel-DeepSeek-V3-H100-256gpu-bf16"]).blocks() if b.mlp.is_moe)
+    assert (mlp.expert_groups, mlp.groups_per_token) == (32, 1)
+    assert moe.remote_domain_copies(8, 8, 32, 1) == pytest.approx(7 / 8)
+    assert moe.distinct_ranks(64, 8, 32, 1) == pytest.approx(2 * (1 - 0.5 ** 8))
+    mb = next(b.mlp for b in moe_accuracy.build_model(
+        entries["mbridge-26.04-DeepSeek-V3-B200-256gpu-mxfp8"]).blocks() if b.mlp.is_moe)
+    assert (mb.expert_groups, mb.groups_per_token) == (8, 4)  # the model's own routing
+
+
 def test_ep_comm_overlap_follows_the_recipes(result):
     """Megatron-Bridge recipes with moe_a2a_overlap=True hide EP_COMM_OVERLAP of the
     all-to-all: Qwen3 H100 25.11-26.02.01, DeepSeek-V3 B200 ep32 from 26.04.01, the MXFP8

@@ -176,6 +176,65 @@ def test_hierarchical_dispatch_sends_each_token_once_per_remote_domain():
     assert times["deepep"] < 0.8 * times["alltoall"]
 
 
+def test_node_limited_routing_crosses_fewer_domains():
+    """DeepSeek-V3's node-limited routing (report §2.1.2, §4.2: each token to at most 4 nodes;
+    HF n_group 8 / topk_group 4): on EP64 over 8 nodes the 8 groups are the 8 nodes, a token's
+    top-8 experts lie in 4 of them: 4 (1 - (3/4)^8) domains hit, 7/8 of them remote."""
+    limited = 4 * (1 - (3 / 4) ** 8) * 7 / 8
+    assert moe.remote_domain_copies(8, 8, 8, 4) == pytest.approx(limited)
+    assert limited == pytest.approx(3.15, abs=0.005)
+    assert moe.remote_domain_copies(8, 8) == pytest.approx(4.59, abs=0.005)  # unlimited
+    # unlimited routing (all groups kept, or one group) is the formula without groups
+    for groups in ((8, 8), (1, 1)):
+        assert moe.remote_domain_copies(8, 8, *groups) == pytest.approx(
+            moe.remote_domain_copies(8, 8))
+    # two groups per domain (EP over 4 nodes): a domain is missed when neither of its 2 groups
+    # is among the 4 kept of 8, C(6,4)/C(8,4) = 15/70
+    reach = 4 * (1 - 15 / 70)
+    assert moe.reachable_units(4, 8, 4) == pytest.approx(reach)
+    assert moe.remote_domain_copies(4, 8, 8, 4) == pytest.approx(
+        reach * (1 - (1 - 1 / reach) ** 8) * 3 / 4)
+    # a group spanning several ranks: 4 kept groups of 8 ranks each on EP64 = 32 ranks
+    assert moe.distinct_ranks(64, 8, 8, 4) == pytest.approx(32 * (1 - (31 / 32) ** 8))
+    # groups that do not tile the units reach them all (the conservative side)
+    assert moe.reachable_units(6, 8, 4) == 6.0
+    # the preset carries it (read from config.json), and the deepep dispatch is shorter for it
+    ds = load_model("deepseek-v3")
+    mlp = next(b for b in ds.blocks() if b.mlp.is_moe).mlp
+    assert (mlp.expert_groups, mlp.groups_per_token) == (8, 4) and mlp.group_limited
+    h800 = load_cluster("hgx-h800", nodes=256)
+    cfg = ParallelConfig(tp=1, pp=16, dp=128, ep=64, global_batch=15360, seq_len=4096,
+                         zero_stage=1, dtype="fp8")
+    ctx = make_context(ds, h800, cfg, RuntimeOptions(moe=MoeOptions(dispatcher="deepep")))
+    links = ctx.links
+    args = (moe.dispatch_elements(4096, 7168, mlp, 1), 2, None, 64, ctx.options.moe, links.ep,
+            links.ep_intra, links.ep_inter, links.ep_domains)
+    limited_s = moe.all_to_all_s(*args[:2], mlp, *args[3:])
+    free_s = moe.all_to_all_s(*args[:2], replace(mlp, groups_per_token=8), *args[3:])
+    latency_s = 7 * links.ep_inter.latency_s  # IB-bound: the network phase sets the time
+    assert limited_s - latency_s == pytest.approx(
+        (free_s - latency_s) * limited / (7 * (1 - (7 / 8) ** 8)), rel=1e-6)
+
+
+def test_deepep_hidden_all_to_all_costs_its_sms():
+    """DeepEP's kernels hold 20 SMs while they run (DeepSeek-V3 report §3.2.2; deep_ep
+    Buffer.num_sms, Megatron --moe-deepep-num-sms 20): the compute they overlap runs on the
+    other SMs, so the hidden share still costs 20 / num_sms of its length; the flat NCCL
+    all-to-all's hidden share costs nothing here (its SM use is the fitted comm_slowdown)."""
+    gpu_sms = H100.gpu.num_sms
+    assert gpu_sms == 132
+    opts = {o: RuntimeOptions(moe=MoeOptions(dispatcher="deepep", a2a_overlap=o))
+            for o in (0.0, 0.9)}
+    _, exposed = block_terms(config(ep=16), opts[0.0])
+    _, hidden = block_terms(config(ep=16), opts[0.9])
+    assert hidden.comm_s == pytest.approx(exposed.comm_s * (0.1 + 0.9 * 20 / 132))
+    assert moe.sm_reserve_share(MoeOptions(dispatcher="deepep"), 132) == pytest.approx(20 / 132)
+    assert moe.sm_reserve_share(MoeOptions(dispatcher="alltoall"), 132) == 0.0
+    flat = {o: block_terms(config(ep=16), RuntimeOptions(moe=MoeOptions(a2a_overlap=o)))[1]
+            for o in (0.0, 0.9)}
+    assert flat[0.9].comm_s == pytest.approx(0.1 * flat[0.0].comm_s)
+
+
 def test_a2a_overlap_hides_a_fraction_and_recompute_repeats_the_forward():
     none = RuntimeOptions(moe=MoeOptions(a2a_overlap=0.0))
     _, plain = block_terms(config(ep=16), none)

@@ -60,6 +60,12 @@ def test_megatron_gets_the_published_deepseek_v3_layout():
     assert f["--moe-token-dispatcher-type"] == "flex" and "--moe-enable-deepep" in f
     assert "--moe-expert-capacity-factor" not in f  # dropless
     assert "--use-distributed-optimizer" in f  # ZeRO-1
+    # node-limited routing (config.json n_group 8 / topk_group 4), which the deepep dispatch
+    # cost assumes, is written as Megatron-Core's group-limited routing
+    assert f["--moe-router-num-groups"] == "8" and f["--moe-router-group-topk"] == "4"
+    mixtral = moe_plan("mixtral-8x7b", "dgx-h100", 1, ParallelConfig(
+        tp=1, pp=1, dp=8, ep=8, global_batch=8, seq_len=4096, zero_stage=1))
+    assert "--moe-router-num-groups" not in flags(export_plan(mixtral, "megatron").text)
 
 
 def test_megatron_capacity_and_overlap_flags():

@@ -148,3 +148,70 @@ def test_counterfactual_leaves_the_cost_model_as_it_was(results):
     traffic = 2 * 384 * (2048 * 96 * 2 + 2048 * 2048)
     assert bytes_s == pytest.approx(traffic / (2039e9 * 0.80), rel=1e-3)
     assert 0.9 < flops_s / bytes_s < 1.1
+
+
+# -- MoE: DeepSeek-V3's pre-training (bench/out_of_file_moe.py) --------------------------------
+
+from bench import moe_accuracy  # noqa: E402
+from bench import out_of_file_moe as oom  # noqa: E402
+
+
+def test_deepseek_measured_step_is_table_1():
+    # Table 1: 2,664K H800 GPU hours for 14.8T tokens; §1: "180K H800 GPU hours" per trillion
+    assert oom.GPU_HOURS / (oom.TOKENS / 1e12) == pytest.approx(180e3, rel=0.001)
+    assert oom.tokens_per_s_per_gpu() == pytest.approx(1e12 / (180e3 * 3600), rel=0.001)
+    assert oom.tokens_per_s_per_gpu() == pytest.approx(1543.2, abs=0.1)
+    # 15,360 x 4,096 tokens on 2,048 GPUs at that rate
+    assert oom.measured_step_time_s() == pytest.approx(15360 * 4096 / (1543.2 * 2048), rel=1e-4)
+    assert oom.measured_step_time_s() == pytest.approx(19.91, abs=0.01)
+
+
+def test_deepseek_run_is_in_no_calibration_file():
+    """DeepSeek-V3's shape is calibrated (Megatron-Bridge and AutoModel runs on H100 / B200 /
+    GB200 / GB300), but not this run: no entry of any data file on H800, none with 2,048 GPUs
+    of DeepSeek-V3's shape."""
+    systems, shapes = set(), set()
+    for path in sorted(DATA.glob("*.yaml")):
+        for entry in _runs(parse_yaml(read_text(path, "runs file"), str(path))):
+            model, cluster = entry["model"], entry["cluster"]
+            systems.add(str(cluster.get("system", "")) + str(cluster.get("gpu", "")))
+            shapes.add((model.get("hidden"), model.get("layers"), cluster.get("num_gpus")))
+    assert (7168, 61, 256) in shapes  # the model is in the calibration, the run is not
+    assert (7168, 61, oom.GPUS) not in shapes
+    assert not any("h800" in s.lower() for s in systems)
+
+
+def test_deepseek_inputs_are_the_reports():
+    args = oom.cli_args()
+    value = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+    assert (value["--tp"], value["--pp"], value["--ep"], value["--etp"], value["--zero"]) == \
+        ("1", "16", "64", "1", "1")  # §3.2
+    assert int(value["--nodes"]) * 8 == 2048 and value["--dp"] == "128"  # §3.1
+    assert (value["--global-batch"], value["--seq-len"]) == ("15360", "4096")  # §4.1-4.2
+    assert value["--dtype"] == "fp8" and value["--mtp-layers"] == "1"  # §3.3, §2.2
+    assert value["--recompute-modules"] == "layernorm,mla_up_proj,moe_act"  # §3.2.3, §3.3.3
+    assert value["--moe-dispatcher"] == "deepep" and value["--schedule"] == "dualpipev"
+    assert float(value["--moe-a2a-overlap"]) == oom.EP_COMM_OVERLAP  # §3.2.1
+    # Megatron-Bridge's published 32-chunk layout, the one bench/moe_accuracy.py uses
+    assert value["--pipeline-layout"] == moe_accuracy.DEEPSEEK_V3_LAYOUTS[32]
+
+
+def test_deepseek_readings_and_section():
+    readings = oom.run_all()
+    assert [r.label for r in readings] == [label for label, _ in oom.READINGS]
+    published = readings[0]
+    assert all(r.fits and r.step_time_s > 0 for r in readings)
+    # HAI-LLM is no profile: the megatron profile costs DualPipeV and says it cannot run it
+    assert any("dualpipev" in w for w in published.warnings)
+    by = {r.label: r for r in readings}
+    # what the inputs are worth: DualPipeV on the layout beats 1F1B on the even split, hiding
+    # more of the all-to-all is faster, full recomputation slower
+    assert by["1F1B, even split"].step_time_s > published.step_time_s
+    assert by["all-to-all fully hidden (1.0)"].step_time_s < published.step_time_s < \
+        by[f"all-to-all overlap {oom.DEFAULT_A2A_OVERLAP:g} (the default)"].step_time_s
+    assert by["full recomputation"].step_time_s > published.step_time_s
+    text = "\n".join(oom.section(readings))
+    assert "| as published |" in text and f"{oom.measured_step_time_s():.2f} s" in text
+    # the section docs/moe.md carries is this one
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "moe.md").read_text()
+    assert text in doc

@@ -5,6 +5,7 @@ first and the last chunk, Llama 3 paper §3.3.2), and the Megatron export writin
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -175,8 +176,6 @@ def test_even_layout_written_out_predicts_the_default_split_byte_for_byte(capsys
      "64 chunks = pp 16 x 4 virtual stages, but --virtual-stages is 2"),
     (["--pipeline-layout", META_405B, "--runtime", "deepspeed"],
      "runtime deepspeed cannot run an explicit pipeline layout"),
-    (["--pipeline-layout", META_405B, "--schedule", "zbv", "--virtual-stages", "4"],
-     "the zbv schedule runs its chunks in a V"),
     (["--pipeline-layout", "Et|(tt|)*62tmL"], "1 MTP layers (m) but llama-3.1-405b has 0"),
 ])
 def test_bad_layouts_exit_2_naming_the_mismatch(capsys, extra, message):
@@ -184,6 +183,29 @@ def test_bad_layouts_exit_2_naming_the_mismatch(capsys, extra, message):
     assert code == 2 and "Traceback" not in err
     error = json.loads(out)["error"]  # --json: the error as a document
     assert error["exit_code"] == 2 and message in error["message"]
+
+
+def test_v_schedule_places_the_written_chunks_in_a_v():
+    """Under DualPipeV (and ZB-V) chunk k of 2 pp runs on rank k, then 2 pp - 1 - k: a 32-chunk
+    DeepSeek-V3 layout puts the embedding's chunk and the MTP + loss chunk both on rank 0 (the
+    shallowest and deepest layers on one rank, DeepSeek-V3 report §2.2 / §3.2.1)."""
+    model = with_mtp(load_model("deepseek-v3"), 1)
+    layout = "Et|(tt|)*30mL"
+    config = ParallelConfig(tp=1, pp=16, dp=8, ep=8, etp=1, global_batch=256, seq_len=4096,
+                            zero_stage=1, virtual_stages=2, pipeline_schedule="dualpipev",
+                            pipeline_layout=layout)
+    config.validate(model, load_cluster("hgx-h800", nodes=16))
+    placement = uniform(model, config, "full")
+    stage = dict(zip((layer.name for layer in model.layers), placement.stage))
+    blocks = [s for s, layer in zip(placement.stage, model.layers)
+              if layer.kind is LayerKind.BLOCK]
+    assert blocks[0] == 0 and blocks[1:3] == [1, 1] and blocks[29:31] == [15, 15]
+    assert blocks[31:33] == [15, 15] and blocks[-2:] == [1, 1]  # chunk 16 on 15, chunk 30 on 1
+    assert all(s == 0 for name, s in stage.items() if name.startswith("mtp."))
+    assert [blocks.count(r) for r in range(16)] == [1] + [4] * 15
+    # the loop order of the same layout keeps the MTP module on the last rank
+    looped = replace(config, pipeline_schedule="interleaved-1f1b")
+    assert uniform(model, looped, "full").stage[-1] == 15
 
 
 def test_torchtitan_takes_a_layout_too(capsys):

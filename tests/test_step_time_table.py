@@ -42,3 +42,25 @@ def test_evaluate_prints_the_same_order(capsys):
                             "--tp", "1", "--pp", "2"], capsys)
     assert code == 0
     assert [name for name, _ in _rows(err)][:2] == ["pipeline", "of it bubble"]
+
+
+def test_a_plan_whose_memory_band_crosses_the_gpu_is_warned_of(tmp_path, capsys):
+    """check's verdict 'fits only at the optimistic end' (the 80 % band's high end over the GPU
+    memory) was said by check only; plan / evaluate / show printed the band and 'fits'
+    (qwen3-30b-a3b on 16 H100: peak 75.14 GiB, band 66.31-85.68 GiB of 80, no word)."""
+    doc = build_plan(tp=1, pp=2, global_batch=16)
+    capacity = doc["cluster"]["gpu_memory_gib"]
+    peak = doc["predicted"]["peak_memory_gib"]
+    assert doc["predicted"]["fits"] and peak < capacity
+    path = tmp_path / "plan.json"
+    step = doc["predicted"]["step_time_s"]
+    doc["predicted"]["step_time_s_interval"] = [0.9 * step, 1.1 * step]
+    doc["predicted"]["peak_memory_gib_interval"] = [0.9 * peak, 1.01 * capacity]
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    code, _, err = run_cli(["show", path], capsys)
+    assert code == 0
+    assert "fits only at the optimistic end" in " ".join(err.split())
+    doc["predicted"]["peak_memory_gib_interval"] = [0.9 * peak, 0.99 * capacity]
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True))
+    code, _, err = run_cli(["show", path], capsys)
+    assert code == 0 and "optimistic end" not in err

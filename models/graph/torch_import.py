@@ -190,9 +190,12 @@ def import_hf_config_graph(config: Mapping[str, Any], *, name: str = "model",
     if isinstance(dtype, str):
         metadata.append(("dtype", dtype))
     model_type = config.get("model_type")
-    return group_layers(graph, name=name, family=model_type if isinstance(model_type, str)
-                        else "graph", default_seq_len=default or 512, max_seq_len=max_pos,
-                        source=source or where, metadata=tuple(metadata))
+    grouped = group_layers(graph, name=name, family=model_type if isinstance(model_type, str)
+                           else "graph", default_seq_len=default or 512, max_seq_len=max_pos,
+                           source=source or where, metadata=tuple(metadata))
+    # the routing's expert groups are no operator shape: the config says them (models/hf_moe.py)
+    from models.hf_moe import with_expert_groups
+    return with_expert_groups(grouped, config, where)
 
 
 # -- user modules and saved programs -----------------------------------------------------------

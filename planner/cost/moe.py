@@ -24,8 +24,10 @@ Model (Megatron-Core ``MoEAlltoAllTokenDispatcher`` / ``MoEFlexTokenDispatcher``
   token crosses the network once per remote NVLink domain holding one of its experts -- with the
   experts spread evenly over ``D`` domains, ``(D - 1)(1 - (1 - 1/D)^top_k)`` times -- and is
   forwarded over NVLink inside the domain; the network and NVLink phases overlap, so the time is
-  the larger of the two (DeepSeek-V3 report §3.2.2: IB 50 GB/s vs NVLink 160 GB/s, each token to
-  at most 4 nodes).
+  the larger of the two (DeepSeek-V3 report §3.2.2: IB 50 GB/s vs NVLink 160 GB/s). Under
+  group-limited routing (:attr:`planner.ir.Mlp.expert_groups`, DeepSeek-V3's node-limited
+  routing: each token to at most 4 nodes) the token's experts lie in the domains its kept
+  groups cover (:func:`remote_domain_copies`).
 * ETP. With ``etp > 1`` the received copies are all-gathered over the ETP group before the
   experts and reduce-scattered after them (and the transposes backward).
 * Host. Issued from Python, a MoE layer pass takes at least the host's time to issue it, and
@@ -37,7 +39,8 @@ Model (Megatron-Core ``MoEAlltoAllTokenDispatcher`` / ``MoEFlexTokenDispatcher``
   (no read-back) and a CUDA graph that captures the layer removes the issue time
   (:attr:`planner.moe.MoeOptions.cuda_graph`).
 * Overlap: ``MoeOptions.a2a_overlap`` of the all-to-all time is hidden behind independent
-  compute.
+  compute; DeepEP's kernels hold :data:`DEEPEP_SMS` SMs meanwhile, so the hidden share still
+  slows that compute by ``DEEPEP_SMS / num_sms`` of its length (:func:`sm_reserve_share`).
 """
 from __future__ import annotations
 
@@ -47,6 +50,14 @@ from planner.topology import Link
 from planner.cost import comm
 from planner.ir import Mlp
 from planner.moe import MoeOptions
+
+# Streaming multiprocessors DeepEP's dispatch and combine kernels occupy while they run (the
+# normal, high-throughput kernels: ``deep_ep.Buffer.num_sms = 20``, Megatron-Core
+# ``--moe-deepep-num-sms`` default 20; DeepSeek-V3 report §3.2.2: "only 20 SMs are sufficient
+# to fully utilize the bandwidths of IB and NVLink", of the H800's 132). Compute overlapping
+# them runs on the other SMs (:func:`sm_reserve_share`).
+DEEPEP_SMS = 20
+
 
 # Host time a dropless MoE layer pass adds to its issue: the grouped GEMMs and the all-to-all
 # splits are sized from token counts the host reads back (Megatron-Core
@@ -150,21 +161,66 @@ def dispatch_elements(tokens: float, h: int, mlp: Mlp, tp: int) -> float:
     return tokens / tp * mlp.top_k * h
 
 
-def remote_domain_copies(domains: int, top_k: int) -> float:
+def reachable_units(units: int, groups: int = 1, groups_per_token: int = 1) -> float:
+    """Expected units (NVLink domains, or ranks) of the ``units`` an EP group's experts are
+    spread evenly over (in expert order) that one token's kept expert groups cover, under
+    group-limited routing (:class:`planner.ir.Mlp`: ``groups_per_token`` of ``groups`` equal
+    groups in expert order). A group spans ``units / groups`` units where the units are more;
+    where the groups are more, each unit holds ``groups / units`` of them and a unit is covered
+    unless none of its groups is kept (drawn without replacement). Unlimited routing, and
+    groups that do not tile the units, reach every unit (the conservative side)."""
+    if groups_per_token >= groups or units <= 1:
+        return float(units)
+    if units % groups == 0:
+        return float(groups_per_token * (units // groups))
+    if groups % units == 0:
+        per_unit = groups // units
+        missed = math.comb(groups - per_unit, groups_per_token) / math.comb(groups,
+                                                                           groups_per_token)
+        return units * (1.0 - missed)
+    return float(units)
+
+
+def units_hit(units: int, top_k: int, groups: int = 1, groups_per_token: int = 1) -> float:
+    """Expected distinct units of ``units`` one token's ``top_k`` experts fall on, the experts
+    drawn independently and evenly over the units its kept groups cover
+    (:func:`reachable_units`; all of them without group-limited routing)."""
+    reach = reachable_units(units, groups, groups_per_token)
+    if reach <= 1:
+        return float(min(top_k, 1)) if units >= 1 else 0.0
+    return reach * (1.0 - (1.0 - 1.0 / reach) ** top_k)
+
+
+def remote_domain_copies(domains: int, top_k: int, groups: int = 1,
+                         groups_per_token: int = 1) -> float:
     """Expected remote NVLink domains one token's ``top_k`` experts fall into, the experts
-    spread evenly over ``domains`` domains of the EP group (each expert drawn independently)."""
+    spread evenly over ``domains`` domains of the EP group (each expert drawn independently):
+    every domain is equally likely to be hit and the token's own is one of ``domains``, so
+    ``(domains - 1) / domains`` of :func:`units_hit`. Without group-limited routing that is
+    ``(D - 1)(1 - (1 - 1/D)^top_k)``; DeepSeek-V3's node-limited routing (8 groups = 8 nodes of
+    EP64, 4 kept, top-8) crosses the network 3.15 times per token instead of 4.59 (report
+    §2.1.2 and §3.2.2: "each token will be dispatched to at most 4 nodes, thereby reducing IB
+    traffic")."""
     if domains <= 1:
         return 0.0
-    return (domains - 1) * (1.0 - (1.0 - 1.0 / domains) ** top_k)
+    return units_hit(domains, top_k, groups, groups_per_token) * (domains - 1) / domains
 
 
-def distinct_ranks(ranks: int, top_k: int) -> float:
+def distinct_ranks(ranks: int, top_k: int, groups: int = 1, groups_per_token: int = 1) -> float:
     """Expected distinct ranks of ``ranks`` (experts spread evenly over them) one token's
     ``top_k`` experts fall on: the copies a dispatcher that sends a token once per destination
     rank moves (DeepEP / HybridEP; the flat dispatcher sends one copy per expert)."""
     if ranks <= 1:
         return float(min(top_k, 1))
-    return ranks * (1.0 - (1.0 - 1.0 / ranks) ** top_k)
+    return units_hit(ranks, top_k, groups, groups_per_token)
+
+
+def _ep_groups(mlp: Mlp, ep: int) -> tuple[int, int]:
+    """The expert groups as the EP group sees them: (groups, kept per token), or (1, 1) where
+    the groups do not tile the EP ranks' contiguous expert slices (then every rank may be hit)."""
+    if not mlp.group_limited or (ep % mlp.expert_groups and mlp.expert_groups % ep):
+        return 1, 1
+    return mlp.expert_groups, mlp.groups_per_token
 
 
 def all_to_all_s(elements: float, elem_bytes: float, mlp: Mlp, ep: int, options: MoeOptions,
@@ -181,29 +237,47 @@ def all_to_all_s(elements: float, elem_bytes: float, mlp: Mlp, ep: int, options:
     if options.dispatcher != "deepep":
         return comm.all_to_all_s(size, ep, flat)
     per_token = size / mlp.top_k
+    groups = _ep_groups(mlp, ep)
+    ranks_hit = distinct_ranks(ep, mlp.top_k, *groups)
     if domains <= 1:  # inside one NVLink domain: once per destination rank
-        return comm.all_to_all_s(per_token * distinct_ranks(ep, mlp.top_k), ep, flat)
+        return comm.all_to_all_s(per_token * ranks_hit, ep, flat)
     per_domain = max(ep // domains, 1)
-    network = per_token * remote_domain_copies(domains, mlp.top_k)
+    network = per_token * remote_domain_copies(domains, mlp.top_k, *groups)
     net_s = network / inter.bandwidth_bytes_per_s + (domains - 1) * inter.latency_s
-    nvl_s = comm.all_to_all_s(per_token * distinct_ranks(ep, mlp.top_k), per_domain, intra) \
+    nvl_s = comm.all_to_all_s(per_token * ranks_hit, per_domain, intra) \
         if per_domain > 1 else 0.0
     return max(net_s, nvl_s)
 
 
+def sm_reserve_share(options: MoeOptions, num_sms: int) -> float:
+    """Compute seconds a second of the dispatcher's hidden all-to-all costs: DeepEP's kernels
+    hold :data:`DEEPEP_SMS` of the GPU's ``num_sms`` for as long as they run, so the compute
+    they overlap runs on the rest and falls behind by that share of the overlap (0 for the
+    NCCL all-to-all, whose SM use sits in the fitted ``comm_slowdown``)."""
+    if options.dispatcher != "deepep" or num_sms <= 0:
+        return 0.0
+    return min(DEEPEP_SMS / num_sms, 1.0)
+
+
 def dispatch_combine_s(tokens: float, h: int, mlp: Mlp, tp: int, etp: int, ep: int,
                        elem_bytes: float, options: MoeOptions, flat: Link, intra: Link,
-                       inter: Link, domains: int, etp_link: Link, passes: int) -> float:
+                       inter: Link, domains: int, etp_link: Link, passes: int,
+                       num_sms: int = 0) -> float:
     """Exposed seconds of a MoE layer's token movement for one micro-batch: ``passes`` of
     dispatch + combine (2 forward and backward, 3 when the block is recomputed), each with its
-    ETP gather and scatter, less the overlapped fraction."""
+    ETP gather and scatter, less the overlapped fraction; the overlapped all-to-all still
+    costs the compute it slows where the dispatcher holds SMs (:func:`sm_reserve_share` of a
+    GPU with ``num_sms``)."""
     elements = dispatch_elements(tokens, h, mlp, tp)
-    one = 2 * all_to_all_s(elements, elem_bytes, mlp, ep, options, flat, intra, inter, domains)
+    a2a = 2 * all_to_all_s(elements, elem_bytes, mlp, ep, options, flat, intra, inter, domains)
+    etp_s = 0.0
     if etp > 1:
         gathered = elements * etp * elem_bytes * options.load_factor
-        one += comm.all_gather_s(gathered, etp, etp_link) + comm.reduce_scatter_s(
+        etp_s = comm.all_gather_s(gathered, etp, etp_link) + comm.reduce_scatter_s(
             gathered, etp, etp_link)
-    return passes * one * (1.0 - options.a2a_overlap)
+    hidden = options.a2a_overlap
+    return passes * ((a2a + etp_s) * (1.0 - hidden)
+                     + a2a * hidden * sm_reserve_share(options, num_sms))
 
 
 def _host_per_pass_s(options: MoeOptions) -> float:

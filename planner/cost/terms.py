@@ -788,7 +788,8 @@ def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork
         passes = 3 if recompute is Recompute.FULL else 2
         a2a_s = moe.dispatch_combine_s(
             tokens, layer.hidden, mlp, tp, work.etp, shard.ep, ACT_BYTES, opts.moe,
-            work.ep_link, work.ep_intra, work.ep_inter, work.ep_domains, work.etp_link, passes)
+            work.ep_link, work.ep_intra, work.ep_inter, work.ep_domains, work.etp_link, passes,
+            work.gpu.num_sms)
         other += a2a_s
         moe_buffer = moe.dispatch_buffer_bytes(tokens, layer.hidden, mlp, tp, work.etp,
                                                ACT_BYTES, opts.moe)

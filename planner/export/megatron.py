@@ -173,6 +173,9 @@ def _experts(plan: Plan, args: list, warnings: list[str], notes: list[str]) -> N
              ("--moe-ffn-hidden-size", mlp.ffn_hidden), ("--moe-layer-freq", freq)]
     if mlp.shared_ffn_hidden:
         args.append(("--moe-shared-expert-intermediate-size", mlp.shared_ffn_hidden))
+    if mlp.group_limited:  # group-limited (node-limited) routing: the costed dispatch assumes it
+        args += [("--moe-router-num-groups", mlp.expert_groups),
+                 ("--moe-router-group-topk", mlp.groups_per_token)]
     args += [("--moe-grouped-gemm",), ("--moe-permute-fusion",)]
     sync_free = opts.cuda_graph == "full_iteration" and opts.dropless
     if opts.dispatcher == "deepep" and sync_free:  # sync-free needs the HybridEP backend

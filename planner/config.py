@@ -150,7 +150,7 @@ class ParallelConfig:
                           "use the GPUs per node, DeepSpeed's recommended value")
         if self.dp_shard:
             raise invalid("--hpz and --dp-shard are two kinds of hybrid sharding (ZeRO++ hpZ "
-                          "and MiCS); give one")
+                          "and hybrid sharding); give one")
         if self.tp > 1 or self.cp > 1 or self.pp > 1:
             raise invalid(f"--hpz {h} runs with dp only (tp, cp and pp 1): DeepSpeed forms "
                           "the secondary groups from consecutive global ranks")

@@ -147,7 +147,8 @@ def print_evaluation(result: dict[str, Any]) -> None:
             print_warning(f"memory: fits only at the optimistic end: the {coverage:.0%} band's "
                           f"high end {band_gib[1]:.2f} GiB is over the {c['gpu_memory_gib']:g} "
                           f"GiB (a {(1 - coverage) / 2:.0%} chance or more of running out); "
-                          f"a larger plan --memory-headroom keeps plans clear of it")
+                          f"plan --memory-confidence 0.9 searches only plans whose 90 % "
+                          f"quantile fits (or a larger --memory-headroom)")
     for note in pred.get("extrapolating", ()):
         print_warning(note)
     for problem in result.get("runtime_problems", ()):

@@ -201,6 +201,10 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None,
             f"{s['candidates_evaluated']} of {s['candidates_total']} configurations solved "
             f"({s['candidates_pruned_memory']} pruned by memory bound), OR-Tools "
             f"{s['ortools_version']}"))
+        if "memory_confidence" in s:  # plan --memory-confidence (planner/solve/gate.py)
+            console.print(line(f"memory gate: the {s['memory_confidence']:.0%} quantile of the "
+                               f"peak's band within {s.get('memory_limit_gib', 0):.2f} GiB per "
+                               f"GPU (check gates at it)"))
     else:  # a plan made from one evaluated configuration, not a search
         console.print(line("solver: ", (s.get('status', '?'), "bold")))
     if doc.get("alternatives"):

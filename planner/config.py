@@ -209,8 +209,10 @@ class ParallelConfig:
                 "pick a global batch that is a multiple of micro_batch * dp")
         blocks = model.num_blocks
         if self.pipeline_layout:
+            # the layout's own rules bound its chunks (none empty; a chunk may hold only the
+            # embedding or only the loss: Llama 3 405B's 'E|(t|)*126L', 128 chunks, 126 blocks)
             self._validate_layout(model)
-        if self.pp * self.virtual_stages > max(blocks, 1):
+        elif self.pp * self.virtual_stages > max(blocks, 1):
             raise invalid(
                 f"pp x virtual stages = {self.pp} x {self.virtual_stages} exceeds the "
                 f"{blocks} blocks of {model.name}")

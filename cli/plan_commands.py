@@ -60,10 +60,10 @@ def show(plan_path, as_json):
               help="Number of nodes of the cluster (as given to `shardplan plan`).")
 @click.option("--allow-stale", is_flag=True,
               help="Do not fail because the model or cluster changed; still check memory.")
-@click.option("--memory-confidence", type=click.FloatRange(0.01, 0.99), default=0.5,
-              show_default=True,
+@click.option("--memory-confidence", type=click.FloatRange(0.01, 0.99), default=None,
               help="Quantile of the predicted peak's error band the memory gate uses "
-                   "(0.9: the plan must fit with 90 % confidence).")
+                   "(0.9: the plan must fit with 90 % confidence; default: the one the plan "
+                   "was searched with, `plan --memory-confidence`, else 0.5, the prediction).")
 @click.option("--calibration", default=None, metavar="PROFILE.yaml",
               type=click.Path(dir_okay=False),
               help="Calibration profile whose error bands the gate uses (default: the one the "

@@ -147,7 +147,8 @@ def print_evaluation(result: dict[str, Any]) -> None:
             print_warning(f"memory: fits only at the optimistic end: the {coverage:.0%} band's "
                           f"high end {band_gib[1]:.2f} GiB is over the {c['gpu_memory_gib']:g} "
                           f"GiB (a {(1 - coverage) / 2:.0%} chance or more of running out); "
-                          f"a larger plan --memory-headroom keeps plans clear of it")
+                          f"plan --memory-confidence 0.9 searches only plans whose 90 % "
+                          f"quantile fits (or a larger --memory-headroom)")
     for note in pred.get("extrapolating", ()):
         print_warning(note)
     for problem in result.get("runtime_problems", ()):
@@ -200,6 +201,10 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None,
             f"{s['candidates_evaluated']} of {s['candidates_total']} configurations solved "
             f"({s['candidates_pruned_memory']} pruned by memory bound), OR-Tools "
             f"{s['ortools_version']}"))
+        if "memory_confidence" in s:  # plan --memory-confidence (planner/solve/gate.py)
+            console.print(line(f"memory gate: the {s['memory_confidence']:.0%} quantile of the "
+                               f"peak's band within {s.get('memory_limit_gib', 0):.2f} GiB per "
+                               f"GPU (check gates at it)"))
     else:  # a plan made from one evaluated configuration, not a search
         console.print(line("solver: ", (s.get('status', '?'), "bold")))
     if doc.get("alternatives"):

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from planner.calibration.regimes import REGIME_TITLES  # noqa: E402
 from planner.calibration.store import shipped  # noqa: E402
-from bench import landing, out_of_file, unknown_fields  # noqa: E402
+from bench import landing, out_of_file, out_of_file_dense, unknown_fields  # noqa: E402
 from bench.accuracy_notes import (BEFORE, CAUSES, MISSES, SESSION_BEFORE,  # noqa: E402,F401
                                   SESSION_BEFORE_COMMIT)
 from bench.accuracy_runs import (  # noqa: E402,F401  (also re-exported: tests, holdout, calibrate)
@@ -142,6 +142,8 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
                      + " of them with a recomputation no calibration run of its regime used")
     held_out_results = out_of_file.run_all()
     lines.append(out_of_file.summary_line(held_out_results))
+    dense_results = out_of_file_dense.run_all()
+    lines.append(out_of_file_dense.summary_line(dense_results))
     missed = targets_missed(rows)
     held = held_out_targets_missed(rows, micro_batch_bands)
     lines += ["", "Targets missed:" if missed or held else "All targets met.", ""]
@@ -166,6 +168,7 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
     lines += holdout_section(rows, micro_batch_bands)
     lines += unknown_fields.section(micro_batch_bands or [], unknown_fields.assumption_counts(rows))
     lines += out_of_file.section(held_out_results)  # published runs in no calibration file
+    lines += out_of_file_dense.section(dense_results)  # Llama 3 405B, MT-NLG 530B
     lines += ["", "## Before this issue", "", BEFORE]
     if missed:
         lines += ["", "## Why the misses", "", MISSES]

@@ -162,7 +162,9 @@ def toml_022_reference(doc: dict[str, Any], text: str) -> dict[str, Any]:
     if etp not in (1, par["tensor_parallel_degree"]):
         raise Rejected("expert_tensor_parallel_degree must be 1 or the tensor parallel degree")
     out = _titan_derived(doc, par, training, shard, config["activation_checkpoint"]["mode"])
-    out["compile"] = bool(config.get("compile", {}).get("enable", False))
+    compile_ = config.get("compile", {})  # the model compiled: enable, "model" a component
+    out["compile"] = bool(compile_.get("enable", False)
+                          and "model" in compile_.get("components", ["model", "loss"]))
     return out
 
 

@@ -128,7 +128,10 @@ def _worker_torchtitan(cases: list[dict]) -> list[dict]:
                                 "seq_len": training.seq_len},
                 dims.dp_shard, {"FullAC": "full", "SelectiveAC": "selective"}.get(mode, "none"))
             derived["sp"] = bool(par.enable_sequence_parallel and par.tensor_parallel_degree > 1)
-            derived["compile"] = bool(config.compile.enable)  # CompileConfig.enable
+            # the model compiled (CompileConfig.enable with "model" in its components): what
+            # a compiled plan costs; a registry entry may compile the loss alone
+            derived["compile"] = bool(config.compile.enable
+                                      and "model" in config.compile.components)
             out.append({"accepted": True, "derived": derived})
         except BaseException as error:  # tyro exits with SystemExit on a bad argument
             said = " ".join(line.strip(" │╭╮╰╯─") for line in errors.getvalue().splitlines()
@@ -250,7 +253,8 @@ def _worker_torchtitan_022(cases: list[dict]) -> list[dict]:
                     "global_batch_size": training.global_batch_size,
                     "seq_len": training.seq_len}, dims.dp_shard,
                     config.activation_checkpoint.mode)
-                derived["compile"] = bool(config.compile.enable)  # [compile] enable
+                derived["compile"] = bool(config.compile.enable  # [compile] enable, the model
+                                          and "model" in config.compile.components)
                 out.append({"accepted": True, "derived": derived})
             except BaseException as error:
                 out.append({"accepted": False, "message": f"{type(error).__name__}: {error} "

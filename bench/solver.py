@@ -211,7 +211,11 @@ def render(rows: list[Row]) -> str:
         f"({DEFAULT_HEADROOM.describe()} of each GPU kept free, `--memory-headroom`); among plans "
         "of equal step time",
         "the search returns the one with the lower peak (a second CP-SAT solve holds the step",
-        "time and minimises the peak; brute force ranks (step time, peak)).",
+        "time and minimises the peak; brute force ranks (step time, peak)). `plan",
+        "--memory-confidence Q` holds the Q quantile of each plan's peak-memory band, not its",
+        "prediction, to that limit (the limit over the band's factor, planner/solve/gate.py; a",
+        "configuration mixing recomputation policies its regime's runs used with others is two",
+        "candidates); its cost: `python bench/memory_gate.py`.",
         "",
         "## Targets",
         "",

@@ -211,6 +211,11 @@ def evaluate(model, cluster, nodes, global_batch, seq_len, tp, pp, dp, cp, ep, e
 
     unrunnable = runtime_problems(Plan(graph, hw, config, placement, options, {}), setup.profile)
     result["runtime_problems"] = [problem.message for problem in unrunnable]
+    from planner.cost.recompute_modules import module_notes
+
+    notes = module_notes(graph, options.recompute_modules, recompute)
+    if notes:  # written only then: evaluate documents keep their keys otherwise
+        result["warnings"] = notes
     if as_json:
         emit_json(result)
     else:
@@ -316,6 +321,11 @@ def clusters_command(as_json):
 @click.option("--memory-headroom", default="5%", show_default=True, metavar="H",
               help="GPU memory the search keeps free of the plan: a fraction (0.05 or 5%) or "
                    "an amount (4GiB); 0 plans to the last byte. Recorded in the plan.")
+@click.option("--memory-confidence", type=click.FloatRange(0.5, 0.99), default=0.5,
+              show_default=True, metavar="Q",
+              help="Plans must fit (within the headroom) at this quantile of their peak-memory "
+                   "error band, the gate of `check --memory-confidence` (0.9: with 90 % "
+                   "confidence; 0.5: the prediction). Recorded in the plan; check gates at it.")
 @attention_option
 @dropout_option
 @runtime_option
@@ -335,12 +345,13 @@ def clusters_command(as_json):
               help="Churn budget of the fallbacks: layers that may change stage (default any).")
 @json_option
 def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_limit, workers,
-         top_k, pins, dp_shard, memory_headroom, attention_kernel, dropout, runtime, compiled,
-         elementwise, calibration, output, force, timings, fallbacks, fallback_max_moved_layers,
-         as_json, **moe):
+         top_k, pins, dp_shard, memory_headroom, memory_confidence, attention_kernel, dropout,
+         runtime, compiled, elementwise, calibration, output, force, timings, fallbacks,
+         fallback_max_moved_layers, as_json, **moe):
     """Search the fastest plan that fits memory and write it as a plan file."""
     from planner.plan import make_plan
     from planner.report import rounded
+    from planner.solve.gate import DEFAULT_CONFIDENCE
     from planner.solve.headroom import MemoryHeadroom
     from planner.solve.search import SearchOptions, search
     from planner.solve.space import Pins
@@ -373,9 +384,16 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
                               fp8_attention=fp8_attention_from(moe), dropout=dropout,
                               compiled=compiled, elementwise=elementwise)
         hw = setup.cluster if pools is None else pools
+        from planner.cost.recompute_modules import module_notes
+        from cli.render import print_warnings
+
+        print_warnings(module_notes(graph, setup.options.recompute_modules))
+        gate = None
+        if memory_confidence != DEFAULT_CONFIDENCE:
+            gate = _memory_gate(memory_confidence, setup, graph, hw, pools)
         options = SearchOptions(time_limit_s=time_limit, workers=workers, top_k=top_k,
                                 work_limit=work_limit, runtime=setup.options,
-                                memory_headroom=headroom)
+                                memory_headroom=headroom, memory_gate=gate)
         if pools is not None:  # a plan across pools (planner/hetero/planning.py)
             from planner.hetero.planning import plan_across_pools
 
@@ -412,9 +430,32 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
         b = result.best
         doc["fallbacks"] = rounded(compute_fallbacks(
             b.model, b.cluster, b.config, b.placement, b.options, fallbacks,
-            max_moved_layers=fallback_max_moved_layers))
+            max_moved_layers=fallback_max_moved_layers,
+            memory_limit_gib=solver.get("memory_limit_gib")))
     _record_calibration(doc, setup, calibration)
     _finish_plan(doc, output, force, plan_to_stdout, as_json, result.record.solve_time_s)
+
+
+def _memory_gate(confidence: float, setup, graph, hw, pools):
+    """The search's memory gate at ``confidence`` (planner/solve/gate.py), with the bands of
+    the profile ``check`` will read for the plan; refused (exit 2) where ``check`` has no band
+    to gate with: across GPU pools, or a profile without bands."""
+    from planner.errors import invalid
+    from planner.solve.gate import memory_gate
+
+    if pools is not None:
+        raise invalid(f"--memory-confidence {confidence:g}: a plan across GPU pools has no "
+                      f"error band (every calibration run used one GPU type), so check gates "
+                      f"it at the prediction",
+                      "drop --memory-confidence, or keep more memory free with "
+                      "--memory-headroom")
+    gate = memory_gate(confidence, setup.calibration, graph, hw, setup.options.profile)
+    if not gate.active:
+        raise invalid(f"--memory-confidence {confidence:g}: the calibration profile has no "
+                      f"peak-memory error bands to take a quantile of",
+                      "use a profile with bands (shardplan calibrate writes them), or drop "
+                      "--memory-confidence")
+    return gate
 
 
 def _record_calibration(doc: dict, setup, calibration: str | None) -> None:

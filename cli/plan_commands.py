@@ -60,10 +60,10 @@ def show(plan_path, as_json):
               help="Number of nodes of the cluster (as given to `shardplan plan`).")
 @click.option("--allow-stale", is_flag=True,
               help="Do not fail because the model or cluster changed; still check memory.")
-@click.option("--memory-confidence", type=click.FloatRange(0.01, 0.99), default=0.5,
-              show_default=True,
+@click.option("--memory-confidence", type=click.FloatRange(0.01, 0.99), default=None,
               help="Quantile of the predicted peak's error band the memory gate uses "
-                   "(0.9: the plan must fit with 90 % confidence).")
+                   "(0.9: the plan must fit with 90 % confidence; default: the one the plan "
+                   "was searched with, `plan --memory-confidence`, else 0.5, the prediction).")
 @click.option("--calibration", default=None, metavar="PROFILE.yaml",
               type=click.Path(dir_okay=False),
               help="Calibration profile whose error bands the gate uses (default: the one the "
@@ -86,6 +86,20 @@ def check(plan_path, model, cluster, nodes, allow_stale, memory_confidence, cali
 
     plan = load_any_plan(plan_path)
     if not isinstance(plan, Plan):  # a serving plan (planner/serve/plan.py)
+        # what only a training plan's check reads: refused, not ignored (a CI gate that asks
+        # for 90 % confidence must not pass at the prediction)
+        source = click.get_current_context().get_parameter_source
+        given = [f"--{name.replace('_', '-')}" for name in
+                 ("runtime", "calibration", "memory_confidence")
+                 if source(name) is not click.core.ParameterSource.DEFAULT]
+        if given:
+            from planner.errors import invalid
+
+            raise invalid(f"{' and '.join(given)}: {plan_path} is a serving plan (workload "
+                          f"serve), and {'these options apply' if len(given) > 1 else 'this option applies'} "
+                          f"to training plans only",
+                          "check a serving plan with --model, --cluster, --nodes, "
+                          "--allow-stale; its runtime is the one it was planned for")
         report = check_serve_file(plan, plan_path, model, cluster, nodes, allow_stale)
         _report_check(report, as_json)
         return

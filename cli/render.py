@@ -147,11 +147,14 @@ def print_evaluation(result: dict[str, Any]) -> None:
             print_warning(f"memory: fits only at the optimistic end: the {coverage:.0%} band's "
                           f"high end {band_gib[1]:.2f} GiB is over the {c['gpu_memory_gib']:g} "
                           f"GiB (a {(1 - coverage) / 2:.0%} chance or more of running out); "
-                          f"a larger plan --memory-headroom keeps plans clear of it")
+                          f"plan --memory-confidence 0.9 searches only plans whose 90 % "
+                          f"quantile fits (or a larger --memory-headroom)")
     for note in pred.get("extrapolating", ()):
         print_warning(note)
     for problem in result.get("runtime_problems", ()):
         print_warning(f"runtime: {problem}")
+    for note in result.get("warnings", ()):
+        print_warning(note)
 
 
 class search_progress:
@@ -198,6 +201,10 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None,
             f"{s['candidates_evaluated']} of {s['candidates_total']} configurations solved "
             f"({s['candidates_pruned_memory']} pruned by memory bound), OR-Tools "
             f"{s['ortools_version']}"))
+        if "memory_confidence" in s:  # plan --memory-confidence (planner/solve/gate.py)
+            console.print(line(f"memory gate: the {s['memory_confidence']:.0%} quantile of the "
+                               f"peak's band within {s.get('memory_limit_gib', 0):.2f} GiB per "
+                               f"GPU (check gates at it)"))
     else:  # a plan made from one evaluated configuration, not a search
         console.print(line("solver: ", (s.get('status', '?'), "bold")))
     if doc.get("alternatives"):
@@ -219,8 +226,35 @@ def print_plan(doc: dict[str, Any], written_to: str | None = None,
                           f"+{alt['slower_than_best']:.1%}",
                           *(["; ".join(other)] if any(others) else []))
         console.print(table)
+    print_fallbacks(doc.get("fallbacks") or [])
     if written_to:
         console.print(line("plan written to ", written_to), soft_wrap=True)
+
+
+def print_fallbacks(fallbacks: list[dict[str, Any]]) -> None:
+    """The re-plans ``plan --fallbacks K`` stored (planner/hetero/fallbacks.py), one row per
+    failure class, then their notes."""
+    if not fallbacks:
+        return
+    table = Table(title="Fallbacks (re-plans stored for the likeliest failures)")
+    for column in ("failure", "failed GPUs", "re-plan", "GPUs", "tp", "pp", "dp",
+                   "step s", "throughput", "peak GiB"):
+        table.add_column(column, justify="left" if column in ("failure", "re-plan") else "right")
+    notes = []
+    for f in fallbacks:
+        if f["status"] != "ok":
+            table.add_row(f["failure"], str(len(f["failed_ranks"])), "none", *[""] * 7)
+            notes.append(f"{f['failure']}: {f.get('reason', 'no re-plan')}")
+            continue
+        p, r, q = f["parallelism"], f["replan"], f["predicted"]
+        table.add_row(f["failure"], str(len(f["failed_ranks"])), f["strategy"],
+                      str(r["gpus_used"]), str(p["tp"]), str(p["pp"]), str(p["dp"]),
+                      f"{q['step_time_s']:.3f}", f"-{r['throughput_loss_pct']:.1f}%",
+                      f"{q['peak_memory_gib']:.2f}")
+        notes += [f"{f['failure']}: {note}" for note in r.get("notes", ())]
+    console.print(table)
+    for note in notes:
+        print_warning(note, "note")
 
 
 # -- plan files: show, check, export (cli/plan_commands.py) ----------------------------------

@@ -111,7 +111,10 @@ def replan_command(plan_path, failed, slow, slow_from, max_moved_layers, allow_b
         result = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
                         failed=failed_ranks, slow=slow_ranks, max_moved_layers=max_moved_layers,
                         allow_batch_change=allow_batch_change, time_limit_s=time_limit,
-                        stage_pools=old.stage_pools)
+                        stage_pools=old.stage_pools,
+                        # the memory the plan was searched under (one pool: one limit)
+                        memory_limit_gib=None if old.across_pools else
+                        (old.document.get("solver") or {}).get("memory_limit_gib"))
     chosen = result.chosen
     ev = chosen.evaluation
     inputs = old.document["inputs"]

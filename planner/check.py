@@ -37,16 +37,21 @@ from planner.remedies import remedies as find_remedies
 def check_plan(plan: Plan, *, model: ModelGraph | None = None,
                cluster: Cluster | None = None, model_source: str | None = None,
                cluster_source: str | None = None, allow_stale: bool = False,
-               plan_path: str | os.PathLike | None = None, memory_confidence: float = 0.5,
+               plan_path: str | os.PathLike | None = None,
+               memory_confidence: float | None = None,
                calibration: str | None = None, runtime: str | None = None) -> CheckReport:
     """Check a plan; ``model`` / ``cluster`` (loaded anew by the caller) replace the embedded
     ones. ``runtime``: check it against that runtime profile's capabilities and memory layout
     (default: the plan's recorded runtime options, no capability check). ``memory_confidence``:
     the quantile of the predicted peak's error band the memory gate uses (0.5: the prediction
-    itself; 0.9: it must fit with 90 % confidence). ``calibration``: a profile file for the
+    itself; 0.9: it must fit with 90 % confidence; None: the one the plan was searched with,
+    ``solver.memory_confidence``, else 0.5). ``calibration``: a profile file for the
     bands and ``runtime``'s constants; by default the one the plan records
     (:func:`check_calibration`)."""
-    if not 0 < memory_confidence < 1:
+    if memory_confidence is None:  # the gate the plan was searched under (planner/solve/gate.py)
+        memory_confidence = (plan.document.get("solver") or {}).get("memory_confidence", 0.5)
+    if isinstance(memory_confidence, bool) or not isinstance(memory_confidence, (int, float)) \
+            or not 0 < memory_confidence < 1:
         raise invalid(f"--memory-confidence must be in (0, 1), got {memory_confidence!r}")
     problems: list[Problem] = []
     cal = check_calibration(plan, calibration, problems)
@@ -193,7 +198,7 @@ def memory_verdict(ev, confidence: float, calibration=None
     """(verdict, 80 % memory interval in GiB, peak at the ``confidence`` quantile) from the
     calibration's error bands (planner/calibration/bands.py; ``calibration``: a profile, a
     profile file, or None for the shipped one); None without bands."""
-    from planner.calibration.bands import NOMINAL_COVERAGE, band
+    from planner.calibration.bands import NOMINAL_COVERAGE, band, quantile_factor
     from planner.calibration.regimes import band_labels, recompute_kinds, regime_of
     from planner.calibration.store import CalibrationProfile, load, shipped
 
@@ -210,11 +215,9 @@ def memory_verdict(ev, confidence: float, calibration=None
     # where no calibration run used the plan's block recomputation
     kinds = recompute_kinds(ev.model, ev.placement)
     nominal = band(*args, NOMINAL_COVERAGE, kinds)
-    gate = peak
-    if confidence > 0.5:
-        gate = band(*args, 2 * confidence - 1, kinds).high
-    elif confidence < 0.5:
-        gate = band(*args, 1 - 2 * confidence, kinds).low
+    # the band scales with the prediction: peak x factor is the band's quantile to the bit
+    gate = peak * quantile_factor(cal.bands, "memory", labels, ev.cluster.num_gpus,
+                                  ev.model.params, confidence, kinds)
     capacity = ev.cluster.memory_bytes_per_gpu / GIB
     if peak > capacity:
         text = "does not fit"

@@ -150,7 +150,7 @@ class ParallelConfig:
                           "use the GPUs per node, DeepSpeed's recommended value")
         if self.dp_shard:
             raise invalid("--hpz and --dp-shard are two kinds of hybrid sharding (ZeRO++ hpZ "
-                          "and MiCS); give one")
+                          "and hybrid sharding); give one")
         if self.tp > 1 or self.cp > 1 or self.pp > 1:
             raise invalid(f"--hpz {h} runs with dp only (tp, cp and pp 1): DeepSpeed forms "
                           "the secondary groups from consecutive global ranks")
@@ -209,8 +209,10 @@ class ParallelConfig:
                 "pick a global batch that is a multiple of micro_batch * dp")
         blocks = model.num_blocks
         if self.pipeline_layout:
+            # the layout's own rules bound its chunks (none empty; a chunk may hold only the
+            # embedding or only the loss: Llama 3 405B's 'E|(t|)*126L', 128 chunks, 126 blocks)
             self._validate_layout(model)
-        if self.pp * self.virtual_stages > max(blocks, 1):
+        elif self.pp * self.virtual_stages > max(blocks, 1):
             raise invalid(
                 f"pp x virtual stages = {self.pp} x {self.virtual_stages} exceeds the "
                 f"{blocks} blocks of {model.name}")

@@ -12,7 +12,7 @@ over the dp x cp ranks (stride tp); with hybrid sharding (HSDP, ``dp_shard`` < d
 ``dp_shard x cp`` ranks of consecutive dp indices (a contiguous block of dp_shard x cp x tp
 ranks, stride tp), replicated over the ``dp / dp_shard`` such blocks (the replicate group,
 stride dp_shard x cp x tp): torchtitan's ``dp_replicate x dp_shard`` mesh, PyTorch FSDP's
-HYBRID_SHARD, Megatron's distributed-optimizer instances, DeepSpeed MiCS.
+HYBRID_SHARD, Megatron's distributed-optimizer instances (DeepSpeed's MiCS is removed in 0.19).
 
 Expert layers fold the same ``tp x cp x dp`` ranks of a pipeline stage into their own mesh
 ``etp x ep x edp`` (Megatron-Core MoE parallel folding, expert rank order ``tp-ep-dp-pp``;

@@ -87,7 +87,10 @@ def structure_problems(doc: dict[str, Any], model: ModelGraph, cluster: Cluster)
         out.append(Problem("config", f"schedule {p['schedule']!r} does not match virtual_stages "
                                      f"{v} (expected one of {', '.join(fits)})"))
         spec = None
-    if pp * p["virtual_stages"] > max(model.num_blocks, 1):
+    # an explicit layout may give the embedding and the loss chunks of their own (its rules,
+    # planner/pipeline_layout.py, keep every chunk non-empty): bounded by the layers then
+    bound = len(model.layers) if p.get("pipeline_layout") else model.num_blocks
+    if pp * p["virtual_stages"] > max(bound, 1):
         out.append(Problem("config", f"pp x virtual_stages = {pp} x {p['virtual_stages']} "
                                      f"exceeds the {model.num_blocks} blocks of {model.name}"))
         return out

@@ -29,8 +29,8 @@ layout and overlap behaviour from here. Four profiles:
   parameters; ``reshard_after_forward=never`` keeps them gathered between forward and
   backward (ZeRO-2-like traffic, ZeRO-3 state layout).
 * ``deepspeed``: DeepSpeed and Megatron-DeepSpeed: ``zero_optimization.stage`` 0-3,
-  ``overlap_comm``, AutoTP, PipelineModule (1F1B only, no interleaving), MiCS hybrid
-  sharding of ZeRO-3 (``zero_optimization.mics_shard_size``), ZeRO++'s hpZ secondary weight
+  ``overlap_comm``, AutoTP, PipelineModule (1F1B only, no interleaving), no hybrid sharding
+  (MiCS is removed from DeepSpeed 0.19, deepspeedai/DeepSpeed#8489), ZeRO++'s hpZ secondary weight
   partition of ZeRO-3 (``zero_optimization.zero_hpz_partition_size``, one node's GPUs: the
   DeepSpeed ZeRO++ tutorial; Wang et al., "ZeRO++", 2023, §3.2), activation
   checkpointing (``checkpoint_num_layers``), fp16 or the BF16_Optimizer (DeepSpeed config-json
@@ -312,7 +312,9 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
                                          1: "zero_optimization.stage 1",
                                          2: "zero_optimization.stage 2",
                                          3: "zero_optimization.stage 3"}),
-        hsdp=True, hsdp_stages=(3,), hsdp_name="MiCS (zero_optimization.mics_shard_size)",
+        # no hybrid sharding: MiCS (zero_optimization.mics_shard_size) was removed, DeepSpeed
+        # 0.19's config refuses the key (deepspeed/runtime/config.py, deepspeedai/DeepSpeed#8489)
+        hsdp=False,
         hpz=True, hpz_name="ZeRO++ hpZ (zero_optimization.zero_hpz_partition_size)",
         tp=True, sp="none", cp=False, ep=True, pp=True,
         schedules=("1f1b",), uneven_chunks=False,

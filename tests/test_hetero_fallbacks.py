@@ -149,3 +149,58 @@ def test_fallbacks_of_a_plan_across_pools_equal_replan_and_are_checked(tmp_path,
     code, report, _ = run_cli(["check", target, "--json"], capsys)
     assert code == 1 and any(p["code"] == "fallback" and "gpu failure" in p["message"]
                              for p in json.loads(report)["problems"])
+
+
+def test_fallbacks_keep_the_plans_headroom_or_say_so_and_are_shown(tmp_path, capsys):
+    """A re-plan chose among options under the GPU's whole memory, while the plan was searched
+    under --memory-headroom (5 %: 76 GiB of 80): llama-3.1-8b on 16 H100, gbs 64, stored a
+    'gpu' fallback (drop-replicas, dp 2) peaking at 78.99 GiB (98.7 % of the GPU) without a
+    word, and neither plan nor show printed the fallbacks at all."""
+    import json
+
+    from conftest import run_cli
+
+    path = tmp_path / "plan.json"
+    code, _, err = run_cli(["plan", "-m", "llama-3.1-8b", "-c", "dgx-h100", "--nodes", "2",
+                            "--global-batch", "64", "--fallbacks", "1", "-o", path], capsys)
+    assert code == 0, err
+    doc = json.loads(path.read_text())
+    limit = doc["solver"]["memory_limit_gib"]
+    (gpu,) = doc["fallbacks"]
+    assert gpu["status"] == "ok"
+    if gpu["predicted"]["peak_memory_gib"] > limit:  # no option within the headroom: said
+        (note,) = gpu["replan"]["notes"]
+        assert f"above the {limit:g} GiB the plan was searched under" in note
+    code, _, err = run_cli(["show", path], capsys)
+    text = " ".join(err.split())
+    assert code == 0 and "Fallbacks" in text and "drop-replicas" in text
+    assert "note: gpu: no re-plan keeps the plan's memory headroom" in text
+
+
+def test_a_replan_prefers_one_within_the_headroom(tmp_path):
+    """Given the limit the plan was searched under, a re-plan within it wins over a faster one
+    above it, and the note names the faster one; without any within it, the fastest is kept
+    and said to exceed it."""
+    from test_hetero_replan import plan_file
+
+    from planner.hetero.replan import replan
+    from planner.plan_types import Plan
+
+    old = Plan.load(plan_file(tmp_path))
+    free = replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=[5],
+                  allow_batch_change=True)
+    peaks = sorted(o.evaluation.peak_memory_bytes / 2**30 for o in free.considered
+                   if o.evaluation.fits)
+    fastest = free.chosen.evaluation.peak_memory_bytes / 2**30
+    below = replan(old.model, old.cluster, old.config, old.placement, old.runtime, failed=[5],
+                   allow_batch_change=True, memory_limit_gib=0.5 * peaks[0])
+    assert below.chosen.strategy == free.chosen.strategy
+    assert any("no re-plan keeps the plan's memory headroom" in n for n in below.notes)
+    # drop-replicas (0.326 s, 5.50 GiB) vs drop-replicas+rebalance (0.315 s, 5.72 GiB)
+    roomier = [p for p in peaks if p < fastest]
+    assert roomier
+    limited = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
+                     failed=[5], allow_batch_change=True, memory_limit_gib=roomier[-1])
+    assert limited.chosen.evaluation.peak_memory_bytes / 2**30 <= roomier[-1]
+    assert limited.chosen.strategy != free.chosen.strategy
+    assert any("chose the fastest re-plan within it" in n for n in limited.notes)

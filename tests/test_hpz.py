@@ -125,7 +125,7 @@ def test_solver_agrees_with_brute_force_with_hpz_in_the_space(memory_gib, hpz):
     pins = Pins(zero=3, micro_batch=1, tp=1, pp=1)
     configs = list(enumerate_configs(model, hw, 16, model.default_seq_len, "bf16", pins,
                                      PROFILES["deepspeed"]))
-    assert {(c.dp_shard, c.hpz) for c in configs} == {(0, 0), (0, 4), (4, 0)}  # (MiCS too)
+    assert {(c.dp_shard, c.hpz) for c in configs} == {(0, 0), (0, 4)}  # no MiCS in 0.19
     got = search(model, hw, 16, model.default_seq_len, "bf16", pins,
                  SearchOptions(runtime=runtime, memory_headroom=NO_HEADROOM))
     want = brute_force(model, hw, 16, model.default_seq_len, "bf16", pins, runtime,

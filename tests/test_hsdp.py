@@ -3,6 +3,7 @@ data-parallel ranks and replicated across dp / N groups (planner/mesh.py, cost/t
 solve/space.py, profiles.py, the plan file and the exporters)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 from dataclasses import replace
 
@@ -105,8 +106,10 @@ def test_the_space_has_hsdp_where_the_runtime_runs_it():
     fsdp = _shards("fsdp")
     assert {(z, s) for z, s in fsdp if s} == {(2, 8), (3, 8)}  # HYBRID_SHARD: one node
     assert {s for _, s in _shards(None, Pins(dp_shard=4))} == {4}
-    with pytest.raises(PlannerError, match="dp_shard=8"):
-        _shards("deepspeed", Pins(dp_shard=8, zero=1))
+    assert _shards("deepspeed") == {(z, 0) for z in (0, 1, 2, 3)}  # MiCS is gone in 0.19
+    for zero in (1, 3):
+        with pytest.raises(PlannerError, match="dp_shard=8"):
+            _shards("deepspeed", Pins(dp_shard=8, zero=zero))
 
 
 def test_solver_agrees_with_brute_force_with_hsdp_in_the_space():
@@ -150,8 +153,13 @@ def test_exports_name_the_runtimes_option(hsdp_plan):
     tt = export_plan(plan, "torchtitan").text
     assert "--parallelism.data_parallel_shard_degree 8" in tt
     assert "--parallelism.data_parallel_replicate_degree 4" in tt
-    ds = json.loads(export_plan(plan, "deepspeed").text)
-    assert ds["zero_optimization"]["mics_shard_size"] == 8
+    # DeepSpeed 0.19 refuses zero_optimization.mics_shard_size (MiCS removed): the export
+    # shards over all of dp and says so, with the memory that costs
+    ds = export_plan(plan, "deepspeed")
+    assert json.loads(ds.text)["zero_optimization"] == {"stage": 3, "overlap_comm": True}
+    assert any(w.startswith("hybrid sharding (dp_shard 8, 4 replicas): DeepSpeed 0.19 has no "
+                            "MiCS") and "exported ZeRO-3 sharded over all dp 32" in w
+               and "GiB peak per GPU" in w for w in ds.warnings), ds.warnings
     z1 = Plan.from_dict(hsdp_plan).with_changes(zero_stage=1)
     assert "--num-distributed-optimizer-instances 4" in export_plan(z1, "megatron").text
 
@@ -213,3 +221,17 @@ def test_replan_of_an_hsdp_plan_keeps_equal_shard_groups():
         c = result.chosen.config
         assert (c.dp, c.dp_shard) == want
         c.validate(old.model, result.chosen.cluster)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None,
+                    reason="deepspeed is not installed (pip install -e '.[runtimes]')")
+def test_deepspeed_accepts_the_export_of_an_hsdp_plan(hsdp_plan):
+    """DeepSpeed 0.19.8's DeepSpeedConfig raised on the mics_shard_size the export wrote
+    ('MiCS ZeRO-3 sharding has been removed')."""
+    from bench.export_runtimes import run_worker
+
+    result = export_plan(Plan.from_dict(hsdp_plan), "deepspeed")
+    done = run_worker("deepspeed", [{"text": result.text, "notes": list(result.notes),
+                                     "world": 32}])
+    assert done[0]["accepted"], done[0]
+    assert done[0]["derived"]["dp"] == 32

@@ -207,3 +207,31 @@ def test_fused_cross_entropy_through_plan_and_megatron_export():
     from planner.errors import PlannerError
     with pytest.raises(PlannerError):
         Plan.from_dict(doc)
+
+
+def test_recompute_modules_that_change_nothing_are_said(capsys):
+    """--recompute-modules without --recompute selective, or naming a module the model has
+    nothing of, changed nothing and said nothing: evaluate -m mixtral-8x7b --recompute-modules
+    moe_act evaluated no recomputation (the user meant selective), and --recompute-modules
+    mla_up_proj on Mixtral (no MLA) the same as no recomputation."""
+    import json
+
+    from conftest import run_cli
+
+    base = ["evaluate", "-m", "tiny-moe", "-c", "tiny", "--global-batch", "16", "--tp", "1",
+            "--pp", "1", "--json"]
+    code, out, _ = run_cli(base + ["--recompute-modules", "moe_act"], capsys)
+    assert code == 0
+    (note,) = json.loads(out)["warnings"]
+    assert "recomputes none" in note and "--recompute selective" in note
+    code, out, _ = run_cli(base + ["--recompute", "selective", "--recompute-modules",
+                                   "mla_up_proj,moe_act"], capsys)
+    assert code == 0
+    (note,) = json.loads(out)["warnings"]
+    assert "tiny-moe has no multi-head latent attention (mla_up_proj)" in note
+    code, out, _ = run_cli(base + ["--recompute", "selective", "--recompute-modules",
+                                   "moe_act"], capsys)
+    assert code == 0 and "warnings" not in json.loads(out)
+    code, _, err = run_cli(["plan", "-m", "tiny", "-c", "tiny", "--global-batch", "16",
+                            "--recompute-modules", "moe_act", "--json"], capsys)
+    assert code == 0 and "tiny has no routed experts (moe_act)" in " ".join(err.split())

@@ -134,6 +134,31 @@ def test_meta_405b_layout_evaluates_as_written(capsys):
     assert chunk_weights(model, 64)[:2] == (2.0, 2.0)
 
 
+ONE_LAYER_405B = "E|(t|)*126L"  # Llama 3 §3.3.2 read with one-layer chunks: pp 16 x 8
+
+
+def test_embedding_and_loss_chunks_of_their_own(capsys):
+    """128 chunks for 126 blocks (the first only the embedding, the last only the loss): more
+    chunks than blocks, refused before ("pp x virtual stages = 16 x 8 exceeds the 126
+    blocks"); the layout's own rules bound it. Rank 0 holds the embedding and 7 blocks, rank 15
+    7 blocks and the head, the others 8; the plan file made of it passes the plan checks."""
+    code, doc = _doc(capsys, "--pipeline-layout", ONE_LAYER_405B, "--global-batch", "16")
+    assert code == 0
+    assert doc["parallelism"]["virtual_stages"] == 8
+    model = load_model("llama-3.1-405b")
+    kinds = {layer.name: layer.kind for layer in model.layers}
+    blocks = [sum(kinds[name] is LayerKind.BLOCK for name in s["layers"]) for s in doc["stages"]]
+    assert blocks == [7] + [8] * 14 + [7]
+    assert kinds[doc["stages"][0]["layers"][0]] is LayerKind.EMBEDDING
+    assert kinds[doc["stages"][15]["layers"][-1]] is LayerKind.HEAD
+    plan = _plan(model, ONE_LAYER_405B, 16, 16, 8)
+    from planner.plan_validate import plan_problems
+    assert plan_problems(plan, model) == []
+    # without a layout the even split still needs a block per chunk
+    code, out, _ = run_cli(ARGS + ["--virtual-stages", "8", "--global-batch", "16"], capsys)
+    assert code == 2 and "exceeds the 126 blocks" in json.loads(out)["error"]["message"]
+
+
 def test_even_layout_written_out_predicts_the_default_split_byte_for_byte(capsys):
     _, default = _doc(capsys, "--virtual-stages", "4")
     _, written = _doc(capsys, "--pipeline-layout", EVEN_405B)

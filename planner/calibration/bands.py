@@ -281,3 +281,19 @@ def band(table: BandTable, quantity: str, predicted: float, labels: Sequence[str
     lo_log, hi_log = mu - z * sigma, mu + z * sigma
     return Band(predicted * math.exp(min(lo_log, 0.0)), predicted * math.exp(max(hi_log, 0.0)),
                 coverage, tuple(reasons))
+
+
+def quantile_factor(table: BandTable, quantity: str, labels: Sequence[str], gpus: int,
+                    params: float, confidence: float, recompute: Iterable[str] = ()) -> float:
+    """The ``confidence`` quantile of a prediction's band over the prediction (a factor: the
+    band scales with the prediction): 1 at 0.5 (the prediction itself), the high end of the
+    central ``2 q - 1`` band above it, the low end of the ``1 - 2 q`` band below it. The one
+    definition of a gate's quantile: ``check --memory-confidence`` (planner.check.memory_verdict)
+    and the search's memory gate (planner.solve.gate) both read it."""
+    if confidence > 0.5:
+        return band(table, quantity, 1.0, labels, gpus, params, 2 * confidence - 1,
+                    recompute).high
+    if confidence < 0.5:
+        return band(table, quantity, 1.0, labels, gpus, params, 1 - 2 * confidence,
+                    recompute).low
+    return 1.0

@@ -88,3 +88,49 @@ def recomputed_gemm_names(layer: Layer, modules: tuple[str, ...]) -> frozenset[s
     if mlp is not None and mlp.is_moe and mlp.shared_ffn_hidden and "shared_experts" in modules:
         names.add("shared")
     return frozenset(names)
+
+
+# what each module recomputes, for the note on a module the model has nothing of
+_WHAT = {"core_attn": "attention", "mla_up_proj": "multi-head latent attention",
+         "moe_act": "routed experts", "layernorm": "norms", "mlp": "dense MLP",
+         "shared_experts": "shared experts"}
+
+
+def modules_present(layer: Layer) -> set[str]:
+    """The modules ``layer`` has something of (what :func:`saved_bytes_per_token` reads)."""
+    att, mlp = layer.attention, layer.mlp
+    present = set()
+    if att is not None:
+        present.add("core_attn")
+        if att.is_mla:
+            present.add("mla_up_proj")
+    if layer.num_norms:
+        present.add("layernorm")
+    if mlp is not None and mlp.is_moe:
+        present.add("moe_act")
+        if mlp.shared_ffn_hidden:
+            present.add("shared_experts")
+    elif mlp is not None:
+        present.add("mlp")
+    return present
+
+
+def module_notes(model, modules: tuple[str, ...], recompute: str | None = None) -> list[str]:
+    """What a ``--recompute-modules`` choice leaves unused: modules the model's blocks have
+    nothing of (``mla_up_proj`` without MLA, ``moe_act`` on a dense model: they save and
+    recompute nothing), and, for one evaluated ``recompute`` policy other than selective,
+    the whole choice (only a SELECTIVE layer reads it; Megatron's --recompute-modules goes
+    with --recompute-granularity selective)."""
+    notes = []
+    if recompute is not None and recompute != "selective" and \
+            tuple(modules) != DEFAULT_RECOMPUTE_MODULES:
+        notes.append(f"--recompute-modules {','.join(modules)} is what a selective layer "
+                     f"recomputes, and this configuration recomputes {recompute}: it changes "
+                     f"nothing (add --recompute selective)")
+    present = set().union(*(modules_present(layer) for layer in model.blocks()))
+    missing = [m for m in modules if m not in present]
+    if missing:
+        notes.append(f"--recompute-modules: {model.name} has no "
+                     + ", ".join(f"{_WHAT[m]} ({m})" for m in missing)
+                     + ": nothing of it is stored or recomputed")
+    return notes

@@ -56,8 +56,14 @@ def export(plan: Plan) -> ExportResult:
     }
     if zero >= 1:
         config["zero_optimization"]["overlap_comm"] = bool(runtime["overlap_grad_reduce"])
-    if p.get("dp_shard") and zero == 3:  # hybrid sharding: MiCS shard groups of dp_shard ranks
-        config["zero_optimization"]["mics_shard_size"] = p["dp_shard"]
+    changes: dict[str, Any] = {}
+    if p.get("dp_shard"):  # hybrid sharding: DeepSpeed's form of it, MiCS, is gone
+        changes["dp_shard"] = 0
+        warnings.append(
+            f"hybrid sharding (dp_shard {p['dp_shard']}, {p['dp'] // p['dp_shard']} replicas): "
+            f"DeepSpeed 0.19 has no MiCS (its config refuses zero_optimization.mics_shard_size:"
+            f" 'MiCS ZeRO-3 sharding has been removed', deepspeedai/DeepSpeed#8489); exported "
+            f"ZeRO-{zero} sharded over all dp {p['dp']}" + memory_note(plan, dp_shard=0))
     if p.get("hpz") and zero == 3:  # ZeRO++ hpZ: the secondary weight partition's ranks
         config["zero_optimization"]["zero_hpz_partition_size"] = p["hpz"]
     if offloaded(plan, "offload"):
@@ -99,8 +105,9 @@ def export(plan: Plan) -> ExportResult:
     if p["dtype"] == "fp8":
         warnings.append("dtype fp8: exported bf16; FP8 GEMMs come from Transformer Engine "
                         "layers in model code, not from the DeepSpeed config")
-    retarget = retarget_warning(plan, "deepspeed", **({"zero_stage": zero}
-                                                      if zero != p["zero_stage"] else {}))
+    if zero != p["zero_stage"]:
+        changes["zero_stage"] = zero
+    retarget = retarget_warning(plan, "deepspeed", **changes)
     if retarget:
         warnings.append(retarget)
     text = json_text(config) + "\n"

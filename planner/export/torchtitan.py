@@ -37,6 +37,10 @@ from planner.export.torchtitan_settings import (block_recompute, checkpoint_ever
                                                 registry_entry, settings, uniform_recompute)
 
 ARRAY = "TORCHTITAN_ARGS"
+# what a compiled plan compiles: the model (the fused element-wise cost and async TP need it)
+# and the loss; torchtitan's CompileConfig.components default, written out because registry
+# entries change it (torchtitan/config/configs.py CompileConfig, 0.2.2 job_config.Compile)
+COMPILE_COMPONENTS = ("model", "loss")
 VERSIONS = ("0.3", "0.2.2")  # newest first: the default is VERSIONS[0]
 
 
@@ -119,6 +123,10 @@ def _export_cli(plan: Plan) -> ExportResult:
                         f"torchtitan keeps experts whole on each of the ep {s.ep} ranks, so "
                         f"expert weights take up to {etp}x the planned memory")
     if s.async_tp or plan.runtime.compiled:  # torchtitan refuses async TP uncompiled
+        # the components too: a registry entry may compile the loss alone (deepseek_v3_16b /
+        # _671b: components ["loss"]), which leaves the model eager and makes CompileConfig
+        # refuse async TP ("Async TP requires 'model' in --compile.components")
+        rows.append(("--compile.components", ",".join(COMPILE_COMPONENTS)))
         rows.append(("--compile.enable",))
     if s.async_tp:
         rows.append(("--compile.enable_async_tensor_parallel",))
@@ -218,7 +226,7 @@ def _export_toml(plan: Plan) -> ExportResult:
                         "off (--target-version 0.3)")
     tables: list[tuple[str, dict[str, Any]]] = []
     if s.async_tp or plan.runtime.compiled:  # torchtitan refuses async TP uncompiled
-        tables.append(("compile", {"enable": True}))
+        tables.append(("compile", {"enable": True, "components": list(COMPILE_COMPONENTS)}))
     if s.async_tp:
         _async_tp_message(plan, warnings, notes, "[compile] enable = true")
     if s.pp > 1:

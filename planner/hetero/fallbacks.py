@@ -69,10 +69,11 @@ def failure_ranks(cluster, config: ParallelConfig, kind: str,
 def compute_fallbacks(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
                       placement: LayerPlacement, runtime: RuntimeOptions, k: int, *,
                       max_moved_layers: int | None = None,
-                      time_limit_s: float = 5.0, stage_pools: Sequence[str] | None = None
-                      ) -> list[dict[str, Any]]:
+                      time_limit_s: float = 5.0, stage_pools: Sequence[str] | None = None,
+                      memory_limit_gib: float | None = None) -> list[dict[str, Any]]:
     """The ``fallbacks`` section: one entry per failure class, the ``k`` most likely
-    (``stage_pools``: a plan across pools', ``cluster`` then a MultiPoolCluster)."""
+    (``stage_pools``: a plan across pools', ``cluster`` then a MultiPoolCluster;
+    ``memory_limit_gib``: the plan's search limit, see :func:`planner.hetero.replan.replan`)."""
     from planner.hetero.replan import replan
 
     if not 1 <= k <= len(FAILURE_CLASSES):
@@ -86,7 +87,7 @@ def compute_fallbacks(model: ModelGraph, cluster: Cluster, config: ParallelConfi
         try:
             result = replan(model, cluster, config, placement, runtime, failed=ranks,
                             max_moved_layers=max_moved_layers, time_limit_s=time_limit_s,
-                            stage_pools=stage_pools)
+                            stage_pools=stage_pools, memory_limit_gib=memory_limit_gib)
         except PlannerError as error:
             entry.update(status="none", reason=error.message)
             out.append(entry)
@@ -106,7 +107,8 @@ def compute_fallbacks(model: ModelGraph, cluster: Cluster, config: ParallelConfi
                        "moved_layers": c.moved_layers, "moved_state_gib": c.moved_state_bytes / GIB,
                        "lost_state_gib": c.lost_state_bytes / GIB,
                        "dropped_replicas": list(c.dropped_replicas),
-                       "gpus_used": c.config.num_gpus, "solver_status": c.solver_status},
+                       "gpus_used": c.config.num_gpus, "solver_status": c.solver_status,
+                       **({"notes": list(result.notes)} if result.notes else {})},
         })
         out.append(entry)
     return out

@@ -425,10 +425,13 @@ def replan(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: Paral
            placement: LayerPlacement, runtime: RuntimeOptions = RuntimeOptions(), *,
            failed: Sequence[int] = (), slow: Mapping[int, float] | None = None,
            max_moved_layers: int | None = None, allow_batch_change: bool = False,
-           time_limit_s: float = 5.0, stage_pools: Sequence[str] | None = None
-           ) -> ReplanResult:
+           time_limit_s: float = 5.0, stage_pools: Sequence[str] | None = None,
+           memory_limit_gib: float | None = None) -> ReplanResult:
     """The best plan on the remaining GPUs within the budget (see the module docstring).
-    ``stage_pools``: a plan across pools' stage pools (``cluster`` a MultiPoolCluster)."""
+    ``stage_pools``: a plan across pools' stage pools (``cluster`` a MultiPoolCluster).
+    ``memory_limit_gib``: the per-GPU memory the old plan was searched under (its
+    ``solver.memory_limit_gib``: the GPU less ``--memory-headroom``); a re-plan within it is
+    preferred to a faster one that needs more, and a chosen one above it is said (notes)."""
     start = time.monotonic()
     slow = dict(slow or {})
     if isinstance(cluster, MultiPoolCluster) != (stage_pools is not None):
@@ -462,8 +465,26 @@ def replan(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: Paral
                            f"no re-plan fits memory{budget}"
                            + (f": {'; '.join(why)}" if why else ""), hints,
                            {"considered": [o.strategy for o in considered]})
-    chosen = min(within, key=lambda o: (o.step_time_s, o.moved_layers, o.moved_state_bytes,
-                                        o.strategy))
+    def order(o):
+        return o.step_time_s, o.moved_layers, o.moved_state_bytes, o.strategy
+
+    chosen = min(within, key=order)
+    if memory_limit_gib is not None:
+        def peak(o):
+            return o.evaluation.peak_memory_bytes / GIB
+
+        roomy = [o for o in within if peak(o) <= memory_limit_gib]
+        if roomy and chosen not in roomy:
+            planner.notes.append(
+                f"{chosen.strategy} ({chosen.step_time_s:.3f} s) peaks at {peak(chosen):.1f} "
+                f"GiB, above the {memory_limit_gib:g} GiB the plan was searched under "
+                f"(--memory-headroom): chose the fastest re-plan within it")
+            chosen = min(roomy, key=order)
+        elif not roomy:
+            planner.notes.append(
+                f"no re-plan keeps the plan's memory headroom: {chosen.strategy} peaks at "
+                f"{peak(chosen):.1f} GiB, above the {memory_limit_gib:g} GiB the plan was "
+                f"searched under (--memory-headroom); it fits the GPUs with less margin")
     result = ReplanResult(old, chosen, considered, tuple(sorted(set(failed))), slow,
                           max_moved_layers, notes=planner.notes)
     result.wall_s = time.monotonic() - start

@@ -163,9 +163,12 @@ def _edge_assignments(model: ModelGraph, ctx, allowed) -> list[dict[int, LayerOp
 def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                 dtype: str = "bf16", pins: Pins = Pins(),
                 runtime: RuntimeOptions = RuntimeOptions(), *, budget: int = DEFAULT_BUDGET,
-                literal: bool = False, headroom: MemoryHeadroom = DEFAULT_HEADROOM
-                ) -> BruteForceResult:
+                literal: bool = False, headroom: MemoryHeadroom = DEFAULT_HEADROOM,
+                gate=None) -> BruteForceResult:
     """The fastest placement that fits over the solver's whole space (see module docstring).
+    ``gate``: a :class:`planner.solve.gate.MemoryGate`: a placement must then fit at its
+    band's quantile, its peak at most the limit over the factor of its configuration and
+    of the recomputation policies its blocks use (the definition, placement by placement).
 
     Raises ValueError when the enumeration would exceed ``budget`` placements. An equal step
     time goes to the lower peak memory; full ties keep the first placement found (configurations in ``enumerate_configs`` order, splits and
@@ -184,10 +187,11 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
         configs += 1
         incumbent = best[0] if best is not None else (math.inf, math.inf)
         allowed = _allowed(pins, config, runtime)
+        within = _gate_limit(gate, config, limit)
         if literal:
-            found, n, k = _literal(model, cluster, config, runtime, allowed, incumbent, limit)
+            found, n, k = _literal(model, cluster, config, runtime, allowed, incumbent, within)
         else:
-            found, n, k = _fast(model, cluster, config, runtime, allowed, incumbent, limit)
+            found, n, k = _fast(model, cluster, config, runtime, allowed, incumbent, within)
         placements += n
         scored += k
         if found is not None:
@@ -195,10 +199,34 @@ def brute_force(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len:
     if best is None:
         return BruteForceResult(None, placements, configs, scored)
     ev = evaluate(model, cluster, best[1], best[2], runtime)
-    if ev.peak_memory_bytes > limit or (ev.step_time_s, ev.peak_memory_bytes) != best[0]:
+    kinds = {r.value for r, layer in zip(ev.placement.recompute, model.layers)
+             if layer.kind is LayerKind.BLOCK}
+    if ev.peak_memory_bytes > _gate_limit(gate, best[1], limit)(kinds) or (ev.step_time_s, ev.peak_memory_bytes) != best[0]:
         raise RuntimeError(f"brute force: evaluate() disagrees with the enumeration on "
                            f"{best[1]} {best[2]}: {ev.step_time_s!r} vs {best[0]!r}")
     return BruteForceResult(ev, placements, configs, scored)
+
+
+def _gate_limit(gate, config: ParallelConfig, limit: float):
+    """The peak a placement of ``config`` may reach, by the set of its blocks' recomputation
+    policies: ``limit``, over the gate's factor for them when a gate is on (its attribute
+    ``least``: the most any placement may reach, for cuts stage by stage)."""
+    if gate is None or not gate.active:
+        def within(kinds) -> float:
+            return limit
+        within.least = limit
+        return within
+    cache: dict[frozenset, float] = {}
+
+    def within(kinds) -> float:
+        key = frozenset(kinds)
+        if key not in cache:
+            factor = gate.factor(config, key)
+            cache[key] = limit if factor == 1.0 else limit / factor
+        return cache[key]
+    # the factor only grows with the set of policies (an unseen one widens the band)
+    within.least = max(within((v,)) for v in ("none", "selective", "full", "op"))
+    return within
 
 
 def _block_classes(model: ModelGraph) -> list[int]:
@@ -238,7 +266,7 @@ def _rule_filter(rule: str, stages: Sequence[int], allowed: Sequence[LayerOption
     return ruled
 
 
-def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
+def _literal(model, cluster, config, runtime, allowed, incumbent, within):
     """Every placement through ``evaluate``: slow, the definition."""
     best = None
     n = 0
@@ -261,32 +289,33 @@ def _literal(model, cluster, config, runtime, allowed, incumbent, limit):
             ev = evaluate(model, cluster, config,
                           _placement(model, config.pp, stages, rec, fixed, head), runtime)
             rank = (ev.step_time_s, ev.peak_memory_bytes)
-            if ev.fits and ev.peak_memory_bytes <= limit and \
+            if ev.fits and ev.peak_memory_bytes <= within(
+                    {r.recompute.value for r in rec}) and \
                     rank < (best[0] if best else incumbent):
                 best = (rank, ev.placement)
     return best, n, n
 
 
-def _fast(model, cluster, config, runtime, allowed, incumbent, limit):
+def _fast(model, cluster, config, runtime, allowed, incumbent, within):
     """The same numbers as ``evaluate`` from its building blocks, with exact cuts, for every
     choice of the non-block layers' options."""
     ctx = make_context(model, cluster, config, runtime)
     best, n, k = None, 0, 0
     for fixed in _edge_assignments(model, ctx, allowed):
         found, dn, dk = _fast_edges(model, cluster, config, ctx, allowed, fixed,
-                                    best[0] if best else incumbent, limit)
+                                    best[0] if best else incumbent, within)
         n, k = n + dn, k + dk
         if found is not None:
             best = found
     return best, n, k
 
 
-def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, limit):
+def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, within):
     """:func:`_fast` with the non-block layers' options ``fixed_options``."""
     emb = [i for i, layer in enumerate(model.layers) if layer.kind is LayerKind.EMBEDDING]
     terms = tied_config_terms(ctx, fixed_options.get(emb[0], NO_OPTION).layout if emb
                               else NO_OPTION.layout)
-    capacity = limit
+    capacity = within.least  # a stage over the most any placement may reach: none fits
     pp, v = config.pp, config.virtual_stages
     head = head_stage(config)
     layers = model.layers
@@ -374,7 +403,7 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
             k += 1
             total = step_time(terms, stage_costs, times).step_time_s
             rank = (total, max(memory for _, _, _, memory in combo))
-            if rank < bound:
+            if rank < bound and rank[1] <= within({r.recompute.value for r in rec}):
                 best = (rank, _placement(model, pp, stages, rec, fixed_options, head))
                 bound = rank
     return best, n, k

@@ -34,6 +34,15 @@ class Candidate:
     capacity_bytes: float = math.inf  # what a stage may use
     # the problem cut to each group of the runtime's recompute rule (bounds.rule_problems)
     parts: tuple[StageProblem, ...] = field(default=(), compare=False, repr=False)
+    # the block recomputation policies this candidate's placements keep (None: all its
+    # options'): a configuration with two memory gates is two candidates (planner/solve/gate.py)
+    recompute: frozenset | None = None
+
+    def block_options(self, allowed: tuple) -> tuple:
+        """``allowed`` cut to this candidate's recomputation policies."""
+        if self.recompute is None:
+            return allowed
+        return tuple(o for o in allowed if o.recompute.value in self.recompute)
 
     @functools.cached_property
     def fit_lb_s(self) -> float:
@@ -48,11 +57,13 @@ class Candidate:
 
 def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                dtype: str, pins: Pins, runtime: RuntimeOptions,
-               deadline: float = math.inf, memory_limit_bytes: float | None = None
-               ) -> list[Candidate]:
+               deadline: float = math.inf, memory_limit_bytes: float | None = None,
+               gate=None) -> list[Candidate]:
     """Every valid outer configuration with its bounds, sorted by time bound; raises
     SOLVER_LIMIT if ``deadline`` (time.monotonic()) passes while enumerating.
-    ``memory_limit_bytes``: what a stage may use (default: the GPU's memory)."""
+    ``memory_limit_bytes``: what a stage may use (default: the GPU's memory). ``gate``: a
+    :class:`planner.solve.gate.MemoryGate`; a configuration's stages may then use the limit
+    over its gate's factor, and a configuration with two gates is two candidates."""
     prof = runtime_profile(runtime.profile)  # the search enumerates what the runtime can run
     out = []
     capacity = cluster.memory_bytes_per_gpu if memory_limit_bytes is None else memory_limit_bytes
@@ -74,24 +85,37 @@ def candidates(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: 
             continue
         ctx = make_context(model, cluster, config, runtime)
         key = terms_key(config)
-        if key in shared:
-            base, base_parts = shared[key]
-            problem = base.with_context(ctx)
-            parts = [problem if q is base else q.with_context(ctx) for q in base_parts]
-        else:
-            problem = stage_problem(ctx, pins.block_options(config, prof), capacity)
-            parts = rule_problems(problem)
-            shared[key] = (problem, parts)
-        # under the recompute rule: the least over the rule's groups of settings (bounds.py)
-        memories = [free_memory_lower_bound(q) for q in parts]
-        memory_lb = min(memories)
-        if memory_lb > capacity:
+        allowed = None
+        variants: list[tuple[frozenset | None, float]] = [(None, 1.0)]
+        if gate is not None and gate.active:
+            allowed = pins.block_options(config, prof)
+            variants = gate.variants(config, {o.recompute.value for o in allowed})
+        all_over = True
+        for kept, factor in variants:
+            # the limit over the factor the band's quantile puts on the prediction (gate.py)
+            limit = capacity if factor == 1.0 else capacity / factor
+            if (key, kept) in shared:
+                base, base_parts = shared[key, kept]
+                problem = base.with_context(ctx)
+                parts = [problem if q is base else q.with_context(ctx) for q in base_parts]
+            else:
+                options = pins.block_options(config, prof) if kept is None else \
+                    tuple(o for o in allowed if o.recompute.value in kept)
+                problem = stage_problem(ctx, options, limit)
+                parts = rule_problems(problem)
+                shared[key, kept] = (problem, parts)
+            # under the recompute rule: the least over the rule's groups of settings (bounds.py)
+            memories = [free_memory_lower_bound(q) for q in parts]
+            memory_lb = min(memories)
+            all_over = all_over and memory_lb > limit
+            fitting = [q for q, mem in zip(parts, memories) if mem <= limit] or parts
+            time_lb = min(free_time_lower_bound(q) for q in fitting)
+            out.append(Candidate(config, problem, time_lb, memory_lb, limit, tuple(parts),
+                                 kept))
+        if all_over:
             over.add(family)
-        fitting = [q for q, mem in zip(parts, memories) if mem <= capacity] or parts
-        time_lb = min(free_time_lower_bound(q) for q in fitting)
-        out.append(Candidate(config, problem, time_lb, memory_lb, capacity, tuple(parts)))
     # stable, deterministic order: the time bound first, then the config's fields
-    out.sort(key=lambda c: (c.time_lb_s, config_key(c.config)))
+    out.sort(key=lambda c: (c.time_lb_s, config_key(c.config), sorted(c.recompute or ())))
     return out
 
 

@@ -67,7 +67,10 @@ def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins
 
 def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, seq_len: int,
                  timed_out: bool, deadline: float = math.inf, pins: Pins = Pins(),
-                 headroom: MemoryHeadroom = NO_HEADROOM) -> PlannerError:
+                 headroom: MemoryHeadroom = NO_HEADROOM,
+                 memory_confidence: float | None = None) -> PlannerError:
+    """``memory_confidence``: the quantile of the peak-memory band the search gated at
+    (planner/solve/gate.py; None: the prediction)."""
     capacity = headroom.limit_bytes(cluster.memory_bytes_per_gpu)
     if timed_out:
         return PlannerError(ErrorKind.SOLVER_LIMIT,
@@ -80,6 +83,9 @@ def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, 
     hints: list[str] = []
     kept = "" if headroom == NO_HEADROOM else \
         f", {headroom.describe()} of it kept as headroom (--memory-headroom)"
+    if memory_confidence is not None:
+        kept += f"; at the {memory_confidence:.0%} quantile of the peak's error band " \
+                f"(--memory-confidence)"
     message = f"no plan for {model.name} fits {cluster.num_gpus} x {cluster.gpu.name} " \
               f"({cluster.gpu.memory_gib:g} GiB each{kept})"
     if lean is not None:
@@ -116,6 +122,10 @@ def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, 
                             f"give a plan that fits (now {cluster.num_nodes})")
             details["nodes_that_fit"] = nodes
     hints.append("a smaller micro-batch or sequence length shrinks activations")
+    if memory_confidence is not None:
+        details["memory_confidence"] = memory_confidence
+        hints.append(f"a lower --memory-confidence (now {memory_confidence:g}; 0.5 gates at "
+                     "the prediction)")
     if headroom != NO_HEADROOM:
         details["memory_headroom"] = headroom.describe()
         hints.append(f"a smaller --memory-headroom (now {headroom.describe()}; 0 plans to the "

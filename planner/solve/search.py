@@ -29,8 +29,10 @@ from planner.ir import ModelGraph
 from planner.solve.bounds import contiguous_split_exceeds, slowest_stage_lb_s, stage_lp_bound
 from planner.solve.candidates import candidates, config_key
 from planner.solve.explain import does_not_fit
+from planner.solve.gate import DEFAULT_CONFIDENCE, MemoryGate
 from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.inner import solve_stages
+from planner.calibration.regimes import recompute_kinds
 from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins, why_no_config
 from planner.solve.split_hint import best_split
@@ -53,6 +55,9 @@ class SearchOptions:
     # Plans the search starts from (per-layer layouts: the best uniform plans of an earlier
     # search); empty: with layouts=per-layer the search finds them itself in half its time.
     incumbents: tuple = ()
+    # a plan must fit at this quantile of its peak-memory band (planner/solve/gate.py,
+    # --memory-confidence); None: at the prediction
+    memory_gate: MemoryGate | None = None
 
 
 @dataclass
@@ -77,9 +82,15 @@ class SolverRecord:
     work_limit: int | None = None
     memory_headroom: str = DEFAULT_HEADROOM.describe()  # as --memory-headroom spells it
     memory_limit_gib: float = 0.0  # per GPU: the memory the search let a plan use
+    # the quantile of the peak-memory band the plan had to fit (--memory-confidence); written
+    # only when not the prediction's 0.5, so that plans searched without it keep their bytes
+    memory_confidence: float = DEFAULT_CONFIDENCE
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        out = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        if self.memory_confidence == DEFAULT_CONFIDENCE:
+            del out["memory_confidence"]
+        return out
 
 
 @dataclass
@@ -131,11 +142,20 @@ def _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, opti
     return [(rank(ev), config_key(ev.config), ev) for ev in [found.best, *found.alternatives]]
 
 
+def gate_limit(ev: Evaluation, limit: float, gate: MemoryGate | None) -> float:
+    """The peak ``ev`` may reach: ``limit`` over its memory gate's factor (planner/solve/gate.py;
+    the same division the candidates' capacities make)."""
+    if gate is None or not gate.active:
+        return limit
+    factor = gate.factor(ev.config, recompute_kinds(ev.model, ev.placement))
+    return limit if factor == 1.0 else limit / factor
+
+
 def _hint(model, cluster, cand, pins, prof, runtime, limit) -> Evaluation | None:
     """The inner solve's start: the best uniform plan of this configuration over the mesh
     layout (a uniform non-mesh layout is rarely the best start and costs an evaluation each);
     when blocks differ (or an even split does not fit), a balanced uneven split if better."""
-    allowed = pins.block_options(cand.config, prof)
+    allowed = cand.block_options(pins.block_options(cand.config, prof))
     hint = uniform_placement(model, cluster, cand.config, runtime,
                              tuple(o for o in allowed if o.layout is Layout.MESH) or allowed,
                              limit)
@@ -147,13 +167,20 @@ def _hint(model, cluster, cand, pins, prof, runtime, limit) -> Evaluation | None
 
 
 def _keep(kept: list, ev: Evaluation | None, replaces: Evaluation | None, top_k: int,
-          limit: float) -> list:
+          limit: float, gate: MemoryGate | None = None) -> list:
     """``kept`` (the best ``top_k`` plans, by rank then configuration) with ``ev`` added when it
-    fits the memory limit, and ``replaces`` (the plan ``ev`` improves on: its configuration's
-    hint) dropped."""
-    if ev is None or not ev.fits or ev.peak_memory_bytes > limit:
+    fits the memory limit (under ``gate``: the limit over its factor), and ``replaces`` (the
+    plan ``ev`` improves on: its configuration's hint) dropped. Under an active gate a
+    configuration may be two candidates (gate.py): it keeps one plan, its best."""
+    if ev is None or not ev.fits or ev.peak_memory_bytes > gate_limit(ev, limit, gate):
         return kept
     kept = [item for item in kept if item[2] is not replaces] if replaces is not None else kept
+    if gate is not None and gate.active:
+        key = config_key(ev.config)
+        same = [item for item in kept if item[1] == key]
+        if same and same[0][0] <= rank(ev):
+            return kept
+        kept = [item for item in kept if item[1] != key]
     kept.append((rank(ev), config_key(ev.config), ev))
     kept.sort(key=lambda item: (item[0], item[1]))
     return kept[:top_k]
@@ -173,8 +200,9 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                       "preset that has one (dgx-h100, dgx-gb200-nvl72)")
     check_seq_len(model, seq_len)
     limit = options.memory_headroom.limit_bytes(cluster.memory_bytes_per_gpu)
+    gate = options.memory_gate
     cands = candidates(model, cluster, global_batch, seq_len, dtype, pins, options.runtime,
-                       deadline, limit)
+                       deadline, limit, gate)
     total = len(cands)
     if not cands:
         reasons = why_no_config(model, cluster, global_batch, seq_len, dtype, pins,
@@ -188,14 +216,14 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             {"pins": pins.as_dict()})
     # the memory bound prunes here; the finer bound over fitting placements
     # (Candidate.fit_lb_s) is read when a candidate comes up
-    fitting = [c for c in cands if c.memory_lb_bytes <= limit]
+    fitting = [c for c in cands if c.memory_lb_bytes <= c.capacity_bytes]
     pruned_memory = total - len(fitting)
     prof = runtime_profile(options.runtime.profile)
 
     kept: list[tuple[tuple[float, float], tuple, Evaluation]] = []  # (rank, key, evaluation)
     if options.incumbents:
         kept = sorted(((rank(ev), config_key(ev.config), ev) for ev in options.incumbents
-                       if ev.fits and ev.peak_memory_bytes <= limit),
+                       if ev.fits and ev.peak_memory_bytes <= gate_limit(ev, limit, gate)),
                       key=lambda item: (item[0], item[1]))[:options.top_k]
     # The per-layer space contains the uniform one, so a complete per-layer search is never
     # worse than the best uniform plan. Should it stop on its limits, it has had half of
@@ -264,8 +292,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                     contiguous_split_exceeds(cand.problem, cutoff * (1 + 1e-9)):
                 continue  # proven by the integrality of contiguous stages
             hint = hints[index] = _hint(model, cluster, cand, pins, prof, options.runtime,
-                                        limit)
-            kept = _keep(kept, hint, None, options.top_k, limit)
+                                        cand.capacity_bytes)
+            kept = _keep(kept, hint, None, options.top_k, limit, gate)
             heapq.heappush(ready, (bound, key, 2, index))
             continue
         if work_limit is not None and evaluated >= work_limit:
@@ -301,7 +329,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
             heapq.heappush(ready, (max(result.bound_s, bound), key, 3, index))
         else:
             open_bound = min(open_bound, max(result.bound_s, bound))
-        kept = _keep(kept, ev, hint, options.top_k, limit)
+        kept = _keep(kept, ev, hint, options.top_k, limit, gate)
         if progress is not None:
             progress(popped, len(fitting), kept[0][0][0] if kept else math.inf,
                      min(bound, open_bound))
@@ -312,7 +340,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                       key=lambda item: (item[0], item[1]))[:options.top_k]
     if not kept:
         raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out, deadline, pins,
-                           options.memory_headroom)
+                           options.memory_headroom,
+                           gate.confidence if gate is not None and gate.active else None)
     best = kept[0][2]
     bound = min(open_bound, best.step_time_s)
     if timed_out or out_of_work or bound < best.step_time_s:
@@ -328,5 +357,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
         seed=options.seed, objective_scale_s=scale,
         stopped_by="time_limit" if timed_out else "work_limit" if out_of_work else "complete",
         work_limit=options.work_limit, memory_headroom=options.memory_headroom.describe(),
-        memory_limit_gib=limit / GIB)
+        memory_limit_gib=limit / GIB,
+        memory_confidence=gate.confidence if gate is not None and gate.active
+        else DEFAULT_CONFIDENCE)
     return SearchResult(best, [item[2] for item in kept[1:]], record, pins)

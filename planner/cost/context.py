@@ -71,6 +71,14 @@ def make_context(model: ModelGraph, cluster: Cluster, config: ParallelConfig,
 @lru_cache(maxsize=4096)
 def mesh_links(cluster: Cluster, mesh: Mesh) -> Links:
     """The link of every group of the mesh: a group of ``size`` ranks ``stride`` apart."""
+    return stage_links(cluster, mesh,
+                       group_link(cluster, 2 if mesh.pp > 1 else 1, mesh.stride("pp")))
+
+
+def stage_links(cluster: Cluster, mesh: Mesh, pp: Link) -> Links:
+    """The links of the groups inside one pipeline stage's ``tp x cp x dp`` ranks (dense and
+    expert mesh), with ``pp`` as the stage boundary's link: :func:`mesh_links`, and the
+    re-planner's stages on a pool that may hold one stage only (planner/hetero/terms.py)."""
     ep_stride = mesh.stride("ep")
     domains = ep_domains(mesh.ep, ep_stride, cluster.tiers[0].domain_gpus)
     per_domain = max(mesh.ep // domains, 1)
@@ -79,7 +87,7 @@ def mesh_links(cluster: Cluster, mesh: Mesh) -> Links:
         cp=group_link(cluster, mesh.cp, mesh.stride("cp")),
         dp=group_link(cluster, mesh.shard_degree, mesh.stride("shard")),
         ep=group_link(cluster, mesh.ep, ep_stride),
-        pp=group_link(cluster, 2 if mesh.pp > 1 else 1, mesh.stride("pp")),
+        pp=pp,
         etp=group_link(cluster, mesh.expert_tp, mesh.stride("etp")),
         edp=group_link(cluster, mesh.expert_dp, mesh.stride("edp")),
         ep_intra=group_link(cluster, per_domain, ep_stride),

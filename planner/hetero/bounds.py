@@ -205,7 +205,8 @@ def cheap_bounds(model, cluster, config, options, splits=()) -> tuple[float, flo
 
     c = config
     size = c.tp * c.cp * c.dp
-    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype)
+    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype,
+                  etp=c.mesh.expert_tp, expert_load=options.moe.load_factor)
     classes = model.layer_classes()
     rates, works, by_pool = [], [], {}
     for pool in cluster.pools:

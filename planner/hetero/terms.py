@@ -37,7 +37,7 @@ from planner.pool_topology import Segment, cross_pool_link
 from planner.topology import Link, group_link
 from planner.config import ParallelConfig, RuntimeOptions
 from planner.cost.compute import Shard
-from planner.cost.context import CostContext, Links
+from planner.cost.context import CostContext, Links, stage_links
 from planner.cost.terms import Affine, ConfigTerms, LayerTerms, config_terms, layer_terms
 from planner.hardware import Cluster, MultiPoolCluster, Pool
 from planner.ir import ModelGraph
@@ -124,14 +124,20 @@ def _infinite(tier: str) -> Link:
     return Link(float("inf"), 0.0, tier, False, 1, float("inf"))
 
 
-@lru_cache(maxsize=256)
-def _stage_links(cluster: Cluster, tp: int, cp: int, dp: int, ep: int) -> tuple[Link, ...]:
-    """(tp, cp, dp, ep, in-pool boundary) links of a stage on a one-pool ``cluster``."""
-    size = tp * cp * dp
-    boundary = group_link(cluster, 2, size) if 2 * size <= cluster.num_gpus else \
+def _boundary(cluster: Cluster, size: int) -> Link:
+    """The in-pool link between two stages of ``size`` GPUs on a one-pool ``cluster``."""
+    return group_link(cluster, 2, size) if 2 * size <= cluster.num_gpus else \
         _infinite(cluster.tiers[-1].name)  # the pool holds one stage: no in-pool boundary
+
+
+@lru_cache(maxsize=256)
+def _stage_links(cluster: Cluster, tp: int, cp: int, dp: int, ep: int,
+                 ep_stride: int) -> tuple[Link, ...]:
+    """(tp, cp, dp, ep, in-pool boundary) links of a split stage's share on a one-pool
+    ``cluster``; ``ep_stride``: the expert mesh's (planner.mesh: etp, not tp)."""
     return (group_link(cluster, tp, 1), group_link(cluster, cp, tp),
-            group_link(cluster, dp * cp, tp), group_link(cluster, ep, tp), boundary)
+            group_link(cluster, dp * cp, tp), group_link(cluster, ep, ep_stride),
+            _boundary(cluster, tp * cp * dp))
 
 
 @lru_cache(maxsize=1024)
@@ -167,22 +173,24 @@ def _limit(headroom, pool: Pool) -> float | None:
 def _pure_terms(model, cluster, config, options, block_options, headroom=None):
     c = config
     size = c.tp * c.cp * c.dp
-    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype)
+    # the stage as planner.cost.context.make_context sees it: the expert mesh's etp and
+    # routing load, and every group's link on the mesh (expert, HSDP replicate groups)
+    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype,
+                  etp=c.mesh.expert_tp, expert_load=options.moe.load_factor)
     out = []
     for pool in cluster.pools:
         if pool.num_gpus < size or pool.gpus_per_node % min(c.tp, pool.gpus_per_node) or \
                 c.dtype not in pool.gpu.peak_tflops:
             continue
         one = pool.as_cluster() if isinstance(cluster, MultiPoolCluster) else cluster
-        tp, cp, dp, ep, boundary = _stage_links(one, c.tp, c.cp, c.dp, c.ep)
+        links = stage_links(one, c.mesh, _boundary(one, size))
         mine = options.for_pool(pool.name)  # the pool's generation's calibrated efficiencies
-        ctx = CostContext(model, one, config, mine, shard, Links(tp, cp, dp, ep, boundary))
+        ctx = CostContext(model, one, config, mine, shard, links)
         problem = stage_problem(ctx, block_options, _limit(headroom, pool))
         cross = None
         if isinstance(cluster, MultiPoolCluster) and len(cluster.pools) > 1:
             link = _cross_link(cluster, pool, size)
-            cross_ctx = CostContext(model, one, config, mine, shard,
-                                    Links(tp, cp, dp, ep, link))
+            cross_ctx = CostContext(model, one, config, mine, shard, replace(links, pp=link))
             cross = config_terms(cross_ctx)
         out.append(PoolTerms(pool, problem, cross, pool.num_gpus // size,
                              ((pool.name, size, pool.num_gpus),)))
@@ -196,7 +204,8 @@ def split_terms(model: ModelGraph, cluster: MultiPoolCluster, config: ParallelCo
     c = config
     s, size = c.tp * c.cp, c.tp * c.cp * c.dp
     pools = {p.name: p for p in cluster.pools}
-    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype)
+    shard = Shard(c.micro_batch, c.seq_len, c.tp, c.cp, c.ep, c.sp, c.dtype,
+                  etp=c.mesh.expert_tp, expert_load=options.moe.load_factor)
     # one split stage of a shape per plan (planner/hetero/search.py: it fills the GPUs the
     # whole stages leave over); its tp data-parallel groups reduce at once
     stages = min(1, *(pools[p].num_gpus // (d * s) for p, d in shares))
@@ -206,7 +215,7 @@ def split_terms(model: ModelGraph, cluster: MultiPoolCluster, config: ParallelCo
     for p, d in shares:
         pool = pools[p]
         one = pool.as_cluster()
-        tp, cp, _, ep, boundary = _stage_links(one, c.tp, c.cp, d, c.ep)
+        tp, cp, _, ep, boundary = _stage_links(one, c.tp, c.cp, d, c.ep, c.mesh.stride("ep"))
         mine = options.for_pool(p)
         ctx = CostContext(model, one, config, mine, shard, Links(tp, cp, dp_link, ep, boundary))
         contexts.append(ctx)

@@ -44,9 +44,11 @@ CUDA_GRAPHS = ("none", "moe", "full_iteration")
 SYNC_FREE_RANK_CAPACITY = 1.5
 # Fraction of the all-to-all a runtime hides by default behind independent compute (shared
 # experts, the other micro-batch of Megatron's 1F1B EP overlap, the attention of DualPipe):
-# fitted by bench/moe_fit.py on the measured runs (grid 0 / 0.5: 0.5, the lower mean error);
-# --moe-a2a-overlap sets it per run.
-DEFAULT_A2A_OVERLAP = 0.5
+# fitted by bench/moe_fit.py on the measured runs (grid 0 / 0.5: 0.5 until session 11; 0 in
+# session 11 once node-limited routing and DeepEP's SM reservation are costed: mean + median
+# 16.3 % vs 17.4 % at the old point, 0 being the physical bound: nothing hidden without an
+# overlap schedule); --moe-a2a-overlap sets it per run.
+DEFAULT_A2A_OVERLAP = 0.0
 # Fraction hidden by Megatron-Core's EP communication overlap (``--overlap-moe-expert-parallel-
 # comm``, Megatron-Bridge ``moe_a2a_overlap = True``): the 1F1B schedule runs one micro-batch's
 # dispatch and combine while another's forward or backward computes (the DualPipe idea,
@@ -58,9 +60,11 @@ DEFAULT_A2A_OVERLAP = 0.5
 # the FP8 head and router in 16 bits, the recipes' DeepSeek-V3 pipeline layouts and one GEMM
 # per local expert, planner.cost.moe.EXPERT_GEMM_S: mean + median 20.1 % vs 20.9 % at 1; 0.9
 # again in session 10 once each synchronised forward pass is its own host / device cycle,
-# planner.cost.moe.host_floor_s: 16.8 % vs 16.9 % at 0.8);
+# planner.cost.moe.host_floor_s: 16.8 % vs 16.9 % at 0.8; 1 in session 11 with the default
+# overlap at 0, node-limited routing and DeepEP's SM reservation: 16.3 % vs 17.4 % at the old
+# point, the physical bound: all of it hidden);
 # ``--moe-a2a-overlap`` takes it for such a runtime.
-EP_COMM_OVERLAP = 0.9
+EP_COMM_OVERLAP = 1.0
 
 
 @dataclass(frozen=True)

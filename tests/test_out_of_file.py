@@ -207,8 +207,12 @@ def test_deepseek_readings_and_section():
     # what the inputs are worth: DualPipeV on the layout beats 1F1B on the even split, hiding
     # more of the all-to-all is faster, full recomputation slower
     assert by["1F1B, even split"].step_time_s > published.step_time_s
-    assert by["all-to-all fully hidden (1.0)"].step_time_s < published.step_time_s < \
+    assert published.step_time_s < \
         by[f"all-to-all overlap {oom.DEFAULT_A2A_OVERLAP:g} (the default)"].step_time_s
+    # the fully hidden reading only where the shipped EP overlap (fitted: 1.0) hides less
+    assert ("all-to-all fully hidden (1.0)" in by) == (oom.EP_COMM_OVERLAP < 1)
+    if oom.EP_COMM_OVERLAP < 1:
+        assert by["all-to-all fully hidden (1.0)"].step_time_s < published.step_time_s
     assert by["full recomputation"].step_time_s > published.step_time_s
     text = "\n".join(oom.section(readings))
     assert "| as published |" in text and f"{oom.measured_step_time_s():.2f} s" in text

@@ -33,9 +33,10 @@ Serving-specific terms written here:
   (TensorRT-LLM ``cuda_graph_config``: generation-only batches; SGLang ``--cuda-graph-max-bs``:
   decode batches; vLLM ``cudagraph_capture_sizes``: batches of at most 512 tokens by default,
   fewer than a prompt chunk). An iteration that carries prompt tokens is issued layer by layer
-  from Python, and a MoE layer takes at least the host's time to issue it: the training
-  model's floor (:func:`planner.cost.moe.host_floor_s`, one forward pass per layer; the
-  runtimes' fused MoE kernels take the routing on the device, so no token-count read-back).
+  from Python, and a MoE layer takes at least the host's time to issue it
+  (:func:`serving_host_floor_s`, one forward pass per layer, the static-shape case of the
+  training model's :func:`planner.cost.moe.host_floor_s` at its own constant; the runtimes'
+  fused MoE kernels take the routing on the device, so no token-count read-back).
 * Piecewise-captured iterations: where the deployment states the token counts its runtime
   captures piecewise CUDA graphs of (``ServingConfig.prefill_capture_num_tokens``: TensorRT-LLM
   ``torch_compile_config: {enable_piecewise_cuda_graph: true, capture_num_tokens: [...]}``),
@@ -65,12 +66,11 @@ from typing import Mapping
 
 from planner.topology import group_link
 from planner.config import RuntimeOptions
-from planner.cost import comm, moe
+from planner.cost import comm
 from planner.cost.compute import (HBM_EFFICIENCY, KERNEL_LAUNCH_S, Shard, _mlp_gemms,
                                   elementwise_bytes, gemm_time_s, layer_compute)
 from planner.hardware import Cluster, Gpu
 from planner.ir import Attention, Layer, LayerKind, ModelGraph
-from planner.moe import MoeOptions
 from planner.serve._cache import Ident
 from planner.serve.floor import experts_hit_fraction
 from planner.serve.memory import ACT_BYTES, kv_elements_per_token
@@ -78,9 +78,13 @@ from planner.serve.workload import KV_BYTES, WorkerConfig
 
 OPTIONS = RuntimeOptions(attention_kernel="flash", dropout=False)
 FLASH_FALLBACK = 0.8  # as planner.cost.compute: flash efficiency = 0.8 x matmul when none given
-# Serving MoE kernels size their work on the device (no host read-back of token counts): the
-# static-shape case of planner.cost.moe.host_floor_s.
-SERVING_MOE = MoeOptions(capacity_factor=1.0)
+# Host time to issue one eager MoE layer forward in a serving runtime (vLLM / SGLang /
+# TensorRT-LLM; their MoE kernels size their work on the device, so no read-back). It was the training floor
+# (planner.cost.moe.HOST_PER_LAYER_PASS_S, 2.0 ms) when session 5 fitted the serving constants
+# with it (docs/inference.md: whole prompts and the eager MoE host floor, re-fitted together);
+# session 11 re-fitted the training floor on Megatron-Core / NeMo / AutoModel training layers
+# (2.5 ms: bench/moe_fit.py), which are not these runtimes' layers, so serving keeps its value.
+SERVING_HOST_PER_LAYER_PASS_S = 2.0e-3
 
 
 @dataclass(frozen=True)
@@ -334,8 +338,15 @@ def _layers_time(classes, cluster: Cluster, w: WorkerConfig, gpu: Gpu, hbm: floa
         attention += count * a
         communication += count * c
         if split and prefill_group > 0 and graph is None:
-            host += count * moe.host_floor_s(t + a + c, 1.0, options=SERVING_MOE)
+            host += count * serving_host_floor_s(t + a + c)
     return gemm, attention, communication, host
+
+
+def serving_host_floor_s(gpu_s: float) -> float:
+    """Seconds one eager MoE layer forward waits on the host beyond its ``gpu_s``: the
+    static-shape case of :func:`planner.cost.moe.host_floor_s` (one pass, no read-back, the host
+    running ahead of the device) at :data:`SERVING_HOST_PER_LAYER_PASS_S`."""
+    return max(0.0, SERVING_HOST_PER_LAYER_PASS_S - gpu_s)
 
 
 @lru_cache(maxsize=65536)

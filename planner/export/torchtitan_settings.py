@@ -111,6 +111,14 @@ def settings(plan: Plan) -> Settings:
                             "combine with tensor, pipeline or context parallelism; exported FSDP "
                             "with fsdp_reshard_after_forward \"never\" (ZeRO-2)"
                             + memory_note(plan, zero_stage=2))
+    if plan.model.num_mtp:  # multi-token prediction modules on the last stage (models/mtp.py)
+        warnings.append(
+            f"multi-token prediction ({plan.model.num_mtp} MTP module(s) on the last stage): "
+            f"not exported; torchtitan builds MTP only from a model registry's num_mtp_layers "
+            f"(0.3: deepseek_v3's model_registry, set by no 671B config entry and no command "
+            f"line option; none before 0.3), so the file trains without it and the last "
+            f"stage computes and holds less than planned; give a config whose model_spec has "
+            f"num_mtp_layers={plan.model.num_mtp}, with the MTP modules in the last model part")
     if p.get("hpz"):  # ZeRO++ hpZ (planner.config): DeepSpeed's, not FSDP2's
         changes["hpz"] = 0
         warnings.append(f"ZeRO++ hpZ (hpz {p['hpz']}): FSDP2 has no secondary weight "

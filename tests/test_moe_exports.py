@@ -122,9 +122,9 @@ def test_megatron_reference_parser_accepts_the_moe_exports():
 
 
 @pytest.mark.parametrize("etp, written, warned", [
-    (4, "MoE(..., ep_size=2, enable_expert_tensor_parallelism=True)", False),
-    (1, "MoE(..., ep_size=2)", False),
-    (2, "MoE(..., ep_size=2)", True),
+    (4, "MoE(..., ep_size=2, drop_tokens=False, enable_expert_tensor_parallelism=True)", False),
+    (1, "MoE(..., ep_size=2, drop_tokens=False)", False),
+    (2, "MoE(..., ep_size=2, drop_tokens=False)", True),
 ])
 def test_deepspeed_moe_note_carries_the_expert_tensor_split(etp, written, warned):
     """DeepSpeed-MoE keeps experts whole unless MoE(enable_expert_tensor_parallelism=True)
@@ -142,3 +142,18 @@ def test_deepspeed_moe_note_carries_the_expert_tensor_split(etp, written, warned
     assert bool(etp_warnings) == warned
     if warned:
         assert "GiB peak per GPU" in etp_warnings[0]
+
+
+def test_deepspeed_moe_note_carries_the_capacity():
+    """DeepSpeed-MoE's defaults drop tokens beyond capacity 1.0 (capacity_factor=1.0,
+    drop_tokens=True): the note said MoE(..., ep_size=N), so a dropless plan ran dropping, and
+    a plan with capacity 1.25 ran at 1.0."""
+    config = ParallelConfig(tp=1, pp=1, dp=8, ep=4, global_batch=32, seq_len=4096,
+                            zero_stage=1)
+    capped = RuntimeOptions(moe=MoeOptions(capacity_factor=1.25))
+    for runtime, want in ((RuntimeOptions(), "MoE(..., ep_size=4, drop_tokens=False)"),
+                          (capped, "MoE(..., ep_size=4, capacity_factor=1.25, "
+                                   "eval_capacity_factor=1.25)")):
+        result = export_plan(moe_plan("mixtral-8x7b", "dgx-h100", 1, config, runtime),
+                             "deepspeed")
+        assert [n for n in result.notes if want in n], result.notes

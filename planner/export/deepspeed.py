@@ -103,8 +103,13 @@ def export(plan: Plan) -> ExportResult:
         # (enable_expert_tensor_parallelism=True, deepspeed/moe/layer.py): the plan's etp
         etp = plan.mesh.expert_tp
         sliced = ", enable_expert_tensor_parallelism=True" if etp > 1 and etp == tp else ""
+        # DeepSpeed-MoE drops tokens beyond capacity_factor 1.0 unless told (MoE defaults
+        # capacity_factor=1.0, drop_tokens=True): the plan's capacity, or dropless (0)
+        capacity = runtime.get("moe", {}).get("capacity_factor", 0.0)
+        drops = (f", capacity_factor={capacity:g}, eval_capacity_factor={capacity:g}"
+                 if capacity else ", drop_tokens=False")
         notes.append(f"deepspeed: expert parallelism is set in model code: "
-                     f"deepspeed.moe.layer.MoE(..., ep_size={p['ep']}{sliced})"
+                     f"deepspeed.moe.layer.MoE(..., ep_size={p['ep']}{drops}{sliced})"
                      + (f" (each expert sliced over the tp {tp} ranks, as the plan's etp "
                         f"{etp})" if sliced else ""))
         if etp not in (1, tp):

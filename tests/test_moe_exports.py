@@ -157,3 +157,24 @@ def test_deepspeed_moe_note_carries_the_capacity():
         result = export_plan(moe_plan("mixtral-8x7b", "dgx-h100", 1, config, runtime),
                              "deepspeed")
         assert [n for n in result.notes if want in n], result.notes
+
+
+def test_torchtitan_export_names_the_moe_settings_it_cannot_carry():
+    """torchtitan's MoE is dropless, takes its dispatcher from a model registry entry, and its
+    models have no dropout: a plan's capacity factor 1.25, deepep dispatcher and dropout were
+    exported without a word (the run computing every routed token, dispatching all-to-all,
+    storing no dropout masks)."""
+    config = ParallelConfig(tp=1, pp=1, dp=8, ep=4, global_batch=32, seq_len=4096,
+                            zero_stage=3)
+    runtime = RuntimeOptions(runtime="zero-paper", profile="torchtitan", dropout=True,
+                             moe=MoeOptions(capacity_factor=1.25, dispatcher="deepep"))
+    plan = moe_plan("mixtral-8x7b", "dgx-h100", 1, config, runtime)
+    for version in ("0.3", "0.2.2"):
+        warnings = export_plan(plan, "torchtitan", version).warnings
+        starts = [w.split(":")[0] for w in warnings]
+        assert {"MoE capacity factor 1.25", "MoE dispatcher deepep", "dropout"} <= set(starts), \
+            warnings
+    plain = moe_plan("mixtral-8x7b", "dgx-h100", 1, config,
+                     RuntimeOptions(runtime="zero-paper", profile="torchtitan"))
+    assert not [w for w in export_plan(plain, "torchtitan").warnings
+                if w.startswith(("MoE", "dropout"))]

@@ -31,7 +31,7 @@ tables or the 0.3 command line. Option names were read from torchtitan's
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from planner.cost.terms import keeps_unsharded
@@ -111,6 +111,21 @@ def settings(plan: Plan) -> Settings:
                             "combine with tensor, pipeline or context parallelism; exported FSDP "
                             "with fsdp_reshard_after_forward \"never\" (ZeRO-2)"
                             + memory_note(plan, zero_stage=2))
+    moe = plan.runtime.moe
+    if plan.model.is_moe and moe.capacity_factor:  # torchtitan's token-choice MoE is dropless
+        warnings.append(f"MoE capacity factor {moe.capacity_factor:g}: torchtitan's MoE routes "
+                        f"dropless (no token-dropping capacity setting), so every routed "
+                        f"token is computed" + memory_note(plan, runtime_moe=replace(
+                            moe, capacity_factor=0.0)))
+    if plan.model.is_moe and moe.dispatcher != "alltoall" and ep > 1:
+        warnings.append(f"MoE dispatcher {moe.dispatcher}: torchtitan sets its MoE "
+                        f"communication backend (moe_comm_backend deepep / hybridep) in a model "
+                        f"registry entry, not on the command line or in the job file; the file "
+                        f"runs the entry's own, all-to-all for the full-size models")
+    if runtime.get("dropout"):
+        warnings.append("dropout: torchtitan's models have no attention or hidden dropout; the "
+                        "file trains without it (no masks: less activation memory and time "
+                        "than planned)" + memory_note(plan, runtime_dropout=False))
     if plan.model.num_mtp:  # multi-token prediction modules on the last stage (models/mtp.py)
         warnings.append(
             f"multi-token prediction ({plan.model.num_mtp} MTP module(s) on the last stage): "

@@ -132,6 +132,9 @@ def _worker_torchtitan(cases: list[dict]) -> list[dict]:
             # a compiled plan costs; a registry entry may compile the loss alone
             derived["compile"] = bool(config.compile.enable
                                       and "model" in config.compile.components)
+            # Float8 training: the registry entry's converters turned Linear configs into
+            # torchao Float8 ones (torchtitan/components/quantization/float8.py)
+            derived["float8"] = "Float8" in repr(config.model_spec.model)
             out.append({"accepted": True, "derived": derived})
         except BaseException as error:  # tyro exits with SystemExit on a bad argument
             said = " ".join(line.strip(" │╭╮╰╯─") for line in errors.getvalue().splitlines()

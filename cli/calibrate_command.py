@@ -43,13 +43,18 @@ def calibrate(runs_path, output, runtime, max_evaluations, no_leave_one_out, for
            "constants": dict(report.profile.constants.values),
            "median_abs_error_before": report.median_before,
            "median_abs_error_after": report.median_after,
-           "leave_one_out": not no_leave_one_out,
+           "leave_one_out": report.leave_one_out,
            "runs": [{"id": r.id, "measured_step_time_s": r.measured_s,
                      "error_before": r.error_before, "error_after": r.error_after}
                     for r in report.runs],
            "skipped": [{"id": i, "reason": why} for i, why in report.skipped]}
     warnings = []
-    if not no_leave_one_out and report.median_after > report.median_before:
+    if not no_leave_one_out and not report.leave_one_out:
+        warnings.append(f"one run with a measured step time: no leave-one-out error (no run "
+                        f"is left to fit without it); the errors after are in-sample, the "
+                        f"{len(report.profile.fit.get('fitted', []))} fitted constants "
+                        f"reproducing that run, which says nothing of other configurations")
+    if report.leave_one_out and report.median_after > report.median_before:
         warnings.append(f"the fitted constants predict the held-out runs worse than the "
                         f"starting ones (median |error| {report.median_before:.1%} -> "
                         f"{report.median_after:.1%}): the runs do not pin them down; planning "
@@ -64,7 +69,7 @@ def calibrate(runs_path, output, runtime, max_evaluations, no_leave_one_out, for
 
     from cli.console import console
     table = Table(title=f"calibration of {report.profile.runtime} "
-                        f"({'leave-one-out' if not no_leave_one_out else 'in-sample'})")
+                        f"({'leave-one-out' if report.leave_one_out else 'in-sample'})")
     for col in ("run", "measured s", "error before", "error after"):
         table.add_column(col, justify="left" if col == "run" else "right")
     for r in report.runs:

@@ -374,3 +374,36 @@ def test_runs_without_memory_keep_the_shipped_memory_band(tmp_path, capsys):
     assert low < 0.97 * predicted["peak_memory_gib"] and high > 1.03 * predicted["peak_memory_gib"]
     assert not any("no calibration data" in x for x in predicted.get("extrapolating", ()))
     assert reported["bands_kept_from_start"] == ["memory"]
+
+
+def test_one_run_is_not_reported_as_leave_one_out(tmp_path, capsys):
+    """One timed run leaves no run to fit without it: the errors after were the in-sample fit
+    (+15.4 % -> +0.1 % on an 8 x H100 Llama run) under the title 'leave-one-out', and the
+    profile recorded loo_median_abs_error_after 0.0009. Now they are named in-sample, with a
+    warning, in the table, --json and the profile."""
+    from cli.main import main
+    entry = {"id": "l8-tp2", "model": "llama-3.1-8b",
+             "cluster": {"gpu": "NVIDIA H100-SXM5-80GB", "gpu_memory_gb": 80,
+                         "gpus_per_node": 8, "num_gpus": 8, "num_nodes": 1},
+             "training": {"global_batch": 64, "micro_batch": 1, "seq_len": 8192, "tp": 2,
+                          "pp": 1, "dp": 4, "zero_stage": 1, "recompute": "none",
+                          "precision": "bf16", "framework": "Megatron-Core"},
+             "results": {"tokens_per_sec_per_gpu": 11000}}
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text(yaml.safe_dump({"schema_version": 1, "entries": [entry]}))
+    with pytest.raises(SystemExit) as done:
+        main(["calibrate", str(runs_file), "-o", str(tmp_path / "p.yaml"),
+              "--max-evaluations", "5", "--json"])
+    assert done.value.code == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["leave_one_out"] is False
+    assert any("no leave-one-out error" in w for w in doc["warnings"]), doc["warnings"]
+    fit = yaml.safe_load((tmp_path / "p.yaml").read_text())["fit"]
+    assert "in_sample_median_abs_error_after" in fit and not any(k.startswith("loo_")
+                                                                  for k in fit)
+    with pytest.raises(SystemExit) as done:
+        main(["calibrate", str(runs_file), "-o", str(tmp_path / "q.yaml"),
+              "--max-evaluations", "5"])
+    assert done.value.code == 0
+    err = capsys.readouterr().err
+    assert "(in-sample)" in err and "(leave-one-out)" not in err

@@ -69,3 +69,32 @@ def test_torchtitan_022_compiles_the_model(plans):
                          path_first=os.environ[TORCHTITAN_022_ENV])
     assert results[0]["accepted"], results[0]
     assert results[0]["derived"]["compile"] is True
+
+
+def test_an_fp8_deepseek_plan_takes_the_float8_registry_entry(plans):
+    """torchtitan 0.3 sets Float8 training only in a registry entry's model converters; it
+    ships deepseek_v3_671b_float8 (Float8 Linears but lm_head and router.gate, Float8 grouped
+    experts). An fp8 DeepSeek-V3 plan was exported with deepseek_v3_671b and a warning to
+    enable Float8 'yourself'; a model without such an entry keeps the warning."""
+    fp8 = Plan.from_dict(build_plan(model="deepseek-v3", cluster="dgx-h100", nodes=32,
+                                    global_batch=1024, seq_len=4096, pp=16, tp=1, ep=16,
+                                    dtype="fp8"))
+    result = export_plan(fp8, "torchtitan")
+    assert "  --module deepseek_v3 --config deepseek_v3_671b_float8\n" in result.text
+    assert not any(w.startswith("dtype fp8") for w in result.warnings), result.warnings
+    assert any(w.startswith("dtype fp8") for w in export_plan(fp8, "torchtitan", "0.2.2").warnings)
+    bf16 = export_plan(plans["compiled"], "torchtitan").text
+    assert "--config deepseek_v3_671b\n" in bf16
+    llama = Plan.from_dict(build_plan(model="llama-3.1-8b", cluster="dgx-h100", tp=2,
+                                      global_batch=64, dtype="fp8"))
+    warned = export_plan(llama, "torchtitan")
+    assert "--config llama3_8b\n" in warned.text
+    assert any(w.startswith("dtype fp8") for w in warned.warnings)
+    if importlib.util.find_spec("torchtitan") is None:
+        pytest.skip("torchtitan is not installed (pip install -e '.[runtimes]')")
+    from bench.export_runtimes import run_worker
+
+    done = run_worker("torchtitan", [{"text": t, "notes": [], "world": 256, "arch": 9}
+                                     for t in (result.text, bf16)])
+    assert [r["accepted"] for r in done[:2]] == [True, True], done
+    assert [r["derived"]["float8"] for r in done[:2]] == [True, False]

@@ -119,3 +119,26 @@ def test_megatron_reference_parser_accepts_the_moe_exports():
     with pytest.raises(Rejected):  # the expert mesh must fold into the world
         megatron(args + ["--expert-tensor-parallel-size", "64"], world_size=2048,
                  env={"CUDA_DEVICE_MAX_CONNECTIONS": "1"}, device_arch=9)
+
+
+@pytest.mark.parametrize("etp, written, warned", [
+    (4, "MoE(..., ep_size=2, enable_expert_tensor_parallelism=True)", False),
+    (1, "MoE(..., ep_size=2)", False),
+    (2, "MoE(..., ep_size=2)", True),
+])
+def test_deepspeed_moe_note_carries_the_expert_tensor_split(etp, written, warned):
+    """DeepSpeed-MoE keeps experts whole unless MoE(enable_expert_tensor_parallelism=True)
+    slices them over the tp group. The note said MoE(..., ep_size=N) for every plan, so a plan
+    with experts split over tp 4 (etp 4) ran with them whole: the expert weights on each GPU
+    4x the plan's. etp 2 under tp 4 has no DeepSpeed form: a warning with its memory."""
+    config = ParallelConfig(tp=4, pp=1, dp=2, ep=2, etp=etp, global_batch=32, seq_len=4096,
+                            sp=True, zero_stage=1)
+    result = export_plan(moe_plan("mixtral-8x7b", "dgx-h100", 1, config), "deepspeed")
+    moe = [n for n in result.notes if "deepspeed.moe.layer.MoE" in n]
+    assert len(moe) == 1 and written in moe[0]
+    if etp == 1:
+        assert "enable_expert_tensor_parallelism" not in moe[0]
+    etp_warnings = [w for w in result.warnings if w.startswith("expert tensor parallelism")]
+    assert bool(etp_warnings) == warned
+    if warned:
+        assert "GiB peak per GPU" in etp_warnings[0]

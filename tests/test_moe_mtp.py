@@ -106,6 +106,14 @@ def test_cli_plans_with_mtp_and_exports_mtp_num_layers(tmp_path, capsys):
     code, text, err = run_cli(["export", out, "--format", "megatron"], capsys)
     assert code == 0, err
     assert "--mtp-num-layers 1" in text or "--mtp-num-layers=1" in text
+    # torchtitan has no command line or job-file form of MTP: the export says it drops it
+    # (it wrote the last stage's blocks, norm and output, and said nothing of the module)
+    for version in ("0.3", "0.2.2"):
+        code, text, err = run_cli(["export", out, "--format", "torchtitan",
+                                   "--target-version", version], capsys)
+        assert code == 0, err
+        assert "warning: multi-token prediction (1 MTP module(s) on the last stage): not " \
+               "exported" in err, err
     code, _, err = run_cli(["evaluate", "-m", "tiny-moe", "-c", "tiny", "--global-batch", "16",
                             "--tp", "1", "--pp", "2", "--mtp-layers", "9"], capsys)
     assert code == 2

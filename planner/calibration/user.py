@@ -47,6 +47,9 @@ class CalibrationReport:
     profile: CalibrationProfile
     runs: tuple[RunReport, ...]
     skipped: tuple[tuple[str, str], ...]
+    # the errors after are leave-one-out (each run predicted by a fit without it); False:
+    # in-sample, as asked, or because one timed run leaves nothing to fit without it
+    leave_one_out: bool = True
 
     @property
     def median_before(self) -> float:
@@ -91,9 +94,10 @@ def calibrate_runs(runs: Sequence[CalibrationRun], runtime: str, start: Constant
     names = informative(timed)
     result = fit(timed, start, names, max_evaluations=max_evaluations)
     reports = []
+    leave_one_out = leave_one_out and len(timed) > 1
     for i, run in enumerate(timed):
         before = predict(run, start).step_time_s
-        if leave_one_out and len(timed) > 1:
+        if leave_one_out:
             others = timed[:i] + timed[i + 1:]
             loo = fit(others, start, informative(others), max_evaluations=max_evaluations)
             after = predict(run, loo.constants).step_time_s
@@ -105,14 +109,15 @@ def calibrate_runs(runs: Sequence[CalibrationRun], runtime: str, start: Constant
     if kept:
         bands = BandTable({**bands.pooled, **{q: start_bands.pooled[q] for q in kept}},
                           {**bands.labels, **{q: start_bands.labels.get(q, {}) for q in kept}})
+    how = "loo" if leave_one_out else "in_sample"
     prof = CalibrationProfile(
         constants=result.constants, bands=bands,
         runtime=runtime, description=f"Calibrated with shardplan calibrate on {len(timed)} runs",
         fit={"runs": len(timed), "fitted": list(names),
-             "loo_median_abs_error_before": round(statistics.median(
+             f"{how}_median_abs_error_before": round(statistics.median(
                  abs(r.error_before) for r in reports), 4),
-             "loo_median_abs_error_after": round(statistics.median(
+             f"{how}_median_abs_error_after": round(statistics.median(
                  abs(r.error_after) for r in reports), 4),
              **({"bands_kept_from_start": kept} if kept else {})})
-    return CalibrationReport(prof, tuple(reports), tuple(skipped))
+    return CalibrationReport(prof, tuple(reports), tuple(skipped), leave_one_out)
 

@@ -99,8 +99,19 @@ def export(plan: Plan) -> ExportResult:
                         f"and is a different algorithm (all-to-all over heads, not ring "
                         f"attention)")
     if p["ep"] > 1:
+        # DeepSpeed-MoE keeps each expert whole (etp 1) or slices it over the tp group
+        # (enable_expert_tensor_parallelism=True, deepspeed/moe/layer.py): the plan's etp
+        etp = plan.mesh.expert_tp
+        sliced = ", enable_expert_tensor_parallelism=True" if etp > 1 and etp == tp else ""
         notes.append(f"deepspeed: expert parallelism is set in model code: "
-                     f"deepspeed.moe.layer.MoE(..., ep_size={p['ep']})")
+                     f"deepspeed.moe.layer.MoE(..., ep_size={p['ep']}{sliced})"
+                     + (f" (each expert sliced over the tp {tp} ranks, as the plan's etp "
+                        f"{etp})" if sliced else ""))
+        if etp not in (1, tp):
+            changes["etp"] = 1
+            warnings.append(f"expert tensor parallelism {etp}: DeepSpeed-MoE keeps experts "
+                            f"whole or slices them over all tp {tp} ranks; the note keeps them "
+                            f"whole (etp 1)" + memory_note(plan, etp=1))
     _recompute(doc, warnings, notes)
     if p["dtype"] == "fp8":
         warnings.append("dtype fp8: exported bf16; FP8 GEMMs come from Transformer Engine "

@@ -34,7 +34,8 @@ from planner.export.quoting import bash_array_file, comment, toml_key, toml_valu
 from planner.export import recompute_rules as rules
 from planner.export.retarget import retarget_warning
 from planner.export.torchtitan_settings import (block_recompute, checkpoint_every,
-                                                registry_entry, settings, uniform_recompute)
+                                                dtype_warning, registry_entry, settings,
+                                                uniform_recompute)
 
 ARRAY = "TORCHTITAN_ARGS"
 # what a compiled plan compiles: the model (the fused element-wise cost and async TP need it)
@@ -85,6 +86,9 @@ def _export_cli(plan: Plan) -> ExportResult:
     warnings, notes = list(s.warnings), list(s.notes)
     rows: list[tuple[Any, ...]] = []
     entry = registry_entry(doc)
+    dtype = dtype_warning(doc, entry)
+    if dtype:
+        warnings.append(dtype)
     if entry:
         rows.append(("--module", entry[0], "--config", entry[1]))
     else:
@@ -201,6 +205,9 @@ def _export_toml(plan: Plan) -> ExportResult:
     doc = plan.to_dict()
     s = settings(plan)
     warnings, notes = list(s.warnings), list(s.notes)
+    dtype = dtype_warning(doc)
+    if dtype:
+        warnings.append(dtype)
     parallelism: dict[str, Any] = {
         "data_parallel_replicate_degree": s.replicate,
         "data_parallel_shard_degree": s.shard,

@@ -111,6 +111,14 @@ def settings(plan: Plan) -> Settings:
                             "combine with tensor, pipeline or context parallelism; exported FSDP "
                             "with fsdp_reshard_after_forward \"never\" (ZeRO-2)"
                             + memory_note(plan, zero_stage=2))
+    if plan.model.num_mtp:  # multi-token prediction modules on the last stage (models/mtp.py)
+        warnings.append(
+            f"multi-token prediction ({plan.model.num_mtp} MTP module(s) on the last stage): "
+            f"not exported; torchtitan builds MTP only from a model registry's num_mtp_layers "
+            f"(0.3: deepseek_v3's model_registry, set by no 671B config entry and no command "
+            f"line option; none before 0.3), so the file trains without it and the last "
+            f"stage computes and holds less than planned; give a config whose model_spec has "
+            f"num_mtp_layers={plan.model.num_mtp}, with the MTP modules in the last model part")
     if p.get("hpz"):  # ZeRO++ hpZ (planner.config): DeepSpeed's, not FSDP2's
         changes["hpz"] = 0
         warnings.append(f"ZeRO++ hpZ (hpz {p['hpz']}): FSDP2 has no secondary weight "
@@ -129,12 +137,19 @@ def settings(plan: Plan) -> Settings:
         out.schedule = profile("torchtitan").schedule_names.get(p["schedule"], "1F1B")
         out.pp_micro_batch = p["micro_batch"]
         out.parts = model_parts(doc)
-    if p["dtype"] != "bf16":
-        warnings.append(f"dtype {p['dtype']}: exported mixed_precision_param bfloat16; "
-                        + ("enable Float8 training yourself (torchtitan's Float8 linear "
-                           "converter in the job's model settings)" if p["dtype"] == "fp8" else
-                           "torchtitan's FSDP mixed precision has no fp16 setting"))
     return out
+
+
+def dtype_warning(doc: dict[str, Any], entry: tuple[str, str] | None = None) -> str | None:
+    """The warning for a plan not in bf16, None where the export runs its precision: an fp8
+    plan exported with a Float8 registry entry (``entry``, torchtitan >= 0.3)."""
+    dtype = doc["parallelism"]["dtype"]
+    if dtype == "bf16" or (dtype == "fp8" and entry and entry[1] in FLOAT8_ENTRIES.values()):
+        return None
+    return (f"dtype {dtype}: exported mixed_precision_param bfloat16; "
+            + ("enable Float8 training yourself (torchtitan's Float8 linear converter in the "
+               "job's model settings)" if dtype == "fp8" else
+               "torchtitan's FSDP mixed precision has no fp16 setting"))
 
 
 def block_recompute(doc: dict[str, Any]) -> list[str]:
@@ -185,11 +200,20 @@ REGISTRY = {
 }
 
 
+# entries with a Float8 variant (torchtitan 0.3 models/deepseek_v3/config_registry.py
+# deepseek_v3_671b_float8: torchao Float8 on the dense Linears but lm_head and router.gate, and
+# on the grouped expert GEMMs): an fp8 plan takes it, the only way 0.3's command line sets
+# the model's converters. llama3_8b_mxfp8 is MXFP8 (block scaling, Blackwell), not this.
+FLOAT8_ENTRIES = {"deepseek_v3_671b": "deepseek_v3_671b_float8"}
+
+
 def registry_entry(doc: dict[str, Any]) -> tuple[str, str] | None:
     model = doc["model"]
     family = str(model.get("family", ""))
     for (prefix, blocks, hidden), entry in REGISTRY.items():
         if family.startswith(prefix) and model["num_layers"] == blocks and \
                 model.get("hidden") == hidden:
+            if doc["parallelism"]["dtype"] == "fp8" and entry[1] in FLOAT8_ENTRIES:
+                return entry[0], FLOAT8_ENTRIES[entry[1]]
             return entry
     return None

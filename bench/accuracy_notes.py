@@ -201,8 +201,8 @@ CAUSES = """\
 * **torchtitan FSDP + PP memory** (held out; no calibration run has it): FSDP2 under PP keeps
   the stage's weights gathered (``reshard_after_forward = not pp_enabled``) and accumulates
   unsharded fp32 gradients until the last micro-batch; one gather and one reduce-scatter per
-  step (profile flag ``pp_keeps_unsharded``; dense models only: the one MoE run with FSDP
-  under PP, AutoModel's DeepSeek-V3 pp4 on 80 GB, fits only resharded). Llama 3.1 405B tp8 pp8 dp8 on 512 H100
+  step (profile flag ``pp_keeps_unsharded``; dense or MoE since session 11: NeMo AutoModel's
+  DeepSeek-V3 pp4 runs on 80 GB keep them too and fit, docs/moe.md). Llama 3.1 405B tp8 pp8 dp8 on 512 H100
   (torchtitan benchmark Table 5): 22.9 -> 58.3 GiB predicted for 1F1B (82.5 measured), 25.1 ->
   60.4 GiB interleaved (72.7 measured).
 * **BF16_Optimizer's reduction copy and DeepSpeed's layer partition (session 6).** The 20

@@ -19,7 +19,8 @@ How an entry becomes inputs (no entry is special-cased; every rule reads the ent
   ``dgx-gb200-nvl72``, ...) with the entry's GPU count; entries whose system has no preset
   are listed as not evaluated;
 * parallelism, batch, interleaving, recomputation as published, with its module list
-  (Megatron ``recompute_modules``; not published: the fastest
+  (Megatron ``recompute_modules``; NeMo AutoModel's recipe's where it sets one,
+  :data:`AUTOMODEL_FULL_RECOMPUTE`; not published: the fastest
   uniform policy -- none, selective, full -- that fits, as ``plan`` with the layout pinned would
   choose; none when nothing fits); dtype fp8 for FP8 / MXFP8 runs;
   sequence parallelism whenever tp > 1 (Megatron-Core requires it with MoE and TP);
@@ -27,6 +28,8 @@ How an entry becomes inputs (no entry is special-cased; every rule reads the ent
   carried in the config: :func:`config_with_layout`), others on Megatron's even split;
   NeMo AutoModel's fake-balanced-gate runs routed as that gate routes (:func:`consecutive_routing`);
   ZeRO stage as published, else 1 (Megatron-Bridge recipes use the distributed optimizer);
+  NeMo AutoModel's pipelined runs as its GA separate schedule runs a step
+  (:func:`schedule_calls_of`);
 * step time: ``iteration_time_s`` when measured, else global batch x sequence / (published
   tokens/s/GPU x GPUs); entries with neither use the published model TFLOP/s with the
   library's model FLOPs (active experts only, as the sources count them).
@@ -195,9 +198,24 @@ def dtype_of(entry: dict) -> str:
     return "fp8" if "FP8" in precision else "bf16"
 
 
+# NeMo AutoModel's benchmark configs (the "TE + DeepEP" rows) that turn activation
+# checkpointing on, per model preset: ``activation_checkpointing: true`` makes
+# ``components/moe/parallelizer.py`` ``apply_ac`` wrap every block in ``checkpoint_wrapper``
+# (full recomputation; not its selective mode). DeepSeek-V3: the commit that published its rows,
+# NVIDIA-NeMo/Automodel @89e3a9fdd ``examples/benchmark/configs/deepseek_v3_te_deepep.yaml``;
+# Qwen3-30B-A3B: the commit that published its row's 21.773 s, @8d9bfb90e
+# ``examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml`` (and still @cb9765441).
+AUTOMODEL_FULL_RECOMPUTE = ("deepseek-v3", "qwen3-30b-a3b")
+
+
 def recompute_of(entry: dict) -> Recompute | None:
-    """The published recomputation; None when the entry does not state it."""
+    """The published recomputation (the entry's own, else its AutoModel recipe's:
+    :data:`AUTOMODEL_FULL_RECOMPUTE`); None when neither states it."""
     text = entry["training"].get("recompute")
+    framework = (entry["training"].get("framework") or "").lower()
+    if text is None and "automodel" in framework and preset_of(entry) in \
+            AUTOMODEL_FULL_RECOMPUTE:
+        return Recompute.FULL
     if text is None:
         return None
     text = text.lower()
@@ -217,6 +235,20 @@ def recompute_modules_of(entry: dict) -> tuple[str, ...]:
     return tuple(names) if names else ("core_attn",)
 
 
+def schedule_calls_of(entry: dict) -> int:
+    """Pipeline schedule runs per step: NeMo AutoModel accumulates its GA local batches as
+    separate ``schedule.step`` calls (NVIDIA-NeMo/Automodel @89e3a9fdd
+    ``nemo_automodel/recipes/llm/benchmark.py``: the ``ga_steps`` loop calls
+    ``_forward_backward_step``, which runs ``self.pp.info.schedule.step`` on one local batch,
+    ``recipes/llm/train_ft.py``), each with its fill, drain and gradient sync; others run one
+    schedule over all micro-batches (Megatron-Core's ``forward_backward_func``)."""
+    t = entry["training"]
+    framework = (t.get("framework") or "").lower()
+    if "automodel" in framework and t["pp"] > 1:
+        return t.get("ga_published") or 1
+    return 1
+
+
 def config_of(entry: dict) -> ParallelConfig:
     t = entry["training"]
     zero = t.get("zero_stage")
@@ -226,7 +258,8 @@ def config_of(entry: dict) -> ParallelConfig:
         global_batch=t["global_batch"], seq_len=entry["model"]["seq_len"], sp=t["tp"] > 1,
         zero_stage=1 if zero is None else zero, micro_batch=t["micro_batch"],
         virtual_stages=t.get("virtual_stages_per_pp_rank") or 1, dtype=dtype_of(entry),
-        etp=t.get("etp") or (recipe.etp if recipe is not None else 0))
+        etp=t.get("etp") or (recipe.etp if recipe is not None else 0),
+        schedule_calls=schedule_calls_of(entry))
 
 
 # NeMo 2.x performance recipes of the NeMo 25.02 / 25.04 / 25.07 containers (NVIDIA/NeMo r2.2.0

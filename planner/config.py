@@ -60,6 +60,15 @@ class ParallelConfig:
     # written, chunk k on rank k mod pp; "" = the runtime's default split
     # (planner.strategy.default_placement)
     pipeline_layout: str = ""
+    # gradient accumulation over separate pipeline schedule runs: the step runs the schedule
+    # schedule_calls times on num_micro_batches / schedule_calls micro-batches each, each with
+    # its own fill, drain and gradient sync (PyTorch pipelining syncs at a schedule's last
+    # backward), then one optimizer step: NeMo AutoModel's recipes call schedule.step once per
+    # local batch (NVIDIA-NeMo/Automodel @89e3a9fdd nemo_automodel/recipes/llm/benchmark.py,
+    # the ga_steps loop). 1 = one schedule per step (Megatron-Core, torchtitan). An input of the
+    # cost model for reading measured runs (bench/moe_accuracy.py); the search runs 1, and plan
+    # files and exports do not carry it
+    schedule_calls: int = 1
 
     def __post_init__(self):
         if self.pipeline_schedule and \
@@ -83,6 +92,11 @@ class ParallelConfig:
     @property
     def num_micro_batches(self) -> int:
         return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def micro_batches_per_call(self) -> int:
+        """Micro-batches of one pipeline schedule run (all of them unless ``schedule_calls``)."""
+        return self.num_micro_batches // self.schedule_calls
 
     @property
     def schedule(self) -> str:
@@ -109,11 +123,12 @@ class ParallelConfig:
             raise invalid(f"the {name} schedule runs {need} model chunks per rank; "
                           f"--virtual-stages is {v}",
                           f"use --virtual-stages {spec.min_chunks}")
-        if self.num_micro_batches < spec.min_micro_batches_per_rank * self.pp:
+        if self.micro_batches_per_call < spec.min_micro_batches_per_rank * self.pp:
             raise invalid(f"the {name} schedule needs at least "
                           f"{spec.min_micro_batches_per_rank} x pp = "
                           f"{spec.min_micro_batches_per_rank * self.pp} micro-batches, the "
-                          f"plan has {self.num_micro_batches}",
+                          f"plan has {self.micro_batches_per_call}"
+                          + (" a schedule call" if self.schedule_calls > 1 else ""),
                           "raise the global batch or lower the micro-batch size")
 
     def _validate_layout(self, model: ModelGraph) -> None:
@@ -161,7 +176,7 @@ class ParallelConfig:
     def micro_batches_fit_schedule(self) -> bool:
         """Looped interleaved schedules run the micro-batches in groups of pp (Megatron-LM
         schedules.py): their number must be a multiple of pp."""
-        return not (self.virtual_stages > 1 and self.num_micro_batches % self.pp and
+        return not (self.virtual_stages > 1 and self.micro_batches_per_call % self.pp and
                     self.schedule_spec.placement == "loop")
 
     def validate(self, model: ModelGraph, cluster: Cluster) -> None:
@@ -207,6 +222,12 @@ class ParallelConfig:
                 f"global batch {self.global_batch} is not divisible by micro-batch x dp = "
                 f"{self.micro_batch} x {self.dp} = {self.micro_batch * self.dp}",
                 "pick a global batch that is a multiple of micro_batch * dp")
+        k = self.schedule_calls
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise invalid(f"schedule_calls must be a positive integer, got {k!r}")
+        if self.num_micro_batches % k:
+            raise invalid(f"{self.num_micro_batches} micro-batches do not split into "
+                          f"{k} schedule calls of equal size")
         blocks = model.num_blocks
         if self.pipeline_layout:
             # the layout's own rules bound its chunks (none empty; a chunk may hold only the
@@ -221,7 +242,9 @@ class ParallelConfig:
         self._validate_schedule()
         if not self.micro_batches_fit_schedule:
             raise invalid(
-                f"interleaved 1F1B needs the number of micro-batches ({self.num_micro_batches}) "
+                f"interleaved 1F1B needs the number of micro-batches "
+                f"({self.micro_batches_per_call}"
+                f"{' a schedule call' if self.schedule_calls > 1 else ''}) "
                 f"to be a multiple of pp ({self.pp}) (Megatron-LM schedules.py)")
         if self.sp and self.tp == 1:
             raise invalid("sequence parallelism (--sp) needs --tp > 1")

@@ -161,12 +161,14 @@ def test_torchtitan_toml_round_trip(plan):
 
 
 @pytest.mark.parametrize("model, pp, kept", [("gpt3-1.3b", 2, True), ("gpt3-1.3b", 1, False),
-                                              (MIXTRAL, 2, False)])
+                                              (MIXTRAL, 2, True), (MIXTRAL, 1, False)])
 def test_torchtitan_reshard_policy_is_the_one_the_plan_costs(model, pp, kept):
-    """ZeRO-3 under PP: torchtitan's cost model keeps a dense model's weights gathered over the
-    step (its "default" policy with PP); the export must run that, not "always" (a gather per
-    micro-batch, which the plan does not charge). MoE and pp 1 reshard after each forward."""
+    """ZeRO-3 under PP: torchtitan's cost model keeps the weights gathered over the step, dense
+    or MoE (its "default" policy with PP, the same for its MoE models); the export must run
+    that, not "always" (a gather per micro-batch, which the plan does not charge). pp 1
+    reshards after each forward."""
     from planner.calibration.session import runtime_setup
+    from planner.cost.memory import layer_params_on_gpu
     from clusters import load_cluster
 
     cluster = "dgx-h100"
@@ -175,9 +177,12 @@ def test_torchtitan_reshard_policy_is_the_one_the_plan_costs(model, pp, kept):
                      ep=4 if model == MIXTRAL else 1, seq_len=2048, recompute="full",
                      runtime=options)
     plan = Plan.from_dict(doc)
-    # what the plan costs: kept weights are whole 16-bit copies (beside their shard), resharded
-    # ones a 1/dp shard of them
-    whole_gib = sum(2 * x["params"] for x in doc["layers"] if x["stage"] == 0) / 2 ** 30
+    # what the plan costs: kept weights are whole 16-bit copies of the rank's layers (beside
+    # their shard; the rank's experts only), resharded ones a 1/dp shard of them
+    p = doc["parallelism"]
+    whole_gib = sum(2 * sum(layer_params_on_gpu(layer, p["tp"], p["ep"], p["etp"]))
+                    for layer, x in zip(plan.model.layers, doc["layers"])
+                    if x["stage"] == 0) / 2 ** 30
     assert (doc["stages"][0]["memory_gib"]["params"] >= whole_gib) is kept
     want = "never" if kept else "always"
     new = export_plan(plan, "torchtitan")

@@ -203,6 +203,9 @@ class ConfigTerms:
     pipeline_schedule: str = ""
     chunk_weights: tuple[float, ...] = ()
     head_stage: int = -1  # the rank of the last model chunk (-1: the last rank; V: rank 0)
+    # the step's pipeline schedule runs (ParallelConfig.schedule_calls): num_micro_batches and
+    # in_flight are one run's; step_time charges each run's pipeline and data-parallel sync
+    schedule_calls: int = 1
 
 
 
@@ -256,8 +259,10 @@ def _config_terms(ctx: CostContext) -> ConfigTerms:
             c.num_micro_batches)
     spec = c.schedule_spec
     return ConfigTerms(
-        pp=c.pp, num_micro_batches=c.num_micro_batches, virtual_stages=c.virtual_stages,
-        in_flight=_in_flight(c.pp, c.num_micro_batches, c.virtual_stages, c.pipeline_schedule),
+        pp=c.pp, num_micro_batches=c.micro_batches_per_call, virtual_stages=c.virtual_stages,
+        in_flight=_in_flight(c.pp, c.micro_batches_per_call, c.virtual_stages,
+                             c.pipeline_schedule),
+        schedule_calls=c.schedule_calls,
         capacity_bytes=ctx.cluster.memory_bytes_per_gpu,
         reserve_bytes=ctx.cluster.gpu.reserve_gib * GIB,
         allocator_overhead=opts.allocator_overhead, buffer_bytes=buffers, boundary_s=boundary_s,
@@ -395,17 +400,18 @@ def pp_keeps_unsharded(ctx: CostContext) -> bool:
     """FSDP under PP that keeps weights gathered and gradients unsharded over the step
     (planner.profiles.RuntimeProfile.pp_keeps_unsharded)."""
     c = ctx.config
-    return keeps_unsharded(ctx.model, c.zero_stage, c.pp, ctx.options.profile)
+    return keeps_unsharded(c.zero_stage, c.pp, ctx.options.profile)
 
 
-def keeps_unsharded(model: ModelGraph, zero_stage: int, pp: int, profile_name: str) -> bool:
+def keeps_unsharded(zero_stage: int, pp: int, profile_name: str) -> bool:
     """Whether runtime ``profile_name`` runs ZeRO ``zero_stage`` under ``pp`` stages with the
-    weights kept gathered over the step (the cost model's reading; the torchtitan export
-    writes the reshard policy that runs it)."""
-    # Dense models only: the one measured MoE run with FSDP under PP (NeMo AutoModel,
-    # DeepSeek-V3 pp4 on 80 GB H100, bench/data/moe_runs.yaml) fits only with resharded states
-    return (zero_stage >= 3 and pp > 1 and profile(profile_name).pp_keeps_unsharded
-            and not any(layer.mlp is not None and layer.mlp.is_moe for layer in model.layers))
+    weights kept gathered over a schedule run (the cost model's reading; the torchtitan export
+    writes the reshard policy that runs it). The runtime's rule, dense or MoE: torchtitan
+    (parallelize.py, the Llama 4 / DeepSeek-V3 apply_fsdp too) and NeMo AutoModel
+    (NVIDIA-NeMo/Automodel @89e3a9fdd components/moe/parallelizer.py) pass
+    ``reshard_after_forward=not pp_enabled`` to fully_shard; whether the kept weights fit is
+    the memory model's to decide."""
+    return zero_stage >= 3 and pp > 1 and profile(profile_name).pp_keeps_unsharded
 
 
 @dataclass(frozen=True)
@@ -1051,9 +1057,11 @@ def step_time(t: ConfigTerms | Sequence[ConfigTerms], stage_layers: Sequence[Seq
     and embedding sync are read from the first stage's."""
     per_stage = list(t) if isinstance(t, (list, tuple)) else [t] * len(stage_layers)
     t = per_stage[0]
-    m = t.num_micro_batches
-    pipe = pipeline_s(t, stage_layers, stage_times)
-    bubble = pipe - m * max(stage_times)
+    # k schedule runs a step (ParallelConfig.schedule_calls): each its own fill and drain on
+    # its m micro-batches, and its own data-parallel sync at its last backward
+    k, m = t.schedule_calls, t.num_micro_batches
+    pipe = k * pipeline_s(t, stage_layers, stage_times)
+    bubble = pipe - k * m * max(stage_times)
     # DP sync per stage. With overlap, gradient reduction hides behind the last micro-batch's
     # backward, and stage i also has the slack of the backward still running on stages < i
     # (Megatron-LM --overlap-grad-reduce; parameter all-gather behind the next forward with
@@ -1068,7 +1076,7 @@ def step_time(t: ConfigTerms | Sequence[ConfigTerms], stage_layers: Sequence[Seq
         hidden_reduce = (bwd + slack) if t.overlap_grad_reduce else slack
         hidden_gather = fwd if t.overlap_param_gather else 0.0
         e = max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather)
-        exposed = max(exposed, e + t.comm_slowdown * (reduce + gather - e))
+        exposed = max(exposed, k * (e + t.comm_slowdown * (reduce + gather - e)))
         slack += bwd
     # Optimizer step: memory-bound Adam over the parameters this GPU updates (slowest stage).
     optimizer = max((sum(x.optimizer_s for x in layers) for layers in stage_layers), default=0.0)

@@ -10,8 +10,8 @@ tables or the 0.3 command line. Option names were read from torchtitan's
 
 * ZeRO -> FSDP2 over ``data_parallel_shard_degree`` (torchtitan shards over dp_shard x cp, as
   the plan's ZeRO does over dp x cp): ZeRO-3 = ``fsdp_reshard_after_forward = "always"``,
-  ZeRO-2 = ``"never"`` (parameters stay gathered between forward and backward); ZeRO-3 of a
-  dense model under PP = ``"never"`` too, torchtitan's default with PP, which the cost model
+  ZeRO-2 = ``"never"`` (parameters stay gathered between forward and backward); ZeRO-3 under
+  PP (dense or MoE) = ``"never"`` too, torchtitan's default with PP, which the cost model
   charges (``planner.cost.terms.keeps_unsharded``: weights gathered once per step). ZeRO-1 has no
   FSDP2 form (exported as ZeRO-2, with a warning); ZeRO-0 is DDP
   (``data_parallel_replicate_degree``) when nothing else is parallel, since torchtitan's DDP
@@ -85,11 +85,11 @@ def settings(plan: Plan) -> Settings:
     replicate, shard, reshard = 1, dp, "never"
     changes: dict[str, Any] = {}
     if zero == 3:
-        # under PP the cost model (torchtitan's profile) keeps a dense model's weights
+        # under PP the cost model (torchtitan's profile) keeps the weights
         # gathered over the step, as torchtitan's "default" policy runs PP
         # (reshard_after_forward = not pp_enabled): write that, not "always", whose
         # per-micro-batch all-gathers the plan does not charge
-        kept = keeps_unsharded(plan.model, zero, pp, "torchtitan")
+        kept = keeps_unsharded(zero, pp, "torchtitan")
         reshard = "never" if kept else "always"
         if kept:
             notes.append(f"torchtitan: ZeRO-3 under pipeline parallelism: exported "

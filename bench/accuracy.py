@@ -146,6 +146,10 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
     lines.append(out_of_file_dense.summary_line(dense_results))
     missed = targets_missed(rows)
     held = held_out_targets_missed(rows, micro_batch_bands)
+    unfit = [f"{x.row.name} ({label})" for label, results in held_out_results.items()
+             for x in results if not x.ev.fits] + out_of_file_dense.ran_not_fitting(dense_results)
+    if unfit:  # the out-of-file target: no run that ran predicted not to fit
+        held.append("out of file: runs that ran predicted not to fit: " + "; ".join(unfit))
     lines += ["", "Targets missed:" if missed or held else "All targets met.", ""]
     lines += [f"- {m}" for m in missed + held]
     lines += ["", f"## Since session 3 began (before: commit {SESSION_BEFORE_COMMIT}, the same "

@@ -393,6 +393,20 @@ def summary_line(all_results: dict[str, dict[str, list[Result]]] | None = None) 
             "MT-NLG 530B\"): step-time median |error| by reading: " + "; ".join(parts))
 
 
+def ran_not_fitting(all_results: dict[str, dict[str, list[Result]]] | None = None
+                    ) -> list[str]:
+    """The runs (all of which ran) that a reading predicts not to fit, each with the readings
+    that say so: the out-of-file target is that no run that ran is predicted not to fit."""
+    all_results = all_results or run_all()
+    readings_of: dict[str, list[str]] = {}
+    for readings in all_results.values():
+        for label, results in readings.items():
+            for x in results:
+                if not x.ev.fits:
+                    readings_of.setdefault(x.row.name, []).append(label)
+    return [f"{name} ({', '.join(labels)})" for name, labels in readings_of.items()]
+
+
 def section(all_results: dict[str, dict[str, list[Result]]] | None = None) -> list[str]:
     """docs/accuracy.md's section on these runs (rendered by bench/accuracy.py)."""
     all_results = all_results or run_all()

@@ -6,8 +6,8 @@ Consumes a :class:`~planner.plan_types.Plan` and a runtime profile name; produce
 always has it, the pipeline schedule, unequal interleaved chunks, recomputation policies
 and the per-block mix of them its flags cannot express (:mod:`planner.recompute_rules`, the
 rule the search keeps to), per-layer layouts, activation offload (:mod:`planner.offload_rules`),
-HSDP's shard group) and the :class:`~planner.config.RuntimeOptions` the
-memory check then uses: the runtime's state layout, overlap and calibrated constants
+HSDP's shard group, dropout, a MoE capacity factor) and the
+:class:`~planner.config.RuntimeOptions` the memory check then uses: the runtime's state layout, overlap and calibrated constants
 (:func:`planner.calibration.session.runtime_setup`), with the plan's attention kernel, dropout
 and MoE options kept. Each capability is read from :mod:`planner.profiles`, the same
 declarations that narrow the search, so a plan searched for R passes ``check --runtime R``.
@@ -103,6 +103,10 @@ def runtime_problems(plan: Plan, prof: RuntimeProfile) -> list[Problem]:
     if plan.runtime.fp8_attention and not prof.fp8_attention:
         bad("FP8 attention: it has none (the attention core runs in 16 bits, slower than "
             "planned)")
+    for option, why in prof.option_problems(plan.runtime.dropout,
+                                            plan.runtime.moe.capacity_factor,
+                                            plan.model.is_moe):
+        bad(f"{option}: {why}")
     offloaded = offloaded_blocks(plan)
     if offloaded and not prof.activation_offload:
         bad(f"activation offload ({offloaded} blocks): it has none")

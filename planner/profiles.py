@@ -144,6 +144,34 @@ class RuntimeProfile:
     # default pipeline stage placement (planner/placement.py): "" = Megatron's even split, or
     # DeepSpeed's PipelineModule partition_method (e.g. "type:transformer")
     pp_partition: str = ""
+    # attention and hidden dropout (RuntimeOptions.dropout, plan --dropout): whether its
+    # models have any (False: the run cannot train with the masks the plan counts)
+    dropout: bool = True
+    # a token-dropping MoE expert capacity (MoeOptions.capacity_factor, plan
+    # --moe-capacity-factor): False where its MoE routes dropless only
+    moe_capacity: bool = True
+
+    def option_problems(self, dropout: bool, capacity_factor: float, is_moe: bool
+                        ) -> list[tuple[str, str]]:
+        """(option, why) for each run option the runtime cannot run: ``plan`` refuses them,
+        ``evaluate`` and ``check --runtime`` report them (planner/check_runtime.py)."""
+        out = []
+        if dropout and not self.dropout:
+            out.append(("--dropout", "its models have no attention or hidden dropout"))
+        if is_moe and capacity_factor and not self.moe_capacity:
+            out.append((f"--moe-capacity-factor {capacity_factor:g}",
+                        "its MoE routes dropless (no token-dropping expert capacity)"))
+        return out
+
+    def refuse_options(self, options, is_moe: bool) -> None:
+        """INVALID_INPUT naming each run option of ``options`` (a RuntimeOptions) the runtime
+        cannot run: the search proposes only what it runs, as for a pin it cannot run."""
+        bad = self.option_problems(options.dropout, options.moe.capacity_factor, is_moe)
+        if bad:
+            raise invalid(f"runtime {self.name} cannot run "
+                          + "; ".join(f"{option} ({why})" for option, why in bad),
+                          f"drop {' and '.join(option.split()[0] for option, _ in bad)}, or "
+                          f"choose another --runtime")
 
     def allows_hpz(self, stage: int, hpz: int, gpus_per_node: int) -> bool:
         """The runtime keeps ZeRO ``stage``'s secondary weight partition over ``hpz`` ranks
@@ -302,6 +330,10 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # 0.3 applies one ActivationCheckpointing to every block (0.2.2's every-N-th layer
         # form is an export of 0.2.2 only): the search keeps to what both versions run
         recompute_rule="uniform",
+        # no nn.Dropout in its models (torchtitan/models/llama3/model.py, deepseek_v3/model.py)
+        # and a token-choice router without capacity (torchtitan/models/moe/moe.py
+        # TokenChoiceTopKRouter: every routed token reaches its experts)
+        dropout=False, moe_capacity=False,
         notes=("fp32 sharded parameters, bf16 all-gather (MixedPrecisionPolicy param_dtype)",
                "TP implies sequence parallel; async TP overlaps its collectives, compiled only")),
     "deepspeed": RuntimeProfile(

@@ -203,6 +203,8 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
     from planner.profiles import profile
 
     runtime = profile(options.runtime.profile) if options.runtime.profile else None
+    if runtime is not None:  # run options the runtime cannot run (planner/profiles.py)
+        runtime.refuse_options(options.runtime, model.is_moe)
     block_options = _options(pins, runtime)
     # propose, bound cheaply from the leaf formulas, and sort; cost terms only when popped
     queue = []

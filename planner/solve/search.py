@@ -199,6 +199,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
                       "add a host: section to the cluster file (docs/clusters.md), or use a "
                       "preset that has one (dgx-h100, dgx-gb200-nvl72)")
     check_seq_len(model, seq_len)
+    if options.runtime.profile:  # run options the runtime cannot run (planner/profiles.py)
+        runtime_profile(options.runtime.profile).refuse_options(options.runtime, model.is_moe)
     limit = options.memory_headroom.limit_bytes(cluster.memory_bytes_per_gpu)
     gate = options.memory_gate
     cands = candidates(model, cluster, global_batch, seq_len, dtype, pins, options.runtime,

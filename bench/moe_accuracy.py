@@ -643,6 +643,14 @@ def evaluation_of(entry: dict, model, cluster, config: ParallelConfig,
     return ev
 
 
+def evaluation_for(entry: dict):
+    """:func:`evaluation_of` on the entry's own model, cluster, configuration (with its
+    published pipeline layout) and runtime options (raises PlannerError when invalid)."""
+    model = build_model(entry)
+    return evaluation_of(entry, model, build_cluster(entry), config_with_layout(entry, model),
+                         options_of(entry))
+
+
 def config_with_layout(entry: dict, model) -> ParallelConfig:
     """:func:`config_of` carrying the entry's published pipeline layout (:func:`layout_of`) as
     its ``pipeline_layout``, which the schedule term reads for the chunks' weights; a run
@@ -791,14 +799,17 @@ def render(rows: list[Row], skipped: list[tuple[str, str]], held_out=None) -> st
     return "\n".join(lines)
 
 
-def write_section(body: str) -> None:
+def write_section(body: str, begin: str = BEGIN, end: str = END,
+                  heading: str = "Accuracy on measured MoE runs") -> None:
+    """Replace the text between ``begin`` and ``end`` in docs/moe.md with ``body`` (appended
+    under ``## heading`` when the markers are missing)."""
     text = DOC.read_text(encoding="utf-8") if DOC.exists() else "# Mixture-of-experts planning\n"
-    block = f"{BEGIN}\n{body}\n{END}"
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        text = head + block + rest.split(END, 1)[1]
+    block = f"{begin}\n{body}\n{end}"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
     else:
-        text = text.rstrip("\n") + "\n\n## Accuracy on measured MoE runs\n\n" + block + "\n"
+        text = text.rstrip("\n") + f"\n\n## {heading}\n\n" + block + "\n"
     DOC.write_text(text, encoding="utf-8")
 
 

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 from planner.calibration.regimes import REGIME_TITLES  # noqa: E402
 from planner.calibration.store import shipped  # noqa: E402
 from bench import landing, out_of_file, out_of_file_dense, unknown_fields  # noqa: E402
-from bench.accuracy_notes import (BEFORE, CAUSES, MISSES, SESSION_BEFORE,  # noqa: E402,F401
-                                  SESSION_BEFORE_COMMIT)
+from bench.accuracy_notes import (CAUSES, HISTORY, HISTORY_COMMITS,  # noqa: E402
+                                  MISSES)
 from bench.accuracy_runs import (  # noqa: E402,F401  (also re-exported: tests, holdout, calibrate)
     BIAS_TARGET, DATA, DOC, FILES, MEMORY_MEDIAN_TARGET, RANK_TARGET, RANK_TIE, TIME_MEDIAN_TARGET,
     Row, _check_verdict_line, _cov, _pct, _throughput, by_label, check_verdicts, evaluate_rows,
@@ -81,6 +81,22 @@ def landing_section(rows: list[Row], landed: list[dict[str, Any]]) -> list[str]:
                            landing.pairs_by_label(pairs, keys["regime"]),
                            by_label(rows, keys["parallelism"]),
                            landing.pairs_by_label(pairs, keys["parallelism"]))
+
+
+def _per_regime(rows: list[Row]) -> list[str]:
+    """The "Per regime" section: accuracy and signed bias by parallelism regime, runtime, GPU
+    generation and calibration file."""
+    lines = ["", "## Per regime", "",
+             "Pairs ordered: the ranked pairs (\"Rank agreement per source\") with a member in "
+             "the regime, ordered as measured (a pair across two regimes counts in both).", ""]
+    keys, pairs = _regime_keys(), ranked_pairs(rows)
+    for title, key, names in (("By parallelism regime", "parallelism", REGIME_TITLES),
+                              ("By runtime", "runtime", None),
+                              ("By GPU generation", "generation", None),
+                              ("By calibration file", "file", None)):
+        lines += _table(title, by_label(rows, keys[key]), names,
+                        landing.pairs_by_label(pairs, keys[key]))
+    return lines
 
 
 def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = None,
@@ -152,9 +168,11 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
         held.append("out of file: runs that ran predicted not to fit: " + "; ".join(unfit))
     lines += ["", "Targets missed:" if missed or held else "All targets met.", ""]
     lines += [f"- {m}" for m in missed + held]
-    lines += ["", f"## Since session 3 began (before: commit {SESSION_BEFORE_COMMIT}, the same "
-              "scripts; sessions 4 and 5 changed the report, not the terms or the constants)", "",
-              "| measure | before | after |", "|---|---:|---:|"]
+    history = ["", "## History", "",
+              "The same script on earlier commits (how each number moved since: `git log`, "
+              "the commit messages).", "",
+              f"| measure | {HISTORY_COMMITS[0]} (before issue 10) | {HISTORY_COMMITS[1]} "
+              "| now |", "|---|---:|---:|---:|"]
     bias = {k: st["time_bias"] for k, st in by_label(rows, lambda r: r.run.regime.runtime).items()}
     tp = by_label(rows, lambda r: r.run.regime.parallelism).get("tp", {}).get("time_bias")
     now = {"time median": _pct(s["time_median"]), "time max": _pct(s["time_max"]),
@@ -165,17 +183,20 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
            "coverage time / memory": f"{s['time_coverage']:.0%} / {s['memory_coverage']:.0%}",
            "rank agreement": f"{agree}/{pairs} ({agree / pairs:.0%})" if pairs else ""}
     now.update(_holdout_now())
-    lines += [f"| {k} | {v} | {now.get(k, '')} |" for k, v in SESSION_BEFORE.items()]
-    lines += ["", "What moved them (all in the cost terms or the runs' published settings; no "
-              "entry is special-cased): see \"Causes fixed\" below.", ""]
-    lines += ["## Causes fixed", "", CAUSES]
+    history += [f"| {k} | {a} | {b} | {now.get(k, '')} |" for k, (a, b) in HISTORY.items()]
+    rests_on = ["", "## What the calibration rests on", "", CAUSES]
+    # The order a reader needs: the summary, each regime's accuracy, why the misses, the
+    # estimates on runs the fit never saw; then the evidence, the history and every run.
+    regimes = _per_regime(rows)
+    lines += regimes  # ends with a blank line
+    if missed:
+        lines += ["## Why the misses", "", MISSES]
     lines += holdout_section(rows, micro_batch_bands)
     lines += unknown_fields.section(micro_batch_bands or [], unknown_fields.assumption_counts(rows))
     lines += out_of_file.section(held_out_results)  # published runs in no calibration file
     lines += out_of_file_dense.section(dense_results)  # Llama 3 405B, MT-NLG 530B
-    lines += ["", "## Before this issue", "", BEFORE]
-    if missed:
-        lines += ["", "## Why the misses", "", MISSES]
+    if landed:
+        lines += landing_section(rows, landed)
     if baseline_rows is not None:
         b = stats(baseline_rows)
         bl_ranks = rank_agreement(baseline_rows)
@@ -188,18 +209,6 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
                   f"rank agreement {ba}/{bp}", ""]
         lines += _table("Before: by parallelism regime",
                         by_label(baseline_rows, lambda r: r.run.regime.parallelism), REGIME_TITLES)
-    if landed:
-        lines += landing_section(rows, landed)
-    lines += ["", "## Per regime", "",
-              "Pairs ordered: the ranked pairs (\"Rank agreement per source\") with a member in "
-              "the regime, ordered as measured (a pair across two regimes counts in both).", ""]
-    keys, pairs = _regime_keys(), ranked_pairs(rows)
-    for title, key, names in (("By parallelism regime", "parallelism", REGIME_TITLES),
-                              ("By runtime", "runtime", None),
-                              ("By GPU generation", "generation", None),
-                              ("By calibration file", "file", None)):
-        lines += _table(title, by_label(rows, keys[key]), names,
-                        landing.pairs_by_label(pairs, keys[key]))
     above = {(g["source"], g["gpu"], g["dtype"], g["model"]): g for g in noisy}
     lines += ["## Rank agreement per source", "",
               "Noise: the source's largest throughput gap between two runs of one "
@@ -223,6 +232,7 @@ def render(rows: list[Row], skipped, zero, baseline_rows: list[Row] | None = Non
     worst = misordered_by_run(rows)
     lines += ["", "Runs in the most misordered pairs: " + ", ".join(
         f"{name} ({bad} of {n})" for name, bad, n in worst[:3]) + "."]
+    lines += rests_on + history
     lines += ["", "## Runs", "",
               "| entry | regime | config | time measured s | predicted s | error | band | "
               "memory measured GiB | predicted | error | measured | predicted |",

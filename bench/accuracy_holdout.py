@@ -19,7 +19,7 @@ from planner.calibration.predict import predict  # noqa: E402
 
 
 def _holdout_now() -> dict[str, str]:
-    """The held-out rows of the "Since session 3 began" table (bench/data/holdout.json)."""
+    """The held-out rows of the "History" table (bench/data/holdout.json)."""
     path = DATA / "holdout.json"
     if not path.exists():
         return {}

@@ -316,7 +316,9 @@ def clusters_command(as_json):
               help="Fix a choice: tp, pp, dp, cp, ep, etp, sp, zero, micro_batch, "
                    "virtual_stages, schedule, recompute, layouts (mesh or per-layer), offload "
                    "(none, optimizer, activations or both: host memory, needs a cluster host: "
-                   "section). Repeatable.")
+                   "section), pipeline_layout (Megatron-Core's --pipeline-model-parallel-layout, "
+                   "e.g. 'Et|(tt|)*62tL': fixes pp x virtual stages and the block placement). "
+                   "Repeatable.")
 @dp_shard_option
 @click.option("--memory-headroom", default="5%", show_default=True, metavar="H",
               help="GPU memory the search keeps free of the plan: a fraction (0.05 or 5%) or "

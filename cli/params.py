@@ -51,6 +51,12 @@ class FiniteFloat(click.ParamType):
         return f"FiniteFloat({self.minimum}, {self.maximum})"
 
 
+# the longest --pin pipeline_layout= text: a layout written without repetitions, one symbol per
+# layer and one | per chunk, for a few hundred layers and chunks (the largest presets have
+# 126 blocks; 'E|(t|)*126L' is 128 chunks)
+MAX_LAYOUT_PIN_CHARS = 4096
+
+
 def pin_pairs(items: tuple[str, ...] | list[str]) -> dict[str, str]:
     """``--pin KEY=VALUE`` items as a dict; refuses a malformed item, a key given twice (under
     any spelling: ``zero`` and ``zero_stage``, ``micro-batch`` and ``micro_batch``) and a value
@@ -70,9 +76,13 @@ def pin_pairs(items: tuple[str, ...] | list[str]) -> dict[str, str]:
         if len(digits) > MAX_PIN_DIGITS and digits.isdigit():
             raise invalid(f"pin {key}: a {len(digits)}-digit number is not a plausible value "
                           f"(limit {MAX_PIN_DIGITS} digits)")
-        if len(value) > 64:
-            raise invalid(f"pin {key}: the value is {len(value)} characters long; expected a "
-                          f"number, on/off, or a recompute policy")
+        # a pipeline layout is written out chunk by chunk (Megatron's syntax,
+        # planner/pipeline_layout.py): up to MAX_LAYOUT_PIN_CHARS, enough for hundreds of chunks
+        limit = MAX_LAYOUT_PIN_CHARS if name == "pipeline_layout" else 64
+        if len(value) > limit:
+            raise invalid(f"pin {key}: the value is {len(value)} characters long (limit "
+                          f"{limit}); expected a number, on/off, a recompute policy or a "
+                          f"pipeline layout")
         spelled[name] = key
         pairs[key] = value
     return pairs

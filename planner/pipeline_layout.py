@@ -18,8 +18,9 @@ model differs: no chunk is empty (Megatron builds an empty chunk; the planner's 
 stage per layer, cannot hold one), and the MTP layers share the loss's chunk (the planner's
 model graph runs them after the head, models/mtp.py).
 
-Readers: ``shardplan evaluate --pipeline-layout`` (:class:`planner.config.ParallelConfig`
-``pipeline_layout``, :func:`layer_chunks`), bench/runtime_reference.py (Megatron's reading of
+Readers: ``shardplan evaluate --pipeline-layout`` and ``plan --pin pipeline_layout=``
+(:class:`planner.config.ParallelConfig` ``pipeline_layout``, :func:`layer_chunks`,
+:func:`planner.strategy.block_ranks`), bench/runtime_reference.py (Megatron's reading of
 an exported command line), bench/moe_accuracy.py (the DeepSeek-V3 recipe layouts). Writer:
 :func:`format_layout` (planner/export/megatron.py).
 """

@@ -330,9 +330,10 @@ PROFILES: Mapping[str, RuntimeProfile] = MappingProxyType({
         # 0.3 applies one ActivationCheckpointing to every block (0.2.2's every-N-th layer
         # form is an export of 0.2.2 only): the search keeps to what both versions run
         recompute_rule="uniform",
-        # no nn.Dropout in its models (torchtitan/models/llama3/model.py, deepseek_v3/model.py)
-        # and a token-choice router without capacity (torchtitan/models/moe/moe.py
-        # TokenChoiceTopKRouter: every routed token reaches its experts)
+        # no nn.Dropout in its models (torchtitan 0.3.0: torchtitan/models/llama3/model.py,
+        # deepseek_v3/model.py) and a token-choice router without capacity
+        # (torchtitan/models/common/moe.py TokenChoiceTopKRouter: every routed token reaches
+        # its experts)
         dropout=False, moe_capacity=False,
         notes=("fp32 sharded parameters, bf16 all-gather (MixedPrecisionPolicy param_dtype)",
                "TP implies sequence parallel; async TP overlaps its collectives, compiled only")),

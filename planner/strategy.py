@@ -203,6 +203,25 @@ def interleaved_rank(block: int, num_blocks: int, pp: int, virtual_stages: int,
     return chunk_rank(interleaved_chunk(block, num_blocks, pp * virtual_stages), pp, placement)
 
 
+def block_ranks(config, num_blocks: int) -> tuple[int, ...] | None:
+    """Each block's pipeline rank where the configuration fixes it, None where a search places
+    the blocks (one contiguous chunk per rank): an explicit ``pipeline_layout`` (chunk k of its
+    blocks on :func:`planner.cost.pipeline.chunk_rank`, as :func:`layout_placement`), or pp x v
+    interleaved chunks (:func:`interleaved_rank`)."""
+    placement = getattr(getattr(config, "schedule_spec", None), "placement", "loop")
+    if getattr(config, "pipeline_layout", ""):
+        from planner.cost.pipeline import chunk_rank
+        from planner.pipeline_layout import parse_layout
+
+        blocks = parse_layout(config.pipeline_layout).blocks
+        return tuple(chunk_rank(k, config.pp, placement)
+                     for k, n in enumerate(blocks) for _ in range(n))
+    if config.virtual_stages > 1:
+        return tuple(interleaved_rank(b, num_blocks, config.pp, config.virtual_stages, placement)
+                     for b in range(num_blocks))
+    return None
+
+
 def head_stage(config) -> int:
     """The rank holding the last model chunk (the LM head): the last rank, or rank 0 under a
     V placement (chunk 2 pp - 1 comes back to rank 0)."""

@@ -168,7 +168,7 @@ class _Builder:
         self.n = sm.n
         self.b = b
         # the runtime's recompute rule, as in the one-pool model (planner/solve/recompute_model.py)
-        add_rule(M, rule_of(self.terms[0].problem), self.classes, L, pp, 1, self.x, self.n, b)
+        add_rule(M, rule_of(self.terms[0].problem), self.classes, L, pp, None, self.x, self.n, b)
 
         # churn budget: blocks that change stage against the old boundaries
         if self.old_counts is not None and self.max_moved is not None:

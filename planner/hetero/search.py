@@ -205,6 +205,9 @@ def hetero_search(model: ModelGraph, cluster: Cluster | MultiPoolCluster, global
     runtime = profile(options.runtime.profile) if options.runtime.profile else None
     if runtime is not None:  # run options the runtime cannot run (planner/profiles.py)
         runtime.refuse_options(options.runtime, model.is_moe)
+    if pins.pipeline_layout:
+        raise invalid(f"pin pipeline_layout={pins.pipeline_layout}: a plan across GPU pools "
+                      f"splits the stages by pool", "drop the pin, or plan one pool's cluster")
     block_options = _options(pins, runtime)
     # propose, bound cheaply from the leaf formulas, and sort; cost terms only when popped
     queue = []

@@ -16,7 +16,6 @@ from dataclasses import replace
 from planner.recompute_rules import groups
 from planner.solve.costs import StageProblem
 from planner.solve.recompute_model import rule_of
-from planner.strategy import interleaved_rank
 
 
 def rule_problems(p: StageProblem) -> list[StageProblem]:
@@ -86,7 +85,8 @@ def free_time_lower_bound(p: StageProblem) -> float:
 
         bwd = {pick: total(("bwd_s", "recompute_s"), pick) for pick in (min, max)}
         wgrad = {pick: total(("wgrad_s",), pick) for pick in (min, max)}
-        slowest = max(work / t.pp, _fixed_rank_time_lb(p)) if v > 1 else work / t.pp
+        slowest = max(work / t.pp, _fixed_rank_time_lb(p)) if p.block_ranks is not None \
+            else work / t.pp
         fill = max(x * (work - slowest) + y * bwd[min if y >= 0 else max]
                    + z * wgrad[min if z >= 0 else max] for x, y, z in t.bubble_pieces)
         pipeline = m * slowest + max(0.0, fill / v)
@@ -105,17 +105,16 @@ def _classic(p: StageProblem) -> bool:
 
 def _fixed_rank_time_lb(p: StageProblem) -> float:
     """The slowest rank's least time per micro-batch when chunks fix which blocks each rank
-    holds (``virtual_stages > 1``: :func:`planner.strategy.interleaved_rank`): its blocks at
+    holds (interleaved chunks, an explicit pipeline layout: StageProblem.block_ranks): its blocks at
     their fastest options, its non-block layers (the embedding on rank 0, the head on the head
     stage) at their fastest, and its boundary transfers."""
     t = p.terms
-    pp, v, L = t.pp, t.virtual_stages, p.num_blocks
-    placement = p.ctx.config.schedule_spec.placement
+    pp, fixed = t.pp, p.block_ranks
     ranks = [t.boundary_s] * pp
     for cls in p.classes:
         fastest = min(x.time_s for x in cls.costs)
         for blk in range(cls.first_block, cls.first_block + cls.count):
-            ranks[interleaved_rank(blk, L, pp, v, placement)] += fastest
+            ranks[fixed[blk]] += fastest
     head = t.head_stage % pp
     for i in p.pre:
         ranks[0] += min(x.time_s for _, x in p.edge_choices(i))
@@ -286,11 +285,11 @@ def stage_lp_bound(p: StageProblem) -> float:
         if k == len(kinds):
             kinds.append((cls.costs, 0, [0] * pp))
         costs, count, ranks = kinds[k]
-        if v > 1:
+        if p.block_ranks is not None:
             for blk in range(cls.first_block, cls.first_block + cls.count):
-                ranks[interleaved_rank(blk, p.num_blocks, pp, v)] += 1
+                ranks[p.block_ranks[blk]] += 1
         kinds[k] = (costs, count + cls.count, ranks)
-    counts = [ranks for _, _, ranks in kinds] if v > 1 else None
+    counts = [ranks for _, _, ranks in kinds] if p.block_ranks is not None else None
     per_class = [[] for _ in kinds]
 
     def row_of(lo: float, hi: float, coefficients) -> None:
@@ -362,7 +361,7 @@ def contiguous_split_exceeds(p: StageProblem, cutoff_s: float) -> bool:
     :func:`_split_reaches` decides."""
     t = p.terms
     m, pp = t.num_micro_batches, t.pp
-    if t.virtual_stages > 1 or m <= 1 or not p.classes or not _classic(p):
+    if p.block_ranks is not None or m <= 1 or not p.classes or not _classic(p):
         return False
     const = t.boundary_s + t.micro_batch_overhead_s
     work = p.class_sum("time_s")
@@ -381,7 +380,7 @@ def slowest_stage_lb_s(p: StageProblem) -> float:
     t = p.terms
     if not p.classes or not _classic(p):
         return 0.0
-    if t.virtual_stages > 1 or t.pp == 1:
+    if p.block_ranks is not None or t.pp == 1:
         per_stage = _stage_groups(p)
         return max(_stage_time_lb(p, i, groups) for i, groups in enumerate(per_stage))
     lo = 0.0
@@ -404,12 +403,12 @@ def _stage_groups(p: StageProblem) -> list[list[tuple[int, tuple]]]:
     (interleaved chunks, or one stage), with the embedding on the first and the head on the
     last stage."""
     t = p.terms
-    pp, v = t.pp, t.virtual_stages
+    pp, fixed = t.pp, p.block_ranks
     per_stage: list[list] = [[] for _ in range(pp)]
     for cls in p.classes:
         counts = [0] * pp
         for blk in range(cls.first_block, cls.first_block + cls.count):
-            counts[interleaved_rank(blk, p.num_blocks, pp, v) if pp > 1 else 0] += 1
+            counts[fixed[blk] if fixed is not None else 0] += 1
         for i, n in enumerate(counts):
             if n:
                 per_stage[i].append((n, cls.costs))

@@ -11,7 +11,8 @@ What is enumerated (the solver's space, nothing else):
 * every contiguous split of the blocks into ``pp`` stages of >= 1 block; with interleaving
   (``virtual_stages > 1``) only Megatron-LM's: pp x v equal chunks, chunk k on rank k mod pp
   (:func:`planner.strategy.interleaved_rank`), as the solver does (the V schedules ZB-V and
-  DualPipeV: chunk k on rank k, then 2 pp - 1 - k, the head back on rank 0);
+  DualPipeV: chunk k on rank k, then 2 pp - 1 - k, the head back on rank 0); with a pinned
+  pipeline layout (``Pins.pipeline_layout``) only the layout's blocks per chunk;
 * every per-block :class:`~planner.strategy.LayerOption` assignment from the options the pins
   allow (``Pins.block_options``: the mesh layout with none / selective / full recomputation)
   whose recomputation the runtime's rule expresses exactly
@@ -59,7 +60,7 @@ from planner.recompute_rules import chunk_runs, settings_of
 from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.space import Pins, enumerate_configs
 from planner.strategy import (NO_OPTION, LayerOption, LayerPlacement, edge_options,
-                               head_stage, interleaved_rank)
+                               block_ranks, head_stage, interleaved_rank)
 
 DEFAULT_BUDGET = 200_000  # placements; about a minute of enumeration on one core
 
@@ -72,10 +73,14 @@ class BruteForceResult:
     scored: int  # placements whose step time was computed (the rest were cut, see docstring)
 
 
-def _splits(num_blocks: int, pp: int, virtual_stages: int,
-            placement: str = "loop") -> Iterator[tuple[int, ...]]:
+def _splits(num_blocks: int, pp: int, virtual_stages: int, placement: str = "loop",
+            fixed: Sequence[int] | None = None) -> Iterator[tuple[int, ...]]:
     """The stage of each block: every contiguous split into ``pp`` non-empty stages (cut points
-    in lexicographic order), or only the interleaved one (round-robin, or the V's)."""
+    in lexicographic order), or only the interleaved one (round-robin, or the V's), or only
+    ``fixed`` where given (an explicit pipeline layout's: planner.strategy.block_ranks)."""
+    if fixed is not None:
+        yield tuple(fixed)
+        return
     if virtual_stages > 1:
         yield tuple(interleaved_rank(b, num_blocks, pp, virtual_stages, placement)
                     for b in range(num_blocks))
@@ -83,6 +88,13 @@ def _splits(num_blocks: int, pp: int, virtual_stages: int,
     for cuts in itertools.combinations(range(1, num_blocks), pp - 1):
         bounds = (0,) + cuts + (num_blocks,)
         yield tuple(s for s in range(pp) for _ in range(bounds[s + 1] - bounds[s]))
+
+
+def _config_splits(num_blocks: int, config) -> Iterator[tuple[int, ...]]:
+    """:func:`_splits` of a configuration: its pipeline layout's, else its chunks' or every
+    contiguous one."""
+    return _splits(num_blocks, config.pp, config.virtual_stages, config.schedule_spec.placement,
+                   block_ranks(config, num_blocks) if config.pipeline_layout else None)
 
 
 def _num_splits(num_blocks: int, pp: int, virtual_stages: int) -> int:
@@ -106,10 +118,11 @@ def count_placements(model: ModelGraph, cluster: Cluster, global_batch: int, seq
                                runtime_profile(runtime.profile)):
         allowed = _allowed(pins, c, runtime)
         if rule == "per-block":
-            per_split = _num_splits(blocks, c.pp, c.virtual_stages) * len(allowed) ** blocks
+            per_split = (1 if c.pipeline_layout else _num_splits(blocks, c.pp, c.virtual_stages)) \
+                * len(allowed) ** blocks
         else:
             per_split = sum(_space_size(rule, stages, allowed)
-                            for stages in _splits(blocks, c.pp, c.virtual_stages))
+                            for stages in _config_splits(blocks, c))
         total += per_split * len(edge_options(allowed)) ** edges
     return total
 
@@ -279,8 +292,7 @@ def _literal(model, cluster, config, runtime, allowed, incumbent, within):
     rule = runtime_profile(runtime.profile).recompute_rule
     for fixed, stages in itertools.product(
             _edge_assignments(model, ctx, allowed),
-            list(_splits(model.num_blocks, config.pp, config.virtual_stages,
-                         config.schedule_spec.placement))):
+            list(_config_splits(model.num_blocks, config))):
         ruled = _rule_filter(rule, stages, allowed, signatures)
         for rec in itertools.product(*per_block):
             if not _consistent(classes, rec) or not ruled(rec):
@@ -374,7 +386,7 @@ def _fast_edges(model, cluster, config, ctx, allowed, fixed_options, incumbent, 
     rule = runtime_profile(ctx.options.profile).recompute_rule
     values = {o.recompute.value for o in allowed}
     num_blocks = model.num_blocks
-    for stages in _splits(num_blocks, pp, v, config.schedule_spec.placement):
+    for stages in _config_splits(num_blocks, config):
         n += _space_size(rule, stages, allowed)
         ruled = _rule_filter(rule, stages, allowed, signatures)
         members = [tuple(b for b, s in enumerate(stages) if s == i) for i in range(pp)]

@@ -16,7 +16,7 @@ from planner.cost.context import CostContext
 from planner.cost.terms import (ConfigTerms, LayerTerms, config_terms, embedding_sync_s,
                                 layer_terms, option_valid, reshard_s)
 from planner.ir import LayerKind
-from planner.strategy import BLOCK_OPTIONS, NO_OPTION, LayerOption, edge_options
+from planner.strategy import BLOCK_OPTIONS, NO_OPTION, LayerOption, block_ranks, edge_options
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,12 @@ class StageProblem:
     @cached_property  # the bounds read it many times per configuration
     def terms(self) -> ConfigTerms:
         return config_terms(self.ctx)
+
+    @cached_property
+    def block_ranks(self) -> tuple[int, ...] | None:
+        """Each block's rank where the configuration fixes it (interleaved chunks, an explicit
+        pipeline layout), None where the solver places the blocks: planner.strategy.block_ranks"""
+        return block_ranks(self.ctx.config, self.num_blocks)
 
     @property
     def memory_limit_bytes(self) -> float:

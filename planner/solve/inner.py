@@ -53,7 +53,7 @@ from planner.solve.costs import StageProblem
 from planner.solve.offload_model import add_offload_rule
 from planner.solve.recompute_model import add_rule, rule_of
 from planner.solve.stage_model import StageModel, blocks_in, decode_placement
-from planner.strategy import LayerPlacement, interleaved_rank
+from planner.strategy import LayerPlacement
 
 TICKS = 10**9  # the objective of the heaviest placement spans about this many ticks
 
@@ -111,23 +111,27 @@ class _Builder:
         pp, L = T.pp, P.num_blocks
         v, m = T.virtual_stages, T.num_micro_batches
 
-        # Stages are contiguous runs of >= 1 block; interleaving keeps them equal. With one
-        # block class the boundaries reduce to per-stage counts summing to L.
+        # Stages are contiguous runs of >= 1 block; interleaved chunks or an explicit pipeline
+        # layout fix each block's rank (P.block_ranks). With one block class the boundaries
+        # reduce to per-stage counts summing to L.
         single = len(P.classes) == 1
+        ranks = P.block_ranks
+        fixed = ranks is not None
         b = [M.new_constant(0)]
         for i in range(1, pp):
-            b.append(M.new_constant(i * L // pp) if v > 1 or single
+            b.append(M.new_constant(sum(1 for r in ranks if r < i) if v == 1 else i * L // pp)
+                     if fixed else M.new_constant(i * L // pp) if single
                      else M.new_int_var(i, L - (pp - i), f"b[{i}]"))
         b.append(M.new_constant(L))
         counts = []
         for i in range(pp):
-            if v > 1:
-                counts.append(L // pp)
+            if fixed:
+                counts.append(sum(1 for r in ranks if r == i))
             elif single:
                 counts.append(M.new_int_var(1, L - pp + 1, f"k[{i}]"))
             else:
                 M.add(b[i + 1] - b[i] >= 1)
-        if single and v == 1:
+        if single and not fixed:
             M.add(sum(counts) == L)
 
         # x[i,c]: blocks of class c in stage i; n[i,c,r]: with option r (planner.solve.stage_model)
@@ -144,9 +148,9 @@ class _Builder:
             sm.a[i, 0] = 1
             for ci, cls in enumerate(P.classes):
                 x = M.new_int_var(0, cls.count, f"x[{i},{ci}]")
-                if v > 1:  # interleaved: rank i holds chunks i, i + pp, ... (V: i, 2pp-1-i)
+                if fixed:  # interleaved: rank i holds chunks i, i + pp, ... (V: i, 2pp-1-i)
                     M.add(x == sum(1 for blk in range(cls.first_block, cls.first_block + cls.count)
-                                   if interleaved_rank(blk, L, pp, v, self.style) == i))
+                                   if ranks[blk] == i))
                 elif single:
                     M.add(x == counts[i])
                 else:
@@ -155,12 +159,12 @@ class _Builder:
                 sm.add_options(i, ci, x)
         self.n = sm.n
         # the runtime's recompute rule (planner/recompute_rules.py, solve/recompute_model.py)
-        add_rule(M, rule_of(P), P.classes, L, pp, v, self.x, self.n,
-                 None if single and v == 1 else b)
+        add_rule(M, rule_of(P), P.classes, L, pp, ranks, self.x, self.n,
+                 None if single and not fixed else b)
         # Megatron-Core's activation-offload rule (planner/offload_rules.py, offload_model.py)
         add_offload_rule(M, P.classes, [self.ctx.model.layers[cls.start].signature
                                         for cls in P.classes], L, pp, self.n)
-        if not single and v == 1:
+        if not single and not fixed:
             # redundant cut: the stages hold every block (the min/max of blocks_in relax weakly)
             for ci, cls in enumerate(P.classes):
                 M.add(sum(self.x[i, ci] for i in range(pp)) == cls.count)
@@ -256,8 +260,8 @@ class _Builder:
                  self.edge_layout(P.post[k]), f"post{k}")
         for ci in range(1, len(P.classes)):
             cls = P.classes[ci]
-            if v > 1:
-                fixed = interleaved_rank(cls.first_block, L, pp, v, self.style)
+            if self.p.block_ranks is not None:
+                fixed = self.p.block_ranks[cls.first_block]
                 w = None
             elif pp == 1:
                 fixed, w = 0, None
@@ -358,7 +362,7 @@ class _Builder:
 
         return decode_placement(self.p, self.T.pp, lambda i, c: solver.value(self.x[i, c]),
                                 lambda i, c, r: solver.value(self.n[i, c, r]),
-                                self.T.virtual_stages, edge_option, self.style)
+                                self.p.block_ranks, edge_option)
 
 
 _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE",

@@ -27,7 +27,6 @@ from ortools.sat.python import cp_model
 
 from planner.recompute_rules import chunk_runs, first_n, largest_chunk
 from planner.solve.stage_model import blocks_in
-from planner.strategy import interleaved_rank
 
 
 def rule_of(problem) -> str:
@@ -38,9 +37,10 @@ def rule_of(problem) -> str:
 
 
 def add_rule(M: cp_model.CpModel, rule: str, classes: Sequence, num_blocks: int, pp: int,
-             virtual_stages: int, x: dict, n: dict, b: Sequence | None) -> None:
-    """Constrain ``n`` to ``rule``; ``b``: the stage boundaries (None: one class, ``x`` are
-    the stage sizes)."""
+             ranks: Sequence[int] | None, x: dict, n: dict, b: Sequence | None) -> None:
+    """Constrain ``n`` to ``rule``; ``ranks``: each block's rank where the configuration fixes
+    it (StageProblem.block_ranks: interleaved chunks, an explicit pipeline layout), else None;
+    ``b``: the stage boundaries (None: one class, ``x`` are the stage sizes)."""
     values = sorted({o.recompute.value for cls in classes for o in cls.options})
     if rule == "per-block" or len(values) <= 1:
         return
@@ -59,8 +59,8 @@ def add_rule(M: cp_model.CpModel, rule: str, classes: Sequence, num_blocks: int,
         return
     if rule != "first-n":
         raise ValueError(f"unknown recompute rule {rule!r}")
-    L, v = num_blocks, virtual_stages
-    runs = chunk_runs([interleaved_rank(blk, L, pp, v) for blk in range(L)]) if v > 1 else None
+    L = num_blocks
+    runs = chunk_runs(list(ranks)) if ranks is not None else None
     top = largest_chunk(runs) if runs else L - pp + 1
     k = M.new_int_var(0, top, "recompute_num_layers")
     sel = M.new_bool_var("rule[selective]") if "selective" in values else None
@@ -75,7 +75,7 @@ def add_rule(M: cp_model.CpModel, rule: str, classes: Sequence, num_blocks: int,
             for kk in range(top + 1):
                 settings = first_n(runs, kk)
                 table.append(sum(1 for blk in blocks if settings[blk] == "full"
-                                 and interleaved_rank(blk, L, pp, v) == i))
+                                 and ranks[blk] == i))
             M.add_element(k, table, f)
         elif b is None:
             M.add_min_equality(f, [k, x[i, ci]])

@@ -19,6 +19,9 @@ Choices (each documented so users know what is searched):
   ``--pipeline-model-parallel-layout``, torchtitan's per-stage layer counts) also the v whose
   pp x v chunks do not divide the blocks: the first ``blocks mod (pp x v)`` chunks hold one
   block more (:func:`planner.strategy.interleaved_rank`; Llama 3 405B's 126 layers).
+* a pinned pipeline layout (``pipeline_layout``, Megatron's syntax, planner/pipeline_layout.py):
+  pp every divisor of its chunk count above 1, v the chunk count / pp; its blocks per chunk
+  fix the placement (the runtime must run uneven chunks).
 * ZeRO 0..3, sequence parallelism on and off when tp > 1.
 * hybrid sharding (HSDP, ``dp_shard``), where the runtime profile runs it for that ZeRO stage:
   one node per shard group (tp x cp x dp_shard = the node's GPUs, at least 2 shard ranks,
@@ -52,7 +55,7 @@ MAX_VIRTUAL_STAGES = 8
 LONG_SEQUENCE = 16384
 
 PIN_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "micro_batch", "virtual_stages",
-            "recompute", "layouts", "offload", "dp_shard", "schedule", "hpz")
+            "recompute", "layouts", "offload", "dp_shard", "schedule", "hpz", "pipeline_layout")
 LAYOUT_CHOICES = ("mesh", "per-layer")  # layouts=per-layer: the solver picks one per block class
 # offload=optimizer: each layer may keep its optimizer states and master weights in host memory
 # (needs the cluster's host: section; planner/cost/offload.py); offload=activations: each block
@@ -82,6 +85,18 @@ class Pins:
     # pipeline schedules to try (planner.cost.pipeline.SCHEDULES): "zbv", or "1f1b,zb-h1"
     schedule: tuple[str, ...] | None = None
     hpz: int | None = None  # ZeRO++ hpZ secondary partition ranks; 0: off
+    # an explicit pipeline layout (Megatron-Core's --pipeline-model-parallel-layout,
+    # planner/pipeline_layout.py), as written: its chunk count fixes pp x virtual_stages and
+    # its blocks per chunk the placement; the search chooses pp among the divisors of the
+    # chunk count, and everything else
+    pipeline_layout: str | None = None
+
+    @property
+    def layout(self):
+        """The pinned pipeline layout, parsed (None when not pinned)."""
+        from planner.pipeline_layout import parse_layout
+
+        return parse_layout(self.pipeline_layout) if self.pipeline_layout else None
 
     @staticmethod
     def parse(items: Mapping[str, str]) -> "Pins":
@@ -93,7 +108,16 @@ class Pins:
             if name not in PIN_KEYS:
                 raise invalid(f"unknown pin {key!r}", f"valid pins: {', '.join(PIN_KEYS)}")
             text = str(raw).strip().lower()
-            if name == "sp":
+            if name == "pipeline_layout":  # case matters: E, L (planner/pipeline_layout.py)
+                from planner.pipeline_layout import parse_layout
+
+                layout = parse_layout(str(raw).strip())
+                if layout.num_chunks < 2:
+                    raise invalid(f"pin pipeline_layout={raw!r} has one chunk: a layout splits "
+                                  "the layers over pipeline ranks",
+                                  "separate the pp x virtual stages chunks with |")
+                values[name] = str(raw).strip()
+            elif name == "sp":
                 if text not in ("true", "false", "on", "off", "1", "0", "yes", "no"):
                     raise invalid(f"pin sp={raw!r}: expected on/off")
                 values[name] = text in ("true", "on", "1", "yes")
@@ -194,6 +218,9 @@ class Pins:
         elif self.offload == "activations":  # nothing else to offload: refuse a pin that bars it
             bad += [f"offload=activations with {why}" for why in offload_rules.pinned_refusals(
                 self.pp, self.recompute.value if self.recompute is not None else None)]
+        if self.pipeline_layout and not runtime.uneven_chunks:
+            bad.append(f"pipeline_layout={self.pipeline_layout} (its pipeline stages are not "
+                       f"set layer by layer: profile uneven_chunks is off)")
         if bad:
             raise invalid(f"runtime {runtime.name} cannot run the pinned "
                           f"{'; '.join(bad)}", "drop the pin, or choose another --runtime")
@@ -330,11 +357,17 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
     tp_default, cp_default, zero_default = default_choices(
         [t for t in _divisors(cluster.gpus_per_node) if heads % t == 0 and n % t == 0],
         seq_len, pins, runtime)
+    layout = pins.layout
+    if layout is not None:  # the layout's own rules against this model, said once
+        layout.check(blocks, model.num_mtp, model.name)
     for tp in _choices(pins.tp, tp_default):
         for cp in _choices(pins.cp, cp_default):
             if n % (tp * cp):
                 continue
             pps = [p for p in _divisors(n // (tp * cp)) if p <= blocks]
+            if layout is not None:  # pp x v = the layout's chunks, pp > 1
+                pps = [p for p in _divisors(n // (tp * cp))
+                       if p > 1 and layout.num_chunks % p == 0]
             if runtime is not None and not runtime.pp:
                 pps = [1]
             for pp in _choices(pins.pp, pps):
@@ -361,6 +394,8 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                             vs += [v for v in range(2, MAX_VIRTUAL_STAGES + 1)
                                    if blocks % (pp * v) == 0 or
                                    (uneven and pp * v <= blocks)]
+                        if layout is not None:
+                            vs = [layout.num_chunks // pp]
                         for v, schedule in ((v, s) for v in _choices(pins.virtual_stages, vs)
                                             for s in _schedules(pins, runtime, pp, v, m)):
                             sps = [True, False] if tp > 1 else [False]
@@ -382,7 +417,8 @@ def enumerate_configs(model: ModelGraph, cluster: Cluster, global_batch: int, se
                                         zero_stage=zero, micro_batch=mbs,
                                         global_batch=global_batch, seq_len=seq_len,
                                         virtual_stages=v, dtype=dtype, dp_shard=shard,
-                                        pipeline_schedule=schedule, hpz=hpz)
+                                        pipeline_schedule=schedule, hpz=hpz,
+                                        pipeline_layout=pins.pipeline_layout or "")
                                     try:
                                         config.validate(model, cluster)
                                     except PlannerError:

@@ -35,7 +35,7 @@ def split_hints(problem: StageProblem, limit_bytes: float) -> Iterator[LayerPlac
     """A balanced contiguous placement over the mesh layout (interleaved or one-stage
     configurations have a fixed assignment: nothing to balance, none is given)."""
     t = problem.terms
-    if t.virtual_stages > 1 or t.pp == 1:
+    if problem.block_ranks is not None or t.pp == 1:
         return
     placement = _balanced(problem, limit_bytes)
     if placement is not None:

@@ -35,7 +35,7 @@ from ortools.sat.python import cp_model
 
 from planner.cost.terms import NO_COMM, Affine, ConfigTerms, LayerTerms
 from planner.solve.costs import StageProblem
-from planner.strategy import NO_OPTION, LayerPlacement, interleaved_rank
+from planner.strategy import NO_OPTION, LayerPlacement
 
 TIME_TERMS = ("fwd_s", "bwd_s", "recompute_s", "comm_s")
 STATE_TERMS = ("params_bytes", "grads_bytes", "optimizer_bytes")
@@ -381,24 +381,23 @@ class StageModel:
 
 
 def decode_placement(problem: StageProblem, pp: int, x: Callable[[int, int], int],
-                     n: Callable[[int, int, int], int], virtual_stages: int = 1,
-                     edge_option: Callable[[int], object] | None = None,
-                     placement: str = "loop") -> LayerPlacement:
+                     n: Callable[[int, int, int], int],
+                     ranks: Sequence[int] | None = None,
+                     edge_option: Callable[[int], object] | None = None) -> LayerPlacement:
     """The LayerPlacement of a solution: ``x(i, c)`` blocks of class c in stage i (contiguous,
-    in stage order; interleaved chunks when ``virtual_stages > 1``), ``n(i, c, r)`` of them with
+    in stage order; where ``ranks`` fixes each block's rank, on it: interleaved chunks, an
+    explicit pipeline layout, StageProblem.block_ranks), ``n(i, c, r)`` of them with
     option r (the heaviest recomputation first, then the activation-offloading blocks, as
 Megatron-Core offloads the first N layers: any order in a stage costs the same);
     ``edge_option(j)``: the option of non-block layer j (default: NO_OPTION)."""
     layers = problem.ctx.model.layers
     stage, options = [0] * len(layers), [NO_OPTION] * len(layers)
-    L, v = problem.num_blocks, virtual_stages
     for ci, cls in enumerate(problem.classes):
         blocks = list(range(cls.first_block, cls.first_block + cls.count))
         done = 0
         for i in range(pp):
-            if v > 1:
-                mine = [blk for blk in blocks
-                        if interleaved_rank(blk, L, pp, v, placement) == i]
+            if ranks is not None:
+                mine = [blk for blk in blocks if ranks[blk] == i]
             else:  # contiguous: this stage's share follows the previous stages' shares
                 mine = blocks[done:done + x(i, ci)]
                 done += len(mine)

@@ -85,57 +85,48 @@ EXTRAS = (
 )
 
 
+def _tiny_moe(*pins: str) -> tuple[str, ...]:
+    """plan's arguments for the tiny-moe preset on 4 processes (8 sequences of 64 tokens), with
+    each ``KEY=VALUE`` of ``pins`` as a --pin."""
+    return ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
+            "--seq-len", "64") + tuple(a for pin in pins for a in ("--pin", pin))
+
+
 MOE = (
     Shape("moe-ep2", "MoE: expert parallelism ep 2 x edp 2 (dp 4, ZeRO-1)",
-          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
-           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=2",
-           "--pin", "zero=1"),
+          _tiny_moe("tp=1", "pp=1", "ep=2", "zero=1"),
           "the tiny-moe preset (1 dense block, 3 MoE blocks of 8 experts top-2 + 1 shared) on 4 "
           "processes, 4 experts per rank, dense Adam states over dp 4 and expert ones over edp 2"),
     Shape("moe-ep4", "MoE: expert parallelism ep 4 (dp 4, ZeRO-0)",
-          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
-           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=4",
-           "--pin", "zero=0"),
+          _tiny_moe("tp=1", "pp=1", "ep=4", "zero=0"),
           "2 experts per rank, every expert gradient complete after the combine's backward "
           "(edp 1)"),
     Shape("moe-pp-ep2", "MoE: interleaved pipeline pp 2 x dp 2, ep 2, full recompute",
-          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
-           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=2", "--pin", "virtual_stages=2",
-           "--pin", "ep=2", "--pin", "zero=0", "--pin", "recompute=full",
-           "--pin", "micro_batch=1"),
+          _tiny_moe("tp=1", "pp=2", "virtual_stages=2", "ep=2", "zero=0", "recompute=full",
+                    "micro_batch=1"),
           "the recomputed forward dispatches and combines again: 3 passes, forward bytes "
           "twice the backward's"),
     Shape("moe-tp2-ep2", "MoE with TP: tp 2 x dp 2, sp, ep 2 over the TP ranks (etp 1, ZeRO-1)",
-          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
-           "--seq-len", "64", "--pin", "tp=2", "--pin", "pp=1", "--pin", "ep=2",
-           "--pin", "etp=1", "--pin", "sp=on", "--pin", "zero=1"),
+          _tiny_moe("tp=2", "pp=1", "ep=2", "etp=1", "sp=on", "zero=1"),
           "Megatron-Core MoE parallel folding: the EP group is the TP pair (expert rank order "
           "tp-ep-dp), each TP rank routes its sequence shard (32 of 64 positions), whole experts, "
           "expert states over edp 2"),
     Shape("moe-tp2-etp2", "MoE with expert tensor parallelism: tp 2 x dp 2, etp 2 x ep 2 (ZeRO-1)",
-          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
-           "--seq-len", "64", "--pin", "tp=2", "--pin", "pp=1", "--pin", "ep=2",
-           "--pin", "etp=2", "--pin", "sp=on", "--pin", "zero=1"),
+          _tiny_moe("tp=2", "pp=1", "ep=2", "etp=2", "sp=on", "zero=1"),
           "each expert's width split over the TP pair; the received copies all-gathered over "
           "it and the partial outputs reduce-scattered (Megatron-Core's ETP gather / scatter), "
           "those bytes included in the prediction and the count"),
     Shape("moe-tp2-nosp-ep4", "MoE with TP without sequence parallelism: tp 2 x dp 2, ep 4 "
           "(ZeRO-0)",
-          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
-           "--seq-len", "64", "--pin", "tp=2", "--pin", "pp=1", "--pin", "ep=4",
-           "--pin", "etp=1", "--pin", "sp=off", "--pin", "zero=0"),
+          _tiny_moe("tp=2", "pp=1", "ep=4", "etp=1", "sp=off", "zero=0"),
           "the replicated MoE input split on the sequence over the TP pair (the cost model's "
           "tokens / tp per GPU) and the output all-gathered"),
     Shape("moe-ep2-zero2", "MoE under ZeRO-2: dp 4, ep 2 x edp 2",
-          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
-           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=2",
-           "--pin", "zero=2"),
+          _tiny_moe("tp=1", "pp=1", "ep=2", "zero=2"),
           "each dense gradient reduced to its owner over dp 4 and each expert gradient to its "
           "owner over edp 2 after every micro-batch"),
     Shape("moe-ep2-zero3", "MoE under FSDP2: dp 4, ep 2 x edp 2 (ZeRO-3)",
-          ("--model", "tiny-moe", "--cluster", "tiny", "--nodes", "1", "--global-batch", "8",
-           "--seq-len", "64", "--pin", "tp=1", "--pin", "pp=1", "--pin", "ep=2",
-           "--pin", "zero=3"),
+          _tiny_moe("tp=1", "pp=1", "ep=2", "zero=3"),
           "torchtitan's MoE FSDP: each routed expert fully_shard over edp 2, the blocks and "
           "the root over dp 4"),
 )

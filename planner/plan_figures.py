@@ -41,6 +41,7 @@ def _matplotlib():
 
 
 def _rc():
+    _matplotlib()  # the clear "not installed" error before anything imports it
     import matplotlib
 
     return matplotlib.rc_context({"svg.hashsalt": "shardplan", "svg.fonttype": "none",

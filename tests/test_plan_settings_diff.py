@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import json
 
+import pytest
+
 from conftest import build_plan, run_cli
 
 
@@ -45,7 +47,7 @@ def test_diff_of_dense_plans_leaves_out_the_expert_mesh(tmp_path, capsys):
     assert "etp" not in degrees and "edp" not in degrees  # dense: they only follow tp and dp
 
 
-def test_runners_up_alike_in_every_column_are_told_apart(tmp_path, capsys):
+def _plan_with_alike_runners_up(tmp_path) -> str:
     doc = build_plan(tp=1, pp=1, global_batch=16)
     alt = {"parallelism": copy.deepcopy(doc["parallelism"]), "peak_memory_gib": 1.0,
            "slower_than_best": 0.01, "stage_layers": [6],
@@ -55,13 +57,21 @@ def test_runners_up_alike_in_every_column_are_told_apart(tmp_path, capsys):
     recomputed = copy.deepcopy(alt)
     recomputed["parallelism"]["recompute"] = "full"
     doc["alternatives"] = [sharded, recomputed]
-    path = _write(doc, tmp_path / "plan.json")
+    return _write(doc, tmp_path / "plan.json")
+
+
+def test_runners_up_alike_in_every_column_are_told_apart(tmp_path, capsys):
+    path = _plan_with_alike_runners_up(tmp_path)
     code, _, err = run_cli(["show", path], capsys)
     assert code == 0
     table = err[err.index("Runners-up"):]
     assert "other changes" in table
     assert "dp_shard -→4" in table and "recompute none→full" in table
 
+
+def test_report_runners_up_alike_in_every_column_are_told_apart(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="report needs the 'report' extra")
+    path = _plan_with_alike_runners_up(tmp_path)
     code, _, _ = run_cli(["report", path, "-o", tmp_path / "plan.html"], capsys)
     page = (tmp_path / "plan.html").read_text()
     runners = page[page.index("<h2>Runners-up</h2>"):page.index("<h2>Solver record</h2>")]

@@ -3,9 +3,10 @@
 Searches a few instances as ``shardplan plan`` does (the runtime's calibrated setup, the
 default 5 % headroom) at ``--memory-confidence`` 0.5 (the prediction) and 0.9 (the plan must
 fit at the 90 % quantile of its peak-memory band, planner/solve/gate.py), ``--runs`` times each,
-and prints a Markdown table: the median solve time (with the range), the candidates in the
-space (a configuration whose options mix recomputation policies its regime's calibration runs
-used and ones they did not is two candidates under the gate), the plan, its step time, its
+and prints a Markdown table: the median solve time (with the range), the configurations in
+the space (solver.candidates_total: each counted once, though one whose options mix
+recomputation policies its regime's calibration runs used and ones they did not is two
+candidates under the gate), the plan, its step time, its
 predicted peak and the peak at the 90 % quantile as ``check --memory-confidence 0.9`` computes
 it (planner.check.memory_verdict), against the limit the search had. Run::
 
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cases = CASES[:1] if args.quick else CASES
     runs = 1 if args.quick else max(1, args.runs)
-    print(f"| instance | Q | solve s, median of {runs} (min-max) | candidates | plan | step s "
+    print(f"| instance | Q | solve s, median of {runs} (min-max) | configurations | plan | step s "
           "| peak GiB | peak at 90 % GiB | limit GiB | passes check 0.9 |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for case in cases:

@@ -433,7 +433,7 @@ def plan(model, cluster, nodes, global_batch, seq_len, dtype, time_limit, work_l
         doc["fallbacks"] = rounded(compute_fallbacks(
             b.model, b.cluster, b.config, b.placement, b.options, fallbacks,
             max_moved_layers=fallback_max_moved_layers,
-            memory_limit_gib=solver.get("memory_limit_gib")))
+            memory_limit_gib=solver.get("memory_limit_gib"), memory_gate=gate))
     _record_calibration(doc, setup, calibration)
     _finish_plan(doc, output, force, plan_to_stdout, as_json, result.record.solve_time_s)
 

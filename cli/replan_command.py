@@ -96,6 +96,7 @@ def replan_command(plan_path, failed, slow, slow_from, max_moved_layers, allow_b
     from planner.hetero.replan import replan
     from planner.plan import make_plan
     from planner.plan_types import Plan
+    from planner.solve.gate import plan_gate
     from planner.writer import check_target
 
     failed_ranks = parse_ranks(failed) if str(failed).strip() else []
@@ -107,6 +108,7 @@ def replan_command(plan_path, failed, slow, slow_from, max_moved_layers, allow_b
     if output is not None:
         check_target(output, force=force)
     old = Plan.load(plan_path)
+    gate = plan_gate(old)  # the memory gate the plan was searched under (check's default)
     with signals.deadline(time_limit, max(1.0, 0.1 * time_limit)):
         result = replan(old.model, old.cluster, old.config, old.placement, old.runtime,
                         failed=failed_ranks, slow=slow_ranks, max_moved_layers=max_moved_layers,
@@ -114,11 +116,14 @@ def replan_command(plan_path, failed, slow, slow_from, max_moved_layers, allow_b
                         stage_pools=old.stage_pools,
                         # the memory the plan was searched under (one pool: one limit)
                         memory_limit_gib=None if old.across_pools else
-                        (old.document.get("solver") or {}).get("memory_limit_gib"))
+                        (old.document.get("solver") or {}).get("memory_limit_gib"),
+                        memory_gate=gate)
     chosen = result.chosen
     ev = chosen.evaluation
     inputs = old.document["inputs"]
     solver = {"status": chosen.solver_status, "objective_s": ev.step_time_s}
+    if gate is not None:  # check gates the new plan where the old one was searched
+        solver["memory_confidence"] = gate.confidence
     if old.across_pools:  # the new plan across the pools' surviving nodes (schema version 2)
         from planner.hetero.plan_file import make_pool_plan
 

@@ -96,7 +96,8 @@ def check_plan(plan: Plan, *, model: ModelGraph | None = None,
 
         problems += [Problem("fallback", f"the fallback for a {kind} failure no longer holds: "
                                          f"{message}")
-                     for kind, message in fallback_problems(plan, cluster)]
+                     for kind, message in fallback_problems(plan, cluster, memory_confidence,
+                                                            cal)]
     if plan.across_pools:  # each stage against its pool's GPU (planner/hetero/check.py)
         return _check_across_pools(plan, model, cluster, checks, problems, allow_stale,
                                    plan_path, memory_confidence, options)

@@ -70,10 +70,13 @@ def compute_fallbacks(model: ModelGraph, cluster: Cluster, config: ParallelConfi
                       placement: LayerPlacement, runtime: RuntimeOptions, k: int, *,
                       max_moved_layers: int | None = None,
                       time_limit_s: float = 5.0, stage_pools: Sequence[str] | None = None,
-                      memory_limit_gib: float | None = None) -> list[dict[str, Any]]:
+                      memory_limit_gib: float | None = None,
+                      memory_gate=None) -> list[dict[str, Any]]:
     """The ``fallbacks`` section: one entry per failure class, the ``k`` most likely
     (``stage_pools``: a plan across pools', ``cluster`` then a MultiPoolCluster;
-    ``memory_limit_gib``: the plan's search limit, see :func:`planner.hetero.replan.replan`)."""
+    ``memory_limit_gib`` and ``memory_gate``: the plan's search limit and memory gate, see
+    :func:`planner.hetero.replan.replan`: a fallback passes ``check`` at the plan's recorded
+    ``--memory-confidence``, or the failure class has none, with the reason)."""
     from planner.hetero.replan import replan
 
     if not 1 <= k <= len(FAILURE_CLASSES):
@@ -87,7 +90,8 @@ def compute_fallbacks(model: ModelGraph, cluster: Cluster, config: ParallelConfi
         try:
             result = replan(model, cluster, config, placement, runtime, failed=ranks,
                             max_moved_layers=max_moved_layers, time_limit_s=time_limit_s,
-                            stage_pools=stage_pools, memory_limit_gib=memory_limit_gib)
+                            stage_pools=stage_pools, memory_limit_gib=memory_limit_gib,
+                            memory_gate=memory_gate)
         except PlannerError as error:
             entry.update(status="none", reason=error.message)
             out.append(entry)
@@ -98,7 +102,10 @@ def compute_fallbacks(model: ModelGraph, cluster: Cluster, config: ParallelConfi
             "status": "ok", "strategy": c.strategy, "num_nodes": c.cluster.num_nodes,
             **({"pool_nodes": {p.name: p.num_nodes for p in c.cluster.pools},
                 "stage_pools": list(ev.stage_pools.pools)} if stage_pools is not None else {}),
-            "parallelism": {key: getattr(c.config, key) for key in _DECISIONS},
+            "parallelism": {key: getattr(c.config, key) for key in _DECISIONS}
+            # a pinned layout (plan --pin pipeline_layout) stays: its blocks keep their ranks
+            | ({"pipeline_layout": c.config.pipeline_layout} if c.config.pipeline_layout
+               else {}),
             "stage": list(c.placement.stage),
             "recompute": [o.recompute.value for o in c.placement.options],
             "predicted": {"step_time_s": ev.step_time_s, "fits": ev.fits,
@@ -128,10 +135,14 @@ def fallback_decisions(plan, entry: dict[str, Any], cluster=None):
     return shrunk_cluster(base, entry["num_nodes"] * base.gpus_per_node), config, placement
 
 
-def fallback_problems(plan, cluster: Cluster | None = None) -> list[tuple[str, str]]:
+def fallback_problems(plan, cluster: Cluster | None = None, memory_confidence: float = 0.5,
+                      calibration=None) -> list[tuple[str, str]]:
     """(failure, message) for each stored fallback that no longer holds: its GPUs are not
     among the survivors, its layers are not the model's, or it does not fit memory under the
-    current cost model (``cluster``: the cluster checked against, default the plan's)."""
+    current cost model (``cluster``: the cluster checked against, default the plan's), at the
+    ``memory_confidence`` quantile of its peak's error band (``check``'s gate for the plan
+    itself, :func:`planner.check.memory_verdict`, with the profile ``calibration``)."""
+    from planner.check import memory_verdict
     from planner.cost.model import evaluate
 
     out = []
@@ -171,6 +182,15 @@ def fallback_problems(plan, cluster: Cluster | None = None) -> list[tuple[str, s
                 where = f"the {survivors.gpu.memory_gib:g} GiB of each {survivors.gpu.name}"
             out.append((kind, f"it needs {ev.peak_memory_bytes / GIB:.2f} GiB per GPU, more "
                               f"than {where}"))
+        elif memory_confidence != 0.5 and not isinstance(survivors, MultiPoolCluster):
+            verdict = memory_verdict(ev, memory_confidence, calibration)
+            capacity_gib = survivors.memory_bytes_per_gpu / GIB
+            if verdict is not None and verdict[2] > capacity_gib:
+                out.append((kind, f"at the {memory_confidence:.0%} quantile of its error band "
+                                  f"it peaks at {verdict[2]:.2f} GiB per GPU, "
+                                  f"{verdict[2] - capacity_gib:.2f} GiB over the "
+                                  f"{survivors.gpu.memory_gib:g} GiB of each "
+                                  f"{survivors.gpu.name}"))
     return out
 
 

@@ -370,7 +370,13 @@ class _Replanner:
     def run(self) -> list[ReplanOption]:
         options: list[ReplanOption] = []
         v1 = self.config.virtual_stages == 1
-        if not v1 and (self.slow or self.failed):
+        if self.config.pipeline_layout and (self.slow or self.failed):
+            # plan --pin pipeline_layout: the layout fixes every block's rank (v 1 too)
+            v1 = False
+            self.notes.append(f"no rebalancing: the plan's pipeline layout "
+                              f"{self.config.pipeline_layout} is pinned and fixes the blocks' "
+                              f"ranks (re-plan from scratch with `shardplan plan` to move them)")
+        elif not v1 and (self.slow or self.failed):
             self.notes.append(f"no rebalancing: the plan interleaves {self.config.virtual_stages} "
                               f"chunks per pipeline rank, whose layers the re-plan does not move "
                               f"(re-plan from scratch with `shardplan plan` to move them)")
@@ -426,12 +432,17 @@ def replan(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: Paral
            failed: Sequence[int] = (), slow: Mapping[int, float] | None = None,
            max_moved_layers: int | None = None, allow_batch_change: bool = False,
            time_limit_s: float = 5.0, stage_pools: Sequence[str] | None = None,
-           memory_limit_gib: float | None = None) -> ReplanResult:
+           memory_limit_gib: float | None = None, memory_gate=None) -> ReplanResult:
     """The best plan on the remaining GPUs within the budget (see the module docstring).
     ``stage_pools``: a plan across pools' stage pools (``cluster`` a MultiPoolCluster).
     ``memory_limit_gib``: the per-GPU memory the old plan was searched under (its
     ``solver.memory_limit_gib``: the GPU less ``--memory-headroom``); a re-plan within it is
-    preferred to a faster one that needs more, and a chosen one above it is said (notes)."""
+    preferred to a faster one that needs more, and a chosen one above it is said (notes).
+    ``memory_gate``: the :class:`planner.solve.gate.MemoryGate` the old plan was searched
+    under (``--memory-confidence``, :func:`planner.solve.gate.plan_gate`): a re-plan must fit
+    the GPU at its band's quantile, the test ``check`` makes at the plan's recorded gate
+    (:meth:`~planner.solve.gate.MemoryGate.peak_limit_bytes`, the search's), and one whose
+    quantile is within ``memory_limit_gib`` is preferred; none passing is refused."""
     start = time.monotonic()
     slow = dict(slow or {})
     if isinstance(cluster, MultiPoolCluster) != (stage_pools is not None):
@@ -444,6 +455,9 @@ def replan(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: Paral
         raise invalid("nothing to re-plan: give --failed RANKS or --slow RANK:FACTOR")
     for r in failed:
         slow.pop(r, None)
+    gate = memory_gate if memory_gate is not None and memory_gate.active else None
+    if gate is not None and stage_pools is not None:
+        raise invalid("a plan across pools has no memory gate (--memory-confidence)")
     pools = StagePools(tuple(stage_pools) if stage_pools is not None
                        else (cluster.name,) * config.pp)
     old = hetero_evaluate(model, cluster, config, pools, placement, runtime)
@@ -453,9 +467,9 @@ def replan(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: Paral
     considered = planner.run()
     within = [o for o in considered if o.evaluation.fits
               and (max_moved_layers is None or o.moved_layers <= max_moved_layers)]
+    budget = "" if max_moved_layers is None else \
+        f" within the churn budget of {max_moved_layers} moved layers"
     if not within:
-        budget = "" if max_moved_layers is None else \
-            f" within the churn budget of {max_moved_layers} moved layers"
         why = [_refusal(o, max_moved_layers) for o in considered]
         hints = (("raise --max-moved-layers",) if max_moved_layers is not None else ()) + \
             (() if allow_batch_change else
@@ -465,26 +479,51 @@ def replan(model: ModelGraph, cluster: Cluster | MultiPoolCluster, config: Paral
                            f"no re-plan fits memory{budget}"
                            + (f": {'; '.join(why)}" if why else ""), hints,
                            {"considered": [o.strategy for o in considered]})
+
+    def gated_peak(o):  # GiB: the peak at the gate's quantile (the prediction without a gate)
+        ev = o.evaluation
+        if gate is None:
+            return ev.peak_memory_bytes / GIB
+        return ev.peak_memory_bytes / GIB * ev.cluster.memory_bytes_per_gpu \
+            / gate.peak_limit_bytes(ev, ev.cluster.memory_bytes_per_gpu)
+
+    if gate is not None:  # what check at the plan's recorded gate passes
+        passing = [o for o in within if gated_peak(o) * GIB
+                   <= o.evaluation.cluster.memory_bytes_per_gpu * (1 + 1e-12)]
+        if not passing:
+            why = [f"{o.strategy} ({o.config.num_gpus} GPUs) peaks at {gated_peak(o):.2f} GiB "
+                   f"at the {gate.confidence:.0%} quantile, over the "
+                   f"{o.evaluation.cluster.gpu.memory_gib:g} GiB GPU" for o in within]
+            raise PlannerError(
+                ErrorKind.DOES_NOT_FIT,
+                f"no re-plan fits memory at the {gate.confidence:.0%} quantile of its peak's "
+                f"error band (the plan's --memory-confidence){budget}: {'; '.join(why)}",
+                ("re-plan from scratch with `shardplan plan`, or plan with a lower "
+                 "--memory-confidence",),
+                {"considered": [o.strategy for o in considered],
+                 "memory_confidence": gate.confidence})
+        within = passing
+    quantile = "" if gate is None else f" at the {gate.confidence:.0%} quantile"
+    searched = "(--memory-headroom)" if gate is None else \
+        "(--memory-headroom, --memory-confidence)"
+
     def order(o):
         return o.step_time_s, o.moved_layers, o.moved_state_bytes, o.strategy
 
     chosen = min(within, key=order)
     if memory_limit_gib is not None:
-        def peak(o):
-            return o.evaluation.peak_memory_bytes / GIB
-
-        roomy = [o for o in within if peak(o) <= memory_limit_gib]
+        roomy = [o for o in within if gated_peak(o) <= memory_limit_gib * (1 + 1e-12)]
         if roomy and chosen not in roomy:
             planner.notes.append(
-                f"{chosen.strategy} ({chosen.step_time_s:.3f} s) peaks at {peak(chosen):.1f} "
-                f"GiB, above the {memory_limit_gib:g} GiB the plan was searched under "
-                f"(--memory-headroom): chose the fastest re-plan within it")
+                f"{chosen.strategy} ({chosen.step_time_s:.3f} s) peaks at "
+                f"{gated_peak(chosen):.1f} GiB{quantile}, above the {memory_limit_gib:g} GiB "
+                f"the plan was searched under {searched}: chose the fastest re-plan within it")
             chosen = min(roomy, key=order)
         elif not roomy:
             planner.notes.append(
                 f"no re-plan keeps the plan's memory headroom: {chosen.strategy} peaks at "
-                f"{peak(chosen):.1f} GiB, above the {memory_limit_gib:g} GiB the plan was "
-                f"searched under (--memory-headroom); it fits the GPUs with less margin")
+                f"{gated_peak(chosen):.1f} GiB{quantile}, above the {memory_limit_gib:g} GiB "
+                f"the plan was searched under {searched}; it fits the GPUs with less margin")
     result = ReplanResult(old, chosen, considered, tuple(sorted(set(failed))), slow,
                           max_moved_layers, notes=planner.notes)
     result.wall_s = time.monotonic() - start

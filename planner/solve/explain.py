@@ -42,11 +42,14 @@ EXPLAIN_BUDGET_S = 10.0  # the "more GPUs" search gives up after this (or the se
 
 
 def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins,
-                     deadline: float, headroom: MemoryHeadroom = NO_HEADROOM) -> int | None:
+                     deadline: float, headroom: MemoryHeadroom = NO_HEADROOM,
+                     gate=None) -> int | None:
     """The smallest node count (cluster x 2, x 4, ... x 64) with a uniform plan at the leanest
-    allowed option that fits under the user's pins; None when none does, the cluster has no
-    inter-node tier, or time is up. Pinned degrees that grow with the GPU count (dp) are
-    dropped: they cannot hold on a bigger cluster."""
+    allowed option that fits under the user's pins (and ``gate``, the search's memory gate:
+    its quantile within the headroom's limit, the search's own test,
+    :meth:`planner.solve.gate.MemoryGate.peak_limit_bytes`, with the bigger cluster's band);
+    None when none does, the cluster has no inter-node tier, or time is up. Pinned degrees
+    that grow with the GPU count (dp) are dropped: they cannot hold on a bigger cluster."""
     if len(cluster.tiers) < 2:
         return None
     for factor in (2, 4, 8, 16, 32, 64):
@@ -60,7 +63,9 @@ def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins
         for cand in sorted(found, key=lambda c: c.memory_lb_bytes)[:10]:
             ev = evaluate(model, bigger, cand.config, default_placement(model, cand.config, option),
                           options=runtime)
-            if ev.peak_memory_bytes <= headroom.limit_bytes(bigger.memory_bytes_per_gpu):
+            limit = headroom.limit_bytes(bigger.memory_bytes_per_gpu)
+            if ev.peak_memory_bytes <= (limit if gate is None
+                                        else gate.peak_limit_bytes(ev, limit)):
                 return bigger.num_nodes
     return None
 
@@ -68,9 +73,10 @@ def _fits_with_nodes(model, cluster, global_batch, seq_len, dtype, runtime, pins
 def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, seq_len: int,
                  timed_out: bool, deadline: float = math.inf, pins: Pins = Pins(),
                  headroom: MemoryHeadroom = NO_HEADROOM,
-                 memory_confidence: float | None = None) -> PlannerError:
+                 memory_confidence: float | None = None, gate=None) -> PlannerError:
     """``memory_confidence``: the quantile of the peak-memory band the search gated at
-    (planner/solve/gate.py; None: the prediction)."""
+    (planner/solve/gate.py; None: the prediction); ``gate``: that gate (its MemoryGate), which
+    the "more GPUs" hint's plans must pass."""
     capacity = headroom.limit_bytes(cluster.memory_bytes_per_gpu)
     if timed_out:
         return PlannerError(ErrorKind.SOLVER_LIMIT,
@@ -116,7 +122,8 @@ def does_not_fit(model: ModelGraph, cluster: Cluster, cands, global_batch: int, 
         budget = max(deadline - time.monotonic(), 0.0) if math.isfinite(deadline) else 0.0
         nodes = _fits_with_nodes(model, cluster, global_batch, seq_len,
                                  cands[0].config.dtype, runtime, replace(pins, dp=None),
-                                 time.monotonic() + max(budget, EXPLAIN_BUDGET_S), headroom)
+                                 time.monotonic() + max(budget, EXPLAIN_BUDGET_S), headroom,
+                                 gate if gate is not None and gate.active else None)
         if nodes is not None:
             hints.insert(0, f"more GPUs: {nodes} nodes ({nodes * cluster.gpus_per_node} GPUs) "
                             f"give a plan that fits (now {cluster.num_nodes})")

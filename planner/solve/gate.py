@@ -23,7 +23,7 @@ Q = 0.5 is the prediction itself (factor 1): the search as without a gate.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from planner.calibration.bands import BandTable, quantile_factor
@@ -64,6 +64,20 @@ class MemoryGate:
         return quantile_factor(self.bands, "memory", labels, self.gpus, self.params,
                                self.confidence, tuple(sorted(set(kinds))))
 
+    def peak_limit_bytes(self, ev, limit_bytes: float) -> float:
+        """The peak the evaluated plan ``ev`` may reach under the gate: ``limit_bytes`` over
+        its factor (its configuration, the recomputation policies its blocks use, and its own
+        GPU count: a re-plan on fewer GPUs reads the band for them, as ``check`` does). The
+        one test the search, the re-plans and the fallbacks share."""
+        from planner.calibration.regimes import recompute_kinds
+
+        if not self.active:
+            return limit_bytes
+        gate = self if ev.cluster.num_gpus == self.gpus else replace(self,
+                                                                      gpus=ev.cluster.num_gpus)
+        factor = gate.factor(ev.config, recompute_kinds(ev.model, ev.placement))
+        return limit_bytes if factor == 1.0 else limit_bytes / factor
+
     def variants(self, config: ParallelConfig, values: Iterable[str]
                  ) -> list[tuple[frozenset | None, float]]:
         """(the recomputation policies a part of ``config``'s placements keeps, or None for
@@ -91,3 +105,16 @@ def memory_gate(confidence: float, calibration, model, cluster, runtime: str) ->
     cal = calibration if calibration is not None else shipped()
     return MemoryGate(confidence, None if cal is None else cal.bands, runtime,
                       cluster.gpu.name, cluster.num_gpus, model.params)
+
+
+def plan_gate(plan) -> MemoryGate | None:
+    """The gate a one-pool plan was searched under (its ``solver.memory_confidence``, with the
+    bands of the profile it records, else the shipped one: the profile ``check`` reads);
+    None for a plan searched at the prediction or across pools."""
+    confidence = (plan.document.get("solver") or {}).get("memory_confidence",
+                                                         DEFAULT_CONFIDENCE)
+    if plan.across_pools or confidence == DEFAULT_CONFIDENCE:
+        return None
+    gate = memory_gate(confidence, plan.recorded_calibration(), plan.model, plan.cluster,
+                       plan.runtime.profile)
+    return gate if gate.active else None

@@ -32,7 +32,6 @@ from planner.solve.explain import does_not_fit
 from planner.solve.gate import DEFAULT_CONFIDENCE, MemoryGate
 from planner.solve.headroom import DEFAULT_HEADROOM, MemoryHeadroom
 from planner.solve.inner import solve_stages
-from planner.calibration.regimes import recompute_kinds
 from planner.profiles import profile as runtime_profile
 from planner.solve.space import Pins, why_no_config
 from planner.solve.split_hint import best_split
@@ -67,8 +66,10 @@ class SolverRecord:
     best_bound_s: float
     gap: float
     solve_time_s: float
-    candidates_total: int
-    candidates_pruned_memory: int
+    candidates_total: int  # parallel configurations in the space, each counted once
+    candidates_pruned_memory: int  # configurations none of whose placements fits (the bound)
+    # inner CP-SAT solves (a configuration re-solved after a cut-short solve, or split in two
+    # by a memory gate, planner/solve/gate.py, counts each time) and those proven optimal
     candidates_evaluated: int
     inner_optimal: int
     time_limit_s: float
@@ -145,10 +146,7 @@ def _uniform_incumbents(model, cluster, global_batch, seq_len, dtype, pins, opti
 def gate_limit(ev: Evaluation, limit: float, gate: MemoryGate | None) -> float:
     """The peak ``ev`` may reach: ``limit`` over its memory gate's factor (planner/solve/gate.py;
     the same division the candidates' capacities make)."""
-    if gate is None or not gate.active:
-        return limit
-    factor = gate.factor(ev.config, recompute_kinds(ev.model, ev.placement))
-    return limit if factor == 1.0 else limit / factor
+    return limit if gate is None else gate.peak_limit_bytes(ev, limit)
 
 
 def _hint(model, cluster, cand, pins, prof, runtime, limit) -> Evaluation | None:
@@ -205,7 +203,8 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     gate = options.memory_gate
     cands = candidates(model, cluster, global_batch, seq_len, dtype, pins, options.runtime,
                        deadline, limit, gate)
-    total = len(cands)
+    # configurations, each once: under a memory gate one may be two candidates (gate.py)
+    total = len({config_key(c.config) for c in cands})
     if not cands:
         reasons = why_no_config(model, cluster, global_batch, seq_len, dtype, pins,
                                 runtime_profile(options.runtime.profile))
@@ -219,7 +218,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     # the memory bound prunes here; the finer bound over fitting placements
     # (Candidate.fit_lb_s) is read when a candidate comes up
     fitting = [c for c in cands if c.memory_lb_bytes <= c.capacity_bytes]
-    pruned_memory = total - len(fitting)
+    pruned_memory = total - len({config_key(c.config) for c in fitting})
     prof = runtime_profile(options.runtime.profile)
 
     kept: list[tuple[tuple[float, float], tuple, Evaluation]] = []  # (rank, key, evaluation)
@@ -343,7 +342,7 @@ def search(model: ModelGraph, cluster: Cluster, global_batch: int, seq_len: int,
     if not kept:
         raise does_not_fit(model, cluster, cands, global_batch, seq_len, timed_out, deadline, pins,
                            options.memory_headroom,
-                           gate.confidence if gate is not None and gate.active else None)
+                           gate.confidence if gate is not None and gate.active else None, gate)
     best = kept[0][2]
     bound = min(open_bound, best.step_time_s)
     if timed_out or out_of_work or bound < best.step_time_s:

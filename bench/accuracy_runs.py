@@ -271,10 +271,11 @@ def misordered_by_run(rows: list[Row]) -> list[tuple[str, int, int]]:
 
 
 def check_verdicts(rows: list[Row]) -> dict[tuple[bool, str], list[str]]:
-    """``check``'s band-aware memory verdict (planner/check.py ``memory_verdict``: "fits",
-    "fits only at the optimistic end", "does not fit") of every judged run, by (went out of
-    memory, verdict): a run at the edge of HBM is flagged in both directions."""
-    from planner.check import memory_verdict
+    """``check``'s band-aware memory verdict (planner/calibration/verdict.py
+    ``memory_verdict``: "fits", "fits only at the optimistic end", "does not fit") of every
+    judged run, by (went out of memory, verdict): a run at the edge of HBM is flagged in both
+    directions."""
+    from planner.calibration.verdict import memory_verdict
     out: dict[tuple[bool, str], list[str]] = {}
     for r in rows:
         if r.fit_ok is None:

@@ -143,7 +143,8 @@ def print_evaluation(result: dict[str, Any]) -> None:
             f"{coverage:.0%} band: step {band_s[0]:.4f}-{band_s[1]:.4f} s, "
             f"peak {band_gib[0]:.2f}-{band_gib[1]:.2f} GiB"))
         if "pools" not in c and pred["fits"] and band_gib[1] > c["gpu_memory_gib"]:
-            # check's verdict 'fits only at the optimistic end' (planner.check.memory_verdict)
+            # check's verdict 'fits only at the optimistic end'
+            # (planner.calibration.verdict.memory_verdict)
             print_warning(f"memory: fits only at the optimistic end: the {coverage:.0%} band's "
                           f"high end {band_gib[1]:.2f} GiB is over the {c['gpu_memory_gib']:g} "
                           f"GiB (a {(1 - coverage) / 2:.0%} chance or more of running out); "

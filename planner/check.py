@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+from planner.calibration.verdict import memory_verdict  # noqa: F401 (check's memory gate)
 from planner.check_runtime import runtime_options, runtime_problems
 from planner.check_report import (REPORT_KIND, CheckReport, InputCheck, Problem,  # noqa: F401
                                   Remedy, StageCheck)
@@ -192,38 +193,3 @@ def check_calibration(plan: Plan, calibration: str | None, problems: list[Proble
                       "drop --calibration: check uses the profile recorded in the plan; or "
                       f"re-plan with --calibration {calibration}")
     return given
-
-
-def memory_verdict(ev, confidence: float, calibration=None
-                   ) -> tuple[str, tuple[float, float], float] | None:
-    """(verdict, 80 % memory interval in GiB, peak at the ``confidence`` quantile) from the
-    calibration's error bands (planner/calibration/bands.py; ``calibration``: a profile, a
-    profile file, or None for the shipped one); None without bands."""
-    from planner.calibration.bands import NOMINAL_COVERAGE, band, quantile_factor
-    from planner.calibration.regimes import band_labels, recompute_kinds, regime_of
-    from planner.calibration.store import CalibrationProfile, load, shipped
-
-    cal = calibration if isinstance(calibration, CalibrationProfile) else \
-        load(calibration) if calibration is not None else shipped()
-    if cal is None or cal.bands is None:
-        return None
-    c = ev.config
-    labels = band_labels(regime_of(ev.options.profile, ev.cluster.gpu.name, c.tp, c.pp, c.cp,
-                                   c.zero_stage))
-    peak = ev.peak_memory_bytes / GIB
-    args = (cal.bands, "memory", peak, labels, ev.cluster.num_gpus, ev.model.params)
-    # the band the plan records (planner.calibration.session.prediction_intervals): widened
-    # where no calibration run used the plan's block recomputation
-    kinds = recompute_kinds(ev.model, ev.placement)
-    nominal = band(*args, NOMINAL_COVERAGE, kinds)
-    # the band scales with the prediction: peak x factor is the band's quantile to the bit
-    gate = peak * quantile_factor(cal.bands, "memory", labels, ev.cluster.num_gpus,
-                                  ev.model.params, confidence, kinds)
-    capacity = ev.cluster.memory_bytes_per_gpu / GIB
-    if peak > capacity:
-        text = "does not fit"
-    elif nominal.high > capacity:
-        text = "fits only at the optimistic end"
-    else:
-        text = "fits"
-    return text, (nominal.low, nominal.high), gate

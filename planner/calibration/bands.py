@@ -288,8 +288,9 @@ def quantile_factor(table: BandTable, quantity: str, labels: Sequence[str], gpus
     """The ``confidence`` quantile of a prediction's band over the prediction (a factor: the
     band scales with the prediction): 1 at 0.5 (the prediction itself), the high end of the
     central ``2 q - 1`` band above it, the low end of the ``1 - 2 q`` band below it. The one
-    definition of a gate's quantile: ``check --memory-confidence`` (planner.check.memory_verdict)
-    and the search's memory gate (planner.solve.gate) both read it."""
+    definition of a gate's quantile: ``check --memory-confidence``
+    (planner.calibration.verdict.memory_verdict) and the search's memory gate
+    (planner.solve.gate) both read it."""
     if confidence > 0.5:
         return band(table, quantity, 1.0, labels, gpus, params, 2 * confidence - 1,
                     recompute).high

@@ -141,8 +141,8 @@ def fallback_problems(plan, cluster: Cluster | None = None, memory_confidence: f
     among the survivors, its layers are not the model's, or it does not fit memory under the
     current cost model (``cluster``: the cluster checked against, default the plan's), at the
     ``memory_confidence`` quantile of its peak's error band (``check``'s gate for the plan
-    itself, :func:`planner.check.memory_verdict`, with the profile ``calibration``)."""
-    from planner.check import memory_verdict
+    itself, :func:`planner.calibration.verdict.memory_verdict`, with the profile ``calibration``)."""
+    from planner.calibration.verdict import memory_verdict
     from planner.cost.model import evaluate
 
     out = []

@@ -34,15 +34,28 @@ def solve(solver: Any, model: Any) -> Any:
             done.set()
 
     worker = threading.Thread(target=work, name="cp-sat", daemon=True)
-    worker.start()
     try:
+        worker.start()
         while not done.wait(POLL_S):
             pass
     except BaseException:
-        solver.stop_search()
-        while not done.wait(POLL_S):  # the solver stops within its next check (< 1 s)
-            solver.stop_search()
+        _stop_and_join(solver, worker, done)
         raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["status"]
+
+
+def _stop_and_join(solver: Any, worker: threading.Thread, done: threading.Event) -> None:
+    """Stop the search and return only once the solve has: a second signal or the deadline
+    arriving meanwhile is absorbed (the first exception is the one re-raised). The process must
+    not go on to exit while the solver's C++ code runs in the worker thread, or the C++ runtime
+    aborts at shutdown ("terminate called without an active exception", exit -6 instead of
+    128 + signal: tests/test_reliability_process.py, the random-moment signals)."""
+    while worker.ident is not None:  # started (start() itself may have been interrupted)
+        try:
+            solver.stop_search()  # within the solver's next check (< 1 s)
+            if done.wait(POLL_S):
+                return
+        except BaseException:  # noqa: BLE001 - a later signal; the first one is re-raised
+            continue

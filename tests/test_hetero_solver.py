@@ -352,3 +352,29 @@ def test_no_configuration_across_pools_says_why_not_that_it_does_not_fit(capsys)
     assert "no configuration across the pools of 'h100-a100' is valid" in error["message"]
     assert "under runtime fsdp (no pipeline parallelism, no tensor parallelism)" in \
         error["message"]
+
+
+def test_pool_solves_run_under_the_process_signal_policy(tmp_path, capsys, monkeypatch):
+    """The pool ILP's CP-SAT solves go through planner.cpsat.solve, as the single-pool search's
+    do: CP-SAT's own SIGINT handler would turn Ctrl-C inside a plan-pools / replan solve into
+    "time limit reached" (a plan, exit 0). Before, planner.hetero.ilp called solver.solve."""
+    from planner import cpsat
+    from cli.main import main
+
+    calls = []
+    real = cpsat.solve
+
+    def counted(solver, model):
+        status = real(solver, model)
+        calls.append(solver.parameters.catch_sigint_signal)  # as the solve ran
+        return status
+
+    monkeypatch.setattr(cpsat, "solve", counted)
+    path = tmp_path / "real.yaml"
+    path.write_text(REAL)
+    with pytest.raises(SystemExit) as done:
+        main(["plan-pools", "-m", "gpt3-2.7b", "-c", str(path), "--global-batch", "64",
+              "--pin", "tp=2", "--pin", "zero=1", "--pin", "pp=2", "--json"])
+    capsys.readouterr()
+    assert done.value.code == 0
+    assert calls and not any(calls)  # every pool solve, CP-SAT's handler off

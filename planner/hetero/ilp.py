@@ -36,6 +36,7 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from planner import cpsat
 from planner.hetero.layout import StagePools
 from planner.hetero.terms import PoolTerms
 from planner.solve.recompute_model import add_rule, rule_of
@@ -260,7 +261,7 @@ def solve_pools(terms: Sequence[PoolTerms], pp: int, *, slowdown: Sequence[float
     solver.parameters.random_seed = seed
     solver.parameters.max_time_in_seconds = max(max_time_s, 0.01)
     solver.parameters.max_deterministic_time = deterministic_time
-    code = solver.solve(builder.model)
+    code = cpsat.solve(solver, builder.model)  # the process signal policy, not CP-SAT's
     status = _STATUS.get(code, "UNKNOWN")
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         pools, placement = builder.solution(solver)

@@ -22,12 +22,14 @@ POLL_S = 0.05
 def solve(solver: Any, model: Any) -> Any:
     """``solver.solve(model)``, interruptible by the calling thread's exceptions."""
     solver.parameters.catch_sigint_signal = False
-    done = threading.Event()
+    began, cancelled, done = threading.Event(), threading.Event(), threading.Event()
     outcome: dict[str, Any] = {}
 
     def work() -> None:
+        began.set()
         try:
-            outcome["status"] = solver.solve(model)
+            if not cancelled.is_set():  # set before began was seen: never start the solve
+                outcome["status"] = solver.solve(model)
         except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
             outcome["error"] = error
         finally:
@@ -39,21 +41,27 @@ def solve(solver: Any, model: Any) -> Any:
         while not done.wait(POLL_S):
             pass
     except BaseException:
-        _stop_and_join(solver, worker, done)
+        _stop_and_join(solver, began, cancelled, done)
         raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["status"]
 
 
-def _stop_and_join(solver: Any, worker: threading.Thread, done: threading.Event) -> None:
-    """Stop the search and return only once the solve has: a second signal or the deadline
-    arriving meanwhile is absorbed (the first exception is the one re-raised). The process must
-    not go on to exit while the solver's C++ code runs in the worker thread, or the C++ runtime
-    aborts at shutdown ("terminate called without an active exception", exit -6 instead of
-    128 + signal: tests/test_reliability_process.py, the random-moment signals)."""
-    while worker.ident is not None:  # started (start() itself may have been interrupted)
+def _stop_and_join(solver: Any, began: threading.Event, cancelled: threading.Event,
+                   done: threading.Event) -> None:
+    """Stop the search and return only once no solve can run: the worker either has not begun
+    (``cancelled`` is set first, so when it runs it skips the solve; ``began`` is set before it
+    looks) or has returned. A second signal or the deadline arriving meanwhile is absorbed (the
+    first exception is the one re-raised). The process must not exit while the solver's C++
+    code runs in the worker thread: the C++ runtime then aborts at shutdown ("terminate called
+    without an active exception", exit -6 instead of 128 + signal), as a signal landing while
+    ``Thread.start`` waited for the worker did (tests/test_reliability_process.py)."""
+    while True:
         try:
+            cancelled.set()
+            if not began.is_set():
+                return
             solver.stop_search()  # within the solver's next check (< 1 s)
             if done.wait(POLL_S):
                 return

@@ -752,7 +752,8 @@ def cp_ring_exposed_s(att, tokens: int, tp: int, cp: int, link: Link, compute,
 
 def _repeats_attention_core(recompute: Recompute, modules: tuple[str, ...]) -> bool:
     """Whether ``recompute`` runs the attention core's forward again (full recomputation;
-    selective recomputation with ``core_attn`` among its modules, planner.cost.recompute_modules)."""
+    selective recomputation with ``core_attn`` among its modules,
+    planner.cost.recompute_modules)."""
     return recompute is Recompute.FULL or (recompute is Recompute.SELECTIVE
                                            and "core_attn" in modules)
 
@@ -791,11 +792,11 @@ def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork
     wait_fwd = wait_bwd = 0.0
     if mlp is not None and mlp.is_moe:
         # token dispatch and combine over the expert mesh, forward and backward (planner.cost.moe)
-        passes = 3 if recompute is Recompute.FULL else 2
+        a2a_passes = 3 if recompute is Recompute.FULL else 2
         a2a_s = moe.dispatch_combine_s(
             tokens, layer.hidden, mlp, tp, work.etp, shard.ep, ACT_BYTES, opts.moe,
-            work.ep_link, work.ep_intra, work.ep_inter, work.ep_domains, work.etp_link, passes,
-            work.gpu.num_sms)
+            work.ep_link, work.ep_intra, work.ep_inter, work.ep_domains, work.etp_link,
+            a2a_passes, work.gpu.num_sms)
         other += a2a_s
         moe_buffer = moe.dispatch_buffer_bytes(tokens, layer.hidden, mlp, tp, work.etp,
                                                ACT_BYTES, opts.moe)
@@ -811,7 +812,7 @@ def _layer_work(work: WorkView, layer: Layer, recompute: Recompute) -> LayerWork
         # one synchronised forward pass's device time: its compute, its TP collectives and its
         # dispatch + combine (one of the a2a passes); the CP ring stays with the rest
         forward_s = compute.fwd_s + tp_fwd * ((1.0 - hidden) + hidden * opts.comm_slowdown) \
-            + a2a_s / (3 if recompute is Recompute.FULL else 2)
+            + a2a_s / a2a_passes
         wait_fwd, wait_bwd = moe.host_wait_split_s(
             gpu_s, passes, launches * KERNEL_LAUNCH_S, opts.moe, pre_sync_s, forward_s,
             moe.pre_sync_passes(recompute.value))
@@ -920,6 +921,20 @@ def _layer_terms(ctx: CostContext, layer: Layer, option: LayerOption) -> LayerTe
 
 # -- stage and step formulas over terms (what evaluate() reports) ----------------------------
 
+# What a stage's overlapped collectives (ZeRO-2/3 traffic, the DP sync) hide behind in each
+# phase: its compute and the device's waits on the host (the MoE host floor,
+# planner.cost.moe.host_wait_split_s). The solver's constraints (planner.solve.stage_model)
+# read the same names.
+FWD_HIDING_TERMS = ("fwd_s", "host_wait_fwd_s")
+BWD_HIDING_TERMS = ("bwd_s", "recompute_s", "host_wait_bwd_s")
+
+
+def hiding_s(layers: Sequence[LayerTerms], names: tuple[str, ...]) -> float:
+    """The seconds of ``layers`` a phase's overlapped traffic can hide behind (``names``:
+    :data:`FWD_HIDING_TERMS` or :data:`BWD_HIDING_TERMS`)."""
+    return sum(sum(getattr(x, name) for name in names) for x in layers)
+
+
 @dataclass(frozen=True)
 class MemoryBreakdown:
     """Bytes per GPU by category; ``reserve`` is runtime context + allocator overhead."""
@@ -997,9 +1012,8 @@ def stage_time(t: ConfigTerms, layers: Sequence[LayerTerms]) -> float:
         fwd_traffic = _charged(layers, sum(x.zero_fwd_traffic_s for x in layers),
                                t.zero_gather_fwd_dense, t.zero_gather_expert.scaled(0.5))
         exposed = (max((x.zero_edge_s for x in layers), default=0.0)
-                   + max(0.0, fwd_traffic - sum(x.fwd_s + x.host_wait_fwd_s for x in layers))
-                   + max(0.0, traffic - fwd_traffic
-                         - sum(x.bwd_s + x.recompute_s + x.host_wait_bwd_s for x in layers)))
+                   + max(0.0, fwd_traffic - hiding_s(layers, FWD_HIDING_TERMS))
+                   + max(0.0, traffic - fwd_traffic - hiding_s(layers, BWD_HIDING_TERMS)))
         time_s += exposed + t.comm_slowdown * (traffic - exposed)
     if t.chunk_weights:  # unequal chunks inside a rank: the order's excess (pipeline_excess)
         time_s *= 1 + pipeline_excess(t)
@@ -1071,8 +1085,8 @@ def step_time(t: ConfigTerms | Sequence[ConfigTerms], stage_layers: Sequence[Seq
     for stage, layers in enumerate(stage_layers):
         reduce, gather = dp_sync_s(per_stage[stage], layers)
         # the device's waits on the host (MoE host floor) hide the side-stream sync too
-        bwd = sum(x.bwd_s + x.recompute_s + x.host_wait_bwd_s for x in layers)
-        fwd = sum(x.fwd_s + x.host_wait_fwd_s for x in layers)
+        bwd = hiding_s(layers, BWD_HIDING_TERMS)
+        fwd = hiding_s(layers, FWD_HIDING_TERMS)
         hidden_reduce = (bwd + slack) if t.overlap_grad_reduce else slack
         hidden_gather = fwd if t.overlap_param_gather else 0.0
         e = max(0.0, reduce - hidden_reduce) + max(0.0, gather - hidden_gather)

@@ -33,7 +33,8 @@ from typing import Callable, Sequence
 
 from ortools.sat.python import cp_model
 
-from planner.cost.terms import NO_COMM, Affine, ConfigTerms, LayerTerms
+from planner.cost.terms import (BWD_HIDING_TERMS, FWD_HIDING_TERMS, NO_COMM, Affine,
+                                ConfigTerms, LayerTerms)
 from planner.solve.costs import StageProblem
 from planner.strategy import NO_OPTION, LayerPlacement
 
@@ -336,10 +337,9 @@ class StageModel:
             fwd = charged(("zero_fwd_traffic_s",), ("zero_gather_fwd_dense",),
                           ("zero_gather_expert",), keep, expert_share=0.5)
             e_f = M.new_int_var(0, BIG, f"e_fwd[{i}]")
-            M.add(e_f >= fwd - self.time(i, ("fwd_s", "host_wait_fwd_s"), keep))
+            M.add(e_f >= fwd - self.time(i, FWD_HIDING_TERMS, keep))
             e_b = M.new_int_var(0, BIG, f"e_bwd[{i}]")
-            M.add(e_b >= total - fwd - self.time(i, ("bwd_s", "recompute_s",
-                                                     "host_wait_bwd_s"), keep))
+            M.add(e_b >= total - fwd - self.time(i, BWD_HIDING_TERMS, keep))
             edge = M.new_int_var(0, BIG, f"edge[{i}]")
             for ci in range(len(self.classes)):
                 self.at_least(edge, i, [max(self.ticks(keep * self.lt(x, ("zero_edge_s",)))
@@ -359,11 +359,11 @@ class StageModel:
 
         # (D) data-parallel sync of stage i, hidden behind its backward (and earlier stages'
         # backward still running) and the next forward; a straggler's fabric is not slower
-        bwd = self.time(i, ("bwd_s", "recompute_s", "host_wait_bwd_s"))
+        bwd = self.time(i, BWD_HIDING_TERMS)
         reduce = charged(("dp_reduce_s",), ("dp_reduce_dense",), ("dp_reduce_expert",))
         gather_s = charged(("dp_gather_s",), ("dp_gather_dense",), ("dp_gather_expert",))
         hidden = slack + (bwd if inner[0].overlap_grad_reduce else 0)
-        hidden_gather = (self.time(i, ("fwd_s", "host_wait_fwd_s"))
+        hidden_gather = (self.time(i, FWD_HIDING_TERMS)
                          if inner[0].overlap_param_gather else 0)
         exposed_r = M.new_int_var(0, BIG, f"exposed_reduce[{i}]")
         exposed_g = M.new_int_var(0, BIG, f"exposed_gather[{i}]")
